@@ -1,0 +1,82 @@
+"""Build the aiohttp Application: wiring only, no request logic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from proxy.metrics import Metrics
+from proxy.middleware import proxy_middleware
+from proxy.model_catalog import ModelCatalog
+from proxy.policies.loader import load_config
+from proxy.policies.spec import Config
+from proxy.policies.watch import ConfigHolder
+from proxy.routes import admin, health, openai
+from proxy.state import CATALOG, CONFIG, METRICS, UPSTREAMS
+from proxy.upstream.pool import Upstreams
+
+log = logging.getLogger("agentproxy")
+
+
+def build_app(
+    config_path: str | os.PathLike[str],
+    *,
+    config: Config | None = None,
+    watch: bool = True,
+    handle_sighup: bool = False,
+) -> web.Application:
+    """`config` skips the first load when the caller already has it (the CLI validated it)."""
+    # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
+    app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
+    metrics = Metrics()
+    holder = ConfigHolder(config_path, config or load_config(config_path), metrics)
+    upstreams = Upstreams(lambda: holder.current.server)
+    app[METRICS] = metrics
+    app[CONFIG] = holder
+    app[UPSTREAMS] = upstreams
+    catalog = app[CATALOG] = ModelCatalog()
+    app.add_routes(openai.routes)
+    app.add_routes(admin.routes)
+    app.add_routes(health.routes)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        holder.on_change(upstreams.prepare)
+        upstreams.prepare(holder.current)
+        catalog.load_in_background()
+        warn_if_open(holder.current)
+        watcher = asyncio.create_task(holder.watch()) if watch else None
+        if handle_sighup:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(
+                signal.SIGHUP, lambda: asyncio.ensure_future(holder.reload("sighup"))
+            )
+        yield
+        if handle_sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await upstreams.close()
+        await catalog.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def warn_if_open(config: Config) -> None:
+    if not config.keys.api_keys:
+        log.warning(
+            "!!! no API keys configured (keys.api_keys): serving LOOPBACK CLIENTS ONLY, "
+            "without authentication !!!"
+        )
+    if config.keys.admin_digest is None:
+        log.warning("no admin key configured (keys.admin_key): admin routes are loopback-only")
+    for warning in config.warnings:
+        log.warning("config: %s", warning)

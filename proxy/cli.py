@@ -1,0 +1,114 @@
+"""`agentproxy serve | validate | simulate | demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from proxy import __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    code: int = args.run(args)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentproxy",
+        description="An OpenAI-compatible proxy that repairs, compacts and governs agent traffic.",
+    )
+    parser.add_argument("--version", action="version", version=f"agentproxy {__version__}")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", required=True, help="a YAML file or a folder of YAML files")
+    serve.add_argument("--host", help="address to listen on [server.host, else 127.0.0.1]")
+    serve.add_argument("--port", type=int, help="port to listen on [server.port, else 4000]")
+    serve.set_defaults(run=_serve)
+
+    validate = commands.add_parser("validate", help="check configuration files and exit")
+    validate.add_argument("paths", nargs="+", metavar="PATH")
+    validate.set_defaults(run=_validate)
+
+    simulate = commands.add_parser("simulate", help="run the simulated OpenAI-compatible model")
+    simulate.add_argument("--host", default="127.0.0.1")
+    simulate.add_argument("--port", type=int, default=9911)
+    simulate.add_argument("--context-window", type=int, default=8192)
+    simulate.add_argument("--api-key", help="require this key from callers")
+    simulate.add_argument(
+        "--chunk-delay", type=float, default=0.0, help="seconds between streamed chunks"
+    )
+    simulate.set_defaults(run=_simulate)
+
+    demo = commands.add_parser("demo", help="drive a tool-using agent through the proxy")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from proxy.app import build_app
+    from proxy.policies.loader import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"agentproxy: invalid configuration, not starting:\n{exc}", file=sys.stderr)
+        return 2
+    host = args.host or config.server.host
+    port = args.port or config.server.port
+    app = build_app(args.config, config=config, handle_sighup=True)
+    print(
+        f"agentproxy {__version__} on http://{host}:{port}/v1 "
+        f"(config {config.version}, {len(config.deployments)} models)",
+        flush=True,
+    )
+    web.run_app(app, host=host, port=port, access_log=None, print=None)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from proxy.policies.loader import validate_paths
+
+    errors, warnings = validate_paths(args.paths)
+    for line in warnings:
+        print(f"warning: {line}")
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} error(s); configuration rejected", file=sys.stderr)
+        return 1
+    print(f"ok: {', '.join(args.paths)}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from proxy.testing.simulator import Simulator, serve_simulator
+
+    sim = Simulator(
+        context_window=args.context_window, api_key=args.api_key, chunk_delay_s=args.chunk_delay
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_simulator(args.host, args.port, sim))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from proxy.demo import run_demo
+
+    return asyncio.run(run_demo())

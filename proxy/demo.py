@@ -1,0 +1,229 @@
+"""`agentproxy demo`: a tool-using agent driven through the real proxy, narrated turn by turn.
+
+Everything runs in this process on loopback: the simulated upstream, the proxy, and an agent
+built on the openai SDK with two local tools.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+from aiohttp import web
+
+from proxy.app import build_app
+from proxy.testing.simulator import Fault, Simulator
+
+PROJECT = {
+    "README.md": "# todo-app\nA tiny todo list.\nRun it with `python app.py`.\n",
+    "app.py": "todos = []\n\ndef add(item):\n    todos.append(item)\n",
+}
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+    for name, description in (
+        ("list_dir", "List the files in a folder"),
+        ("read_file", "Read a file"),
+    )
+]
+
+TASKS = [
+    ('What is in this project? list_dir({"path": "."})', False),
+    ('Show me the readme: read_file({"path": "README.md"})', True),
+    ("Thanks, that is all.", True),
+]
+
+
+def run_tool(name: str, arguments: str) -> str:
+    args = json.loads(arguments or "{}")
+    if name == "list_dir":
+        return "\n".join(sorted(PROJECT))
+    if name == "read_file":
+        return PROJECT.get(args.get("path", ""), f"error: no file {args.get('path')!r}")
+    return f"error: unknown tool {name}"
+
+
+class Narrator:
+    def __init__(self, write: Callable[[str], None] = print) -> None:
+        self.write = write
+
+    def line(self, text: str = "") -> None:
+        self.write(text)
+
+    def proxy(self, headers: Any, usage: Any) -> None:
+        timing = dict(
+            part.strip().split(";dur=") for part in headers.get("server-timing", "").split(",")
+        )
+        tokens = f", tokens {usage.prompt_tokens}→{usage.completion_tokens}" if usage else ""
+        self.write(
+            f"     proxy: request {headers['x-request-id'][:8]}…  policy={headers['x-agentproxy-policy']}"
+            f"  model={headers['x-agentproxy-model']}  own time {timing.get('proxy', '?')} ms"
+            f"  (upstream {timing.get('upstream', '?')} ms){tokens}"
+        )
+
+
+async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def _config(sim_url: str, aliases: tuple[str, ...] = ("sim",)) -> str:
+    models = "".join(
+        f"""
+          - model_name: {alias}
+            litellm_params:
+              model: openai/{alias}
+              api_base: {sim_url}/v1
+            model_info:
+              max_input_tokens: 8192"""
+        for alias in aliases
+    )
+    return textwrap.dedent(
+        f"""\
+        keys:
+          admin_key: demo-admin
+        model_list:{models}
+        policies:
+          - name: demo
+            description: the demo agent's traffic
+            match: {{models: [sim]}}
+        """
+    )
+
+
+async def agent_turn(
+    client: openai.AsyncOpenAI, history: list[dict[str, Any]], stream: bool, say: Narrator
+) -> None:
+    """Call the model until it stops asking for tools, running each tool locally."""
+    while True:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="sim",
+            messages=history,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+            stream=stream,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )
+        message, usage = await _read(raw.parse(), stream)
+        say.proxy(raw.headers, usage)
+        history.append(message)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            say.line(f"  assistant{' (streamed)' if stream else ''}: {message['content']}")
+            return
+        for call in calls:
+            function = call["function"]
+            say.line(f"  assistant calls {function['name']}({function['arguments']})")
+            result = run_tool(function["name"], function["arguments"])
+            say.line(f"  tool {function['name']} → {result.splitlines()[0]!r}…")
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+
+
+async def _read(parsed: Any, stream: bool) -> tuple[dict[str, Any], Any]:
+    if not stream:
+        message = parsed.choices[0].message.model_dump(exclude_none=True)
+        return message, parsed.usage
+    content, calls, usage = "", {}, None
+    async for chunk in parsed:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(
+                    delta.index,
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = delta.id or call["id"]
+                if delta.function:
+                    call["function"]["name"] += delta.function.name or ""
+                    call["function"]["arguments"] += delta.function.arguments or ""
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, usage
+
+
+async def run_demo(write: Callable[[str], None] = print) -> int:
+    say = Narrator(write)
+    started = time.perf_counter()
+    sim = Simulator(context_window=8192, chunk_delay_s=0.01)
+    sim_runner, sim_url = await _start(sim.app())
+    with tempfile.TemporaryDirectory(prefix="agentproxy-demo-") as folder:
+        config = Path(folder) / "agentproxy.yaml"
+        config.write_text(_config(sim_url))
+        proxy_runner, proxy_url = await _start(build_app(config))
+        try:
+            await _narrate(say, sim, sim_url, proxy_url, config)
+        finally:
+            await proxy_runner.cleanup()
+            await sim_runner.cleanup()
+    say.line(f"\nDemo finished in {time.perf_counter() - started:.1f} s.")
+    return 0
+
+
+async def _narrate(say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, config: Path) -> None:
+    say.line("AgentProxy demo")
+    say.line(f"  simulated model  {sim_url}/v1")
+    say.line(f"  proxy            {proxy_url}/v1   (agents set base_url to this)")
+    client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="demo", max_retries=0)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. Use tools to inspect the project."}
+    ]
+    for number, (task, stream) in enumerate(TASKS, 1):
+        say.line(f"\nTurn {number}  user: {task}")
+        history.append({"role": "user", "content": task})
+        await agent_turn(client, history, stream, say)
+
+    say.line("\nWhat the proxy does with bad input and a broken upstream:")
+    for label, call in (
+        ("unknown model", lambda: client.chat.completions.create(model="gpt-nope", messages=[])),
+        ("garbled upstream", lambda: _ask(client)),
+    ):
+        if label == "garbled upstream":
+            sim.inject(Fault(malformed=True))
+        try:
+            await call()
+        except openai.APIStatusError as error:
+            body = error.body if isinstance(error.body, dict) else {}
+            say.line(f"  {label}: HTTP {error.status_code} {body.get('code')}: {error.message}")
+    reply = await _ask(client)
+    say.line(f"  next request: {reply.choices[0].message.content!r} — still serving")
+
+    say.line("\nHot reload: adding the alias 'sim-large' to the YAML file…")
+    config.write_text(_config(sim_url, aliases=("sim", "sim-large")))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{proxy_url}/admin/reload", headers={"Authorization": "Bearer demo-admin"}
+        ) as response:
+            outcome = await response.json()
+    models = await client.models.list()
+    say.line(f"  reload ok={outcome['ok']} version={outcome['version']}")
+    say.line(f"  /v1/models now: {', '.join(m.id for m in models.data)}")
+    say.line(f"\nThe upstream saw {len(sim.requests)} requests; metrics at {proxy_url}/metrics")
+
+
+async def _ask(client: openai.AsyncOpenAI) -> Any:
+    return await client.chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "ping"}]
+    )

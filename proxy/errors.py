@@ -1,0 +1,140 @@
+"""The proxy's error tree. Each error maps to exactly one HTTP status and OpenAI error type;
+`error_response` is the single place that turns any error into a response body."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+from aiohttp import web
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "internal_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self, request_id: str | None) -> dict[str, object]:
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
+        }
+        if request_id:
+            error["request_id"] = request_id
+        return {"error": error}
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(ProxyError):
+    """No usable answer: connection refused or reset, or a body that is not what it claims."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamBadResponse(UpstreamUnreachable):
+    code = "upstream_bad_response"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class ServiceUnavailable(ProxyError):
+    status = 503
+    type = "service_unavailable"
+    code = "not_ready"
+
+
+class InternalError(ProxyError):
+    """A bug in the proxy: still an OpenAI-style body, never a bare 500."""
+
+
+def error_response(
+    error: ProxyError, request_id: str | None, extra_headers: Mapping[str, str] | None = None
+) -> web.Response:
+    headers = {**error.headers, **(extra_headers or {})}
+    return web.Response(
+        status=error.status,
+        body=orjson.dumps(error.body(request_id)),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+_HTTP_ERRORS: dict[int, type[ProxyError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    413: PayloadTooLarge,
+}
+
+
+def from_http_exception(exc: web.HTTPException) -> ProxyError:
+    """aiohttp's own errors (unknown route, wrong method, ...) in our shape."""
+    kind = _HTTP_ERRORS.get(exc.status)
+    if kind is not None:
+        return kind(exc.reason or exc.text or "request rejected")
+    error = ProxyError(exc.reason or "request rejected")
+    error.status = exc.status
+    error.type = "invalid_request_error" if exc.status < 500 else "internal_error"
+    return error

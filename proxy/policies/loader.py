@@ -1,0 +1,583 @@
+"""Load the YAML configuration: yaml → JSON Schema → semantic checks → a frozen `Config`.
+
+A configuration is one YAML file, or a directory whose *.yaml / *.yml files are merged in name
+order. Every problem is reported at once with its file, YAML path and line, in three stages:
+YAML syntax, schema, meaning. A stage runs only when the earlier ones found nothing, because
+checking the meaning of a document of the wrong shape only produces noise.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import xxhash
+import yaml
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+
+from proxy.policies.spec import (
+    OPENAI_COMPATIBLE_PROVIDERS,
+    ApiKey,
+    Config,
+    Deployment,
+    Keys,
+    Policy,
+    PolicyMatch,
+    ServerSettings,
+    StoreSettings,
+    key_digest,
+)
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
+ENV_PREFIX = "os.environ/"
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+YamlPath = tuple[str | int, ...]
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_SECRET_KEYS = frozenset({"admin_key", "key", "api_key"})
+_POLICY_FIELDS = frozenset({"name", "description", "mode", "match"})
+_FLOAT_SERVER_FIELDS = frozenset({"connect_timeout_s", "read_timeout_s", "watch_interval_s"})
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    file: str
+    path: str  # "model_list[2].litellm_params.api_base"; "" for the file as a whole
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; `issues` says every reason found."""
+
+    def __init__(self, issues: Sequence[ConfigIssue], warnings: Sequence[ConfigIssue] = ()) -> None:
+        self.issues = list(issues)
+        self.warnings = list(warnings)
+        super().__init__("\n".join(str(issue) for issue in self.issues))
+
+
+# --- public entry points ---------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, validate and merge the configuration at PATH; raise ConfigError on any error."""
+    files = config_sources(path)
+    if not files:
+        raise ConfigError([_file_issue(path, "directory has no *.yaml or *.yml files")])
+    sources, issues = _read_all(files)
+    if issues:
+        raise ConfigError(issues)
+    merged = _merge(sources)
+    report = _Report()
+    config = _build(merged, [s.name for s in sources], report)
+    if report.errors:
+        raise ConfigError(report.errors, report.warnings)
+    return config
+
+
+def config_sources(path: str | os.PathLike[str]) -> list[Path]:
+    """The files `load_config(path)` reads, in merge order."""
+    root = Path(path)
+    if root.is_dir():
+        return sorted((p for p in root.iterdir() if _is_config_file(p)), key=lambda p: p.name)
+    if root.exists():
+        return [root]
+    raise ConfigError([_file_issue(path, "no such file or directory")])
+
+
+def sources_fingerprint(path: str | os.PathLike[str]) -> tuple[object, ...]:
+    """A value that changes when a config file is edited, added or removed; reads no contents.
+
+    The inode is included because editors and Kubernetes ConfigMaps replace files by rename,
+    which can keep both size and (coarse) mtime.
+    """
+    try:
+        files = config_sources(path)
+    except ConfigError:
+        return ()
+    return tuple(_stat_key(file) for file in files)
+
+
+def validate_paths(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(error lines, warning lines) for `agentproxy validate PATH...`; each PATH is one config."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    for path in paths:
+        try:
+            config = load_config(path)
+        except ConfigError as exc:
+            errors += [str(issue) for issue in exc.issues]
+            warnings += [str(issue) for issue in exc.warnings]
+        else:
+            warnings += config.warnings
+    return errors, warnings
+
+
+# --- reading one file ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One parsed file, with the line of every YAML path in it."""
+
+    name: str
+    data: dict[str, Any]
+    lines: dict[YamlPath, int]
+
+    def issue(self, path: YamlPath, message: str) -> ConfigIssue:
+        return ConfigIssue(self.name, _format_path(path), message, self.line_of(path))
+
+    def line_of(self, path: YamlPath) -> int | None:
+        # A path that is not in the file (a missing key) gets its nearest ancestor's line.
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.lines:
+                return self.lines[path[:end]]
+        return None
+
+
+def _is_config_file(path: Path) -> bool:
+    # Hidden files are skipped: editors leave ".#main.yaml" lock files and swap files around.
+    return path.suffix in CONFIG_SUFFIXES and not path.name.startswith(".") and path.is_file()
+
+
+def _stat_key(file: Path) -> tuple[object, ...]:
+    try:
+        stat = file.stat()
+    except OSError:
+        return (file.name, None)
+    return (file.name, stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+def _file_issue(path: str | os.PathLike[str], message: str, line: int | None = None) -> ConfigIssue:
+    return ConfigIssue(os.fspath(path), "", message, line)
+
+
+def _read_all(files: Iterable[Path]) -> tuple[list[_Source], list[ConfigIssue]]:
+    sources: list[_Source] = []
+    issues: list[ConfigIssue] = []
+    for file in files:
+        source, file_issues = _read(file)
+        issues += file_issues
+        if source is not None:
+            sources.append(source)
+    return sources, issues
+
+
+def _read(file: Path) -> tuple[_Source | None, list[ConfigIssue]]:
+    name = str(file)
+    try:
+        data, lines, issues = _parse_yaml(name, file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [_file_issue(name, f"cannot read: {exc}")]
+    except yaml.YAMLError as exc:
+        return None, [_yaml_issue(name, exc)]
+    if data is None:
+        return None, [_file_issue(name, "file is empty")]
+    if not isinstance(data, dict):
+        message = f"top level must be a mapping of sections, not a {type(data).__name__}"
+        return None, [_file_issue(name, message, 1)]
+    source = _Source(name, data, lines)
+    for error in _validator().iter_errors(data):
+        issues += _schema_issues(source, error)
+    return source, sorted(issues, key=lambda issue: issue.line or 0)
+
+
+def _parse_yaml(name: str, text: str) -> tuple[Any, dict[YamlPath, int], list[ConfigIssue]]:
+    """Data, the line of each path, and key problems (duplicates, non-string keys), one parse."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}, []
+        lines: dict[YamlPath, int] = {}
+        issues = list(_index_nodes(name, node, (), lines, set()))
+        # Constructed only now: construction flattens "<<" merge keys in the node tree.
+        return loader.construct_document(node), lines, issues
+    finally:
+        loader.dispose()
+
+
+def _index_nodes(
+    name: str, node: yaml.Node, path: YamlPath, lines: dict[YamlPath, int], seen: set[int]
+) -> Iterator[ConfigIssue]:
+    # `seen` walks an aliased node once: "*anchor" can repeat (or nest) a subtree many times.
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _index_nodes(name, item, (*path, index), lines, seen)
+    elif isinstance(node, yaml.MappingNode):
+        first_line: dict[str, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            if key.tag == _MERGE_TAG:
+                continue
+            if not (isinstance(key, yaml.ScalarNode) and key.tag == _STR_TAG):
+                message = f"key {key.value!r} is not a string; quote it"
+                yield ConfigIssue(name, _format_path(path), message, line)
+                continue
+            child = (*path, key.value)
+            if key.value in first_line:
+                message = f"duplicate key (first at line {first_line[key.value]})"
+                yield ConfigIssue(name, _format_path(child), message, line)
+                continue
+            first_line[key.value] = line
+            lines[child] = line
+            yield from _index_nodes(name, value, child, lines, seen)
+
+
+def _yaml_issue(name: str, exc: yaml.YAMLError) -> ConfigIssue:
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return _file_issue(name, f"invalid YAML: {exc}")
+    message = f"invalid YAML: {exc.problem or exc.context}"
+    if exc.problem and exc.context:
+        context_line = f" at line {exc.context_mark.line + 1}" if exc.context_mark else ""
+        message += f" ({exc.context}{context_line})"
+    mark = exc.problem_mark or exc.context_mark
+    return _file_issue(name, message, mark.line + 1 if mark else None)
+
+
+@cache
+def _validator() -> Any:
+    return Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
+
+
+def _schema_issues(source: _Source, error: Any) -> Iterator[ConfigIssue]:
+    path: YamlPath = tuple(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        for key in sorted(set(error.instance) - set(allowed), key=str):
+            yield source.issue((*path, key), f"unknown key {key!r}{_suggest(str(key), allowed)}")
+        return
+    message: str = error.message
+    if error.validator == "type" and error.instance is None:
+        message = f"is empty; expected {error.validator_value}"
+    elif path and path[-1] in _SECRET_KEYS:
+        message = message.replace(repr(error.instance), "<hidden value>")
+    yield source.issue(path, message)
+
+
+def _format_path(path: YamlPath) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _suggest(name: str, known: Iterable[str]) -> str:
+    choices = sorted(known)
+    close = difflib.get_close_matches(name, choices, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; expected one of: {', '.join(choices)}" if choices else ""
+
+
+# --- merging ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """A value from one file, remembering where it came from for messages."""
+
+    source: _Source
+    path: YamlPath
+    value: Any
+
+    def issue(self, sub_path: YamlPath, message: str) -> ConfigIssue:
+        return self.source.issue((*self.path, *sub_path), message)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source.name}: {_format_path(self.path)}"
+
+
+@dataclass(slots=True)
+class _Merged:
+    server: dict[str, Any] = field(default_factory=dict)
+    store: dict[str, Any] = field(default_factory=dict)
+    admin_key: _Entry | None = None
+    api_keys: list[_Entry] = field(default_factory=list)
+    model_list: list[_Entry] = field(default_factory=list)
+    policies: list[_Entry] = field(default_factory=list)
+
+    def document(self) -> dict[str, Any]:
+        """The merged configuration as plain data, as it was written (env refs unresolved)."""
+        keys: dict[str, Any] = {"api_keys": [e.value for e in self.api_keys]}
+        if self.admin_key is not None:
+            keys["admin_key"] = self.admin_key.value
+        return {
+            "server": self.server,
+            "store": self.store,
+            "keys": keys,
+            "model_list": [e.value for e in self.model_list],
+            "policies": [e.value for e in self.policies],
+        }
+
+
+def _merge(sources: Iterable[_Source]) -> _Merged:
+    """Mapping sections: later files win key by key. List sections: concatenated."""
+    merged = _Merged()
+    for source in sources:
+        data = source.data
+        merged.server.update(data.get("server", {}))
+        merged.store.update(data.get("store", {}))
+        keys = data.get("keys", {})
+        if "admin_key" in keys:
+            merged.admin_key = _Entry(source, ("keys", "admin_key"), keys["admin_key"])
+        merged.api_keys += _entries(source, ("keys", "api_keys"), keys.get("api_keys", []))
+        merged.model_list += _entries(source, ("model_list",), data.get("model_list", []))
+        merged.policies += _entries(source, ("policies",), data.get("policies", []))
+    return merged
+
+
+def _entries(source: _Source, path: YamlPath, items: list[Any]) -> list[_Entry]:
+    return [_Entry(source, (*path, index), item) for index, item in enumerate(items)]
+
+
+# --- meaning and building --------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Report:
+    errors: list[ConfigIssue] = field(default_factory=list)
+    warnings: list[ConfigIssue] = field(default_factory=list)
+
+
+def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
+    deployments = _deployments(merged.model_list, report)
+    keys = _keys(merged, set(deployments), report)
+    key_names = {key.name for key in keys.api_keys}
+    policies = _policies(merged.policies, set(deployments), key_names, report)
+    return Config(
+        version=_version(merged.document()),
+        sources=tuple(sources),
+        loaded_at=time.time(),
+        server=_server(merged.server),
+        keys=keys,
+        store=StoreSettings(**merged.store),
+        deployments=deployments,
+        policies=policies,
+        warnings=tuple(str(warning) for warning in report.warnings),
+    )
+
+
+def _server(values: dict[str, Any]) -> ServerSettings:
+    # YAML reads "timeout: 10" as an int; the settings promise floats.
+    typed: dict[str, Any] = {
+        key: float(value) if key in _FLOAT_SERVER_FIELDS else value for key, value in values.items()
+    }
+    return ServerSettings(**typed)
+
+
+def _version(document: dict[str, Any]) -> str:
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
+    return xxhash.xxh64(canonical.encode()).hexdigest()[:12]
+
+
+def _deployments(entries: Iterable[_Entry], report: _Report) -> dict[str, tuple[Deployment, ...]]:
+    groups: dict[str, list[Deployment]] = {}
+    for entry in entries:
+        deployment = _deployment(entry, report)
+        groups.setdefault(deployment.alias, []).append(deployment)
+    return {alias: tuple(group) for alias, group in groups.items()}
+
+
+def _deployment(entry: _Entry, report: _Report) -> Deployment:
+    raw_params = entry.value["litellm_params"]
+    params: dict[str, Any] = _resolve_params(entry, ("litellm_params",), raw_params, report)
+    model: str = raw_params["model"]
+    provider, _, upstream_model = model.partition("/")
+    api_base: str | None = params.get("api_base")
+    _check_endpoint(entry, model, api_base, report)
+    info: dict[str, Any] = entry.value.get("model_info", {})
+    return Deployment(
+        alias=entry.value["model_name"],
+        model=model,
+        provider=provider,
+        upstream_model=upstream_model,
+        api_base=api_base,
+        api_key=params.get("api_key"),
+        timeout_s=_float_or_none(params.get("timeout")),
+        stream_timeout_s=_float_or_none(params.get("stream_timeout")),
+        extra_headers=_headers(params.get("extra_headers")),
+        litellm_params=params,
+        max_input_tokens=info.get("max_input_tokens"),
+        max_output_tokens=info.get("max_output_tokens"),
+        input_cost_per_token=_float_or_none(info.get("input_cost_per_token")),
+        output_cost_per_token=_float_or_none(info.get("output_cost_per_token")),
+        source=entry.where,
+    )
+
+
+def _check_endpoint(entry: _Entry, model: str, api_base: str | None, report: _Report) -> None:
+    provider, _, upstream_model = model.partition("/")
+    if not provider or not upstream_model:
+        message = f"{model!r} has no provider prefix; write it as 'openai/{model.strip('/')}'"
+        report.errors.append(entry.issue(("litellm_params", "model"), message))
+    if api_base is not None and not _is_http_url(api_base):
+        message = f"{api_base!r} is not an http(s) URL"
+        report.errors.append(entry.issue(("litellm_params", "api_base"), message))
+    has_no_default = OPENAI_COMPATIBLE_PROVIDERS.get(provider, "") is None
+    if has_no_default and api_base is None:
+        message = f"provider {provider!r} has no default endpoint; set api_base"
+        report.errors.append(entry.issue(("litellm_params",), message))
+
+
+def _resolve_params(entry: _Entry, path: YamlPath, value: Any, report: _Report) -> Any:
+    """Replace "os.environ/NAME" strings anywhere in litellm_params with the variable's value."""
+    if isinstance(value, dict):
+        return {k: _resolve_params(entry, (*path, k), v, report) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_params(entry, (*path, i), v, report) for i, v in enumerate(value)]
+    name = _env_name(value)
+    if name is None:
+        return value
+    resolved = os.environ.get(name)
+    if resolved is None and path[-1] == "api_base":
+        # Not a warning: the provider's default endpoint would get traffic meant for another.
+        report.errors.append(entry.issue(path, f"environment variable {name!r} is not set"))
+    elif resolved is None:
+        message = f"environment variable {name!r} is not set; requests to this deployment will fail"
+        report.warnings.append(entry.issue(path, message))
+    return resolved
+
+
+def _keys(merged: _Merged, aliases: set[str], report: _Report) -> Keys:
+    admin_digest = None
+    if merged.admin_key is not None:
+        admin_secret = _secret(merged.admin_key, report)
+        admin_digest = key_digest(admin_secret) if admin_secret else None
+    api_keys = tuple(_api_key(entry, aliases, report) for entry in merged.api_keys)
+    _check_unique_keys(merged.api_keys, api_keys, admin_digest, report)
+    return Keys(api_keys=api_keys, admin_digest=admin_digest)
+
+
+def _api_key(entry: _Entry, aliases: set[str], report: _Report) -> ApiKey:
+    secret = _secret(_Entry(entry.source, (*entry.path, "key"), entry.value["key"]), report)
+    models = entry.value.get("models")
+    _check_names(entry, ("models",), models, aliases, "model alias", report)
+    digest = key_digest(secret) if secret else b""
+    return ApiKey(entry.value["name"], digest, entry.value.get("team"), _frozen(models))
+
+
+def _check_unique_keys(
+    entries: Sequence[_Entry],
+    api_keys: Sequence[ApiKey],
+    admin_digest: bytes | None,
+    report: _Report,
+) -> None:
+    by_name: dict[str, _Entry] = {}
+    by_digest: dict[bytes, _Entry] = {}
+    for entry, key in zip(entries, api_keys, strict=True):
+        if key.name in by_name:
+            message = (
+                f"duplicate api key name {key.name!r}; first defined at {by_name[key.name].where}"
+            )
+            report.errors.append(entry.issue(("name",), message))
+        if key.digest in by_digest:  # the message never shows the key itself
+            report.errors.append(
+                entry.issue(("key",), f"same key as {by_digest[key.digest].where}")
+            )
+        elif key.digest == admin_digest:
+            report.errors.append(entry.issue(("key",), "same key as keys.admin_key"))
+        by_name.setdefault(key.name, entry)
+        if key.digest:  # b"" stands for an unset variable, already reported
+            by_digest.setdefault(key.digest, entry)
+
+
+def _secret(entry: _Entry, report: _Report) -> str | None:
+    """A key's value; an unset or empty variable is an error (an empty key must never match)."""
+    name = _env_name(entry.value)
+    if name is None:
+        return str(entry.value)
+    value = os.environ.get(name)
+    if not value:
+        state = "is not set" if value is None else "is empty"
+        report.errors.append(entry.issue((), f"environment variable {name!r} {state}"))
+    return value or None
+
+
+def _policies(
+    entries: Sequence[_Entry], aliases: set[str], key_names: set[str], report: _Report
+) -> tuple[Policy, ...]:
+    by_name: dict[str, _Entry] = {}
+    for entry in entries:
+        name: str = entry.value["name"]
+        if name in by_name:
+            message = f"duplicate policy name {name!r}; first defined at {by_name[name].where}"
+            report.errors.append(entry.issue(("name",), message))
+        by_name.setdefault(name, entry)
+    return tuple(_policy(entry, aliases, key_names, report) for entry in entries)
+
+
+def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Report) -> Policy:
+    raw = entry.value
+    match = raw.get("match", {})
+    models, keys = match.get("models"), match.get("keys")
+    _check_names(entry, ("match", "models"), models, aliases, "model alias", report)
+    _check_names(entry, ("match", "keys"), keys, key_names, "api key", report)
+    headers = tuple((name.lower(), value) for name, value in match.get("headers", {}).items())
+    return Policy(
+        name=raw["name"],
+        match=PolicyMatch(_frozen(models), _frozen(keys), headers),
+        mode=raw.get("mode", "enforce"),
+        description=raw.get("description", ""),
+        sections={k: v for k, v in raw.items() if k not in _POLICY_FIELDS},
+    )
+
+
+def _check_names(
+    entry: _Entry,
+    path: YamlPath,
+    names: list[str] | None,
+    known: set[str],
+    kind: str,
+    report: _Report,
+) -> None:
+    for index, name in enumerate(names or ()):
+        if name not in known:
+            message = f"unknown {kind} {name!r}{_suggest(name, known)}"
+            report.errors.append(entry.issue((*path, index), message))
+
+
+def _env_name(value: object) -> str | None:
+    if isinstance(value, str) and value.startswith(ENV_PREFIX):
+        return value.removeprefix(ENV_PREFIX)
+    return None
+
+
+def _is_http_url(value: str) -> bool:
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 address
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _headers(values: dict[str, str | None] | None) -> dict[str, str]:
+    # A header whose variable is unset (already warned about) is left out, not sent empty.
+    return {name: value for name, value in (values or {}).items() if value is not None}
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _frozen(values: list[str] | None) -> frozenset[str] | None:
+    return None if values is None else frozenset(values)

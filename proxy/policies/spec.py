@@ -1,0 +1,164 @@
+"""Frozen configuration objects: what the loader produces and the rest of the proxy reads.
+
+A `Config` is immutable. A reload builds a new one and swaps a single reference, so a request
+holds the `Config` it started with until it ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# litellm providers whose chat endpoint speaks OpenAI's wire format; they take the aiohttp
+# fast path. Every other provider goes through litellm.
+OPENAI_COMPATIBLE_PROVIDERS: Mapping[str, str | None] = {
+    "openai": "https://api.openai.com/v1",
+    "custom_openai": None,
+    "openai_like": None,
+    "hosted_vllm": None,
+    "lm_studio": "http://127.0.0.1:1234/v1",
+    "groq": "https://api.groq.com/openai/v1",
+    "deepseek": "https://api.deepseek.com/v1",
+    "xai": "https://api.x.ai/v1",
+    "together_ai": "https://api.together.xyz/v1",
+    "fireworks_ai": "https://api.fireworks.ai/inference/v1",
+    "openrouter": "https://openrouter.ai/api/v1",
+}
+
+
+def key_digest(secret: str) -> bytes:
+    """Keys are kept and compared as SHA-256 digests; the secret itself is never stored."""
+    return hashlib.sha256(secret.encode()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """One entry of `model_list`: an alias clients send, and where it really goes."""
+
+    alias: str
+    model: str  # litellm spelling, "provider/name"
+    provider: str
+    upstream_model: str  # the name sent to the provider
+    api_base: str | None
+    api_key: str | None = field(repr=False)
+    timeout_s: float | None = None
+    stream_timeout_s: float | None = None
+    extra_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Everything from litellm_params, for the litellm upstream (may hold credentials).
+    litellm_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    input_cost_per_token: float | None = None
+    output_cost_per_token: float | None = None
+    source: str = ""  # "file.yaml: model_list[3]", for messages
+
+    @property
+    def fast_path(self) -> bool:
+        """True when the aiohttp OpenAI-compatible upstream can serve this deployment."""
+        return self.provider in OPENAI_COMPATIBLE_PROVIDERS and self.base_url is not None
+
+    @property
+    def base_url(self) -> str | None:
+        base = self.api_base or OPENAI_COMPATIBLE_PROVIDERS.get(self.provider)
+        return base.rstrip("/") if base else None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    name: str
+    digest: bytes = field(repr=False)
+    team: str | None = None
+    models: frozenset[str] | None = None  # aliases this key may use; None = all
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    api_keys: tuple[ApiKey, ...] = ()
+    admin_digest: bytes | None = field(default=None, repr=False)
+
+    def find(self, secret: str) -> ApiKey | None:
+        """Constant-time lookup: every configured digest is compared, match or not."""
+        presented = key_digest(secret)
+        found: ApiKey | None = None
+        for key in self.api_keys:
+            if hmac.compare_digest(presented, key.digest):
+                found = key
+        return found
+
+    def is_admin(self, secret: str) -> bool:
+        if self.admin_digest is None:
+            return False
+        return hmac.compare_digest(key_digest(secret), self.admin_digest)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 4000
+    max_body_bytes: int = 32 * 1024 * 1024
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0  # longest silence tolerated from an upstream
+    watch_interval_s: float = 1.0
+    access_log: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    backend: Literal["local"] = "local"
+    path: str = ".agentproxy"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyMatch:
+    """All given conditions must hold; within a list any entry may match. Empty = always."""
+
+    models: frozenset[str] | None = None
+    keys: frozenset[str] | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # (lower-case name, exact value)
+
+    def matches(self, alias: str, key_name: str | None, headers: Mapping[str, str]) -> bool:
+        if self.models is not None and alias not in self.models:
+            return False
+        if self.keys is not None and key_name not in self.keys:
+            return False
+        return all(headers.get(name) == value for name, value in self.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    match: PolicyMatch = PolicyMatch()
+    mode: Literal["enforce", "dry_run"] = "enforce"
+    description: str = ""
+    # Stage sections (repair, offload, retry, ...) as validated by the schema; later issues
+    # turn these into typed specs.
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+
+DEFAULT_POLICY = Policy(name="default")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    version: str  # content hash of the merged configuration
+    sources: tuple[str, ...]
+    loaded_at: float  # unix time
+    server: ServerSettings = ServerSettings()
+    keys: Keys = Keys()
+    store: StoreSettings = StoreSettings()
+    deployments: Mapping[str, tuple[Deployment, ...]] = field(default_factory=dict)
+    policies: tuple[Policy, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def select_policy(self, alias: str, key_name: str | None, headers: Mapping[str, str]) -> Policy:
+        """First policy whose `match` holds, in file order; the built-in default otherwise."""
+        for policy in self.policies:
+            if policy.match.matches(alias, key_name, headers):
+                return policy
+        return DEFAULT_POLICY
+
+    def policy_named(self, name: str) -> Policy | None:
+        return next((p for p in self.policies if p.name == name), None)

@@ -1,0 +1,84 @@
+"""Admin surface, behind the admin key: the active configuration and reloading it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.auth import authenticate_admin
+from proxy.policies.spec import Config, Policy
+from proxy.state import CONFIG
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/admin/policies")
+async def show_policies(request: web.Request) -> web.Response:
+    holder = request.app[CONFIG]
+    config = holder.current
+    authenticate_admin(request, config.keys)
+    return _json(
+        {
+            "version": config.version,
+            "sources": list(config.sources),
+            "loaded_at": config.loaded_at,
+            "last_reload": holder.last_reload.describe() if holder.last_reload else None,
+            "warnings": list(config.warnings),
+            "models": _models(config),
+            "policies": [_policy(p) for p in config.policies],
+        }
+    )
+
+
+@routes.post("/admin/reload")
+async def reload(request: web.Request) -> web.Response:
+    holder = request.app[CONFIG]
+    authenticate_admin(request, holder.current.keys)
+    outcome = await holder.reload("admin")
+    if outcome.ok:
+        return _json(outcome.describe())
+    error = {
+        "message": "the new configuration is invalid; the previous one keeps serving",
+        "type": "invalid_config",
+        "param": None,
+        "code": "config_rejected",
+        "details": list(outcome.errors),
+        "active_version": outcome.version,
+    }
+    return _json({"error": error}, status=422)
+
+
+def _models(config: Config) -> dict[str, list[dict[str, Any]]]:
+    return {
+        alias: [
+            {
+                "model": d.model,
+                "api_base": d.base_url,
+                "path": "openai-compatible" if d.fast_path else "litellm",
+                "max_input_tokens": d.max_input_tokens,
+                "source": d.source,
+            }
+            for d in group
+        ]
+        for alias, group in config.deployments.items()
+    }
+
+
+def _policy(policy: Policy) -> dict[str, Any]:
+    match = policy.match
+    return {
+        "name": policy.name,
+        "mode": policy.mode,
+        "description": policy.description,
+        "match": {
+            "models": sorted(match.models) if match.models is not None else None,
+            "keys": sorted(match.keys) if match.keys is not None else None,
+            "headers": dict(match.headers),
+        },
+    }
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")

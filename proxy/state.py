@@ -1,0 +1,15 @@
+"""Typed keys for what the application holds; created in app.py, read by routes."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.metrics import Metrics
+from proxy.model_catalog import ModelCatalog
+from proxy.policies.watch import ConfigHolder
+from proxy.upstream.pool import Upstreams
+
+CONFIG = web.AppKey("config", ConfigHolder)
+METRICS = web.AppKey("metrics", Metrics)
+UPSTREAMS = web.AppKey("upstreams", Upstreams)
+CATALOG = web.AppKey("catalog", ModelCatalog)

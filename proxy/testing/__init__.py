@@ -1,0 +1,5 @@
+"""Test support shipped with the package: the simulated upstream model server."""
+
+from .simulator import Fault, RecordedRequest, Simulator, run_simulator, serve_simulator
+
+__all__ = ["Fault", "RecordedRequest", "Simulator", "run_simulator", "serve_simulator"]

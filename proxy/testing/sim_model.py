@@ -1,0 +1,254 @@
+"""The simulator's scripted "model": what it answers, and what things cost in tokens.
+
+Everything here works on an OpenAI-shaped chat body (the Anthropic twin converts first) and is
+a pure function of that body, so the same request always gets the same answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+JSON = dict[str, Any]
+
+SNIPPET_CHARS = 200  # how much of a user text or tool result the scripted answers quote
+_SCALAR_PLACEHOLDERS: dict[str, Any] = {
+    "string": "example",
+    "integer": 1,
+    "number": 1,
+    "boolean": True,
+    "array": [],
+    "null": None,
+}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, exactly as it goes on the wire
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One assistant turn, independent of the wire dialect it is rendered in."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"  # OpenAI vocabulary: "stop" | "tool_calls" | "length"
+
+
+def text_of(content: Any) -> str:
+    """The plain text of a message content: a string, a list of text parts, or nothing."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _tokens(chars: int) -> int:
+    return math.ceil(chars / 4)
+
+
+def _message_chars(message: JSON) -> int:
+    chars = len(text_of(message.get("content")))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    return chars
+
+
+def estimate_prompt_tokens(body: JSON) -> int:
+    """ceil(chars/4) over contents, tool call names+arguments and tool schemas, +4 per message."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    chars = sum(_message_chars(m) for m in messages)
+    if body.get("tools"):
+        chars += len(orjson.dumps(body["tools"]))
+    return _tokens(chars) + 4 * len(messages)
+
+
+def completion_tokens(reply: Reply) -> int:
+    chars = len(reply.content or "")
+    chars += sum(len(call.name) + len(call.arguments) for call in reply.tool_calls)
+    return max(1, _tokens(chars))
+
+
+def max_output_tokens(body: JSON) -> int | None:
+    """The requested completion budget; max_completion_tokens wins like it does at OpenAI."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def request_digest(body: JSON) -> str:
+    """Hash of what determines the answer (not `stream`), so stream and non-stream agree."""
+    key = {k: body.get(k) for k in ("model", "messages", "tools", "tool_choice")}
+    return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def tool_call_id(digest: str, index: int, prefix: str = "call_") -> str:
+    return prefix + hashlib.sha256(f"{digest}:{index}".encode()).hexdigest()[:24]
+
+
+def scripted_reply(body: JSON) -> Reply:
+    """The scripted behaviour: quote tool results, call a tool the user names, or echo."""
+    messages: list[JSON] = body["messages"]
+    if messages[-1].get("role") == "tool":
+        return Reply(_quote_tool_results(messages))
+    calls = _planned_calls(body) if messages[-1].get("role") == "user" else []
+    if calls:
+        digest = request_digest(body)
+        tool_calls = tuple(
+            ToolCall(tool_call_id(digest, i), name, orjson.dumps(args).decode())
+            for i, (name, args) in enumerate(calls)
+        )
+        return Reply(None, tool_calls, "tool_calls")
+    return limit_reply(Reply(f"You said: {_last_user_text(messages)[:SNIPPET_CHARS]}"), body)
+
+
+def limit_reply(reply: Reply, body: JSON) -> Reply:
+    """Cut a text answer at max_tokens the way a real model stops: finish_reason "length"."""
+    budget = max_output_tokens(body)
+    if budget is None or reply.tool_calls or completion_tokens(reply) <= budget:
+        return reply
+    return Reply((reply.content or "")[: budget * 4], (), "length")
+
+
+def reply_from_message(message: JSON, body: JSON) -> Reply:
+    """Turn a responder's assistant message into a Reply, filling in what a test left out."""
+    digest = request_digest(body)
+    calls = []
+    for i, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            arguments = orjson.dumps(arguments).decode()
+        calls.append(
+            ToolCall(call.get("id") or tool_call_id(digest, i), function["name"], arguments)
+        )
+    finish = message.get("finish_reason") or ("tool_calls" if calls else "stop")
+    return Reply(message.get("content"), tuple(calls), finish)
+
+
+def _last_user_text(messages: list[JSON]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return text_of(message.get("content"))
+    return ""
+
+
+def _quote_tool_results(messages: list[JSON]) -> str:
+    names = {
+        call.get("id"): (call.get("function") or {}).get("name", "tool")
+        for message in messages
+        if message.get("role") == "assistant"
+        for call in message.get("tool_calls") or []
+        if isinstance(call, dict)
+    }
+    results: list[JSON] = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, message)
+    return "\n".join(
+        f"{names.get(m.get('tool_call_id'), 'tool')} returned: "
+        f"{text_of(m.get('content'))[:SNIPPET_CHARS]}"
+        for m in results
+    )
+
+
+def _tool_schemas(body: JSON) -> dict[str, Any]:
+    schemas: dict[str, Any] = {}
+    for tool in body.get("tools") or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            schemas[function["name"]] = function.get("parameters")
+    return schemas
+
+
+def _planned_calls(body: JSON) -> list[tuple[str, JSON]]:
+    """Which tools to call, honouring tool_choice and parallel_tool_calls like OpenAI does."""
+    schemas = _tool_schemas(body)
+    choice = body.get("tool_choice")
+    if not schemas or choice == "none":
+        return []
+    text = text_of(body["messages"][-1].get("content"))
+    calls = _calls_with_json(text, schemas)
+    forced = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if forced:
+        calls = [c for c in calls if c[0] == forced] or [
+            (forced, placeholder_args(schemas.get(forced)))
+        ]
+    elif not calls:
+        named = _first_mention(text, schemas) or (
+            next(iter(schemas)) if choice == "required" else None
+        )
+        calls = [(named, placeholder_args(schemas[named]))] if named else []
+    return calls[:1] if body.get("parallel_tool_calls") is False else calls
+
+
+def _names_pattern(schemas: dict[str, Any]) -> str:
+    # Longest first so "read_file_lines" is not matched as "read_file".
+    names = sorted(schemas, key=len, reverse=True)
+    return r"(?<![\w-])(" + "|".join(re.escape(n) for n in names) + r")"
+
+
+def _calls_with_json(text: str, schemas: dict[str, Any]) -> list[tuple[str, JSON]]:
+    """Every `name({...json...})` in the text, in order."""
+    pattern = re.compile(_names_pattern(schemas) + r"\(\s*")
+    decoder = json.JSONDecoder()  # orjson has no raw_decode: we need "parse a prefix"
+    calls: list[tuple[str, JSON]] = []
+    position = 0
+    while match := pattern.search(text, position):
+        position = match.end()
+        try:
+            args, position = decoder.raw_decode(text, match.end())
+        except ValueError:
+            continue
+        if isinstance(args, dict):
+            calls.append((match.group(1), args))
+    return calls
+
+
+def _first_mention(text: str, schemas: dict[str, Any]) -> str | None:
+    match = re.search(_names_pattern(schemas) + r"(?![\w-])", text)
+    return match.group(1) if match else None
+
+
+def placeholder_args(schema: Any) -> JSON:
+    """Arguments filling a tool's required parameters with placeholders by JSON-schema type."""
+    args = placeholder(schema if isinstance(schema, dict) else {"type": "object"})
+    return args if isinstance(args, dict) else {}
+
+
+def placeholder(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return "example"
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return placeholder(schema[key][0])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {name: placeholder(properties.get(name)) for name in schema.get("required") or []}
+    return _SCALAR_PLACEHOLDERS.get(str(kind), "example")

@@ -1,0 +1,1 @@
+"""Upstream providers: the OpenAI-compatible fast path and litellm for everything else."""

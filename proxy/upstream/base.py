@@ -1,0 +1,64 @@
+"""What every upstream provides: one JSON completion, or a stream of SSE events.
+
+Failures come back as exceptions: `UpstreamHTTPError` when the provider answered with an error
+status (its body passes through to the client), or a `ProxyError` subclass from `proxy.errors`
+when there was no usable answer (unreachable 502, garbled 502, timeout 504).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.policies.spec import Deployment
+
+# Upstream response headers worth passing on to clients (rate-limit hints, provider timings).
+FORWARDED_HEADER_PREFIXES = ("x-ratelimit-", "retry-after", "openai-processing-ms")
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower().startswith(FORWARDED_HEADER_PREFIXES)
+    }
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    data: dict[str, Any]  # parsed, for usage accounting
+    body: bytes  # the bytes to send on, unchanged
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class UpstreamStream(Protocol):
+    headers: dict[str, str]
+
+    def events(self) -> AsyncIterator[bytes]:
+        """Complete SSE events (`data: ...`), without the blank-line separator."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class UpstreamHTTPError(Exception):
+    """The provider answered with an error status; `body` is what it said."""
+
+    def __init__(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        super().__init__(f"upstream answered {status}")
+        self.status = status
+        self.body = body
+        self.headers = dict(headers)
+
+
+class Upstream(Protocol):
+    async def complete(
+        self, deployment: Deployment, body: dict[str, Any], request_id: str
+    ) -> UpstreamReply: ...
+
+    async def open_stream(
+        self, deployment: Deployment, body: dict[str, Any], request_id: str
+    ) -> UpstreamStream: ...
+
+    async def close(self) -> None: ...

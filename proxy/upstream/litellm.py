@@ -1,0 +1,159 @@
+"""Every non-OpenAI-compatible provider, through litellm. The only module that imports it.
+
+`import litellm` costs seconds and ~190 MB, so it happens lazily, in a worker thread, the first
+time a deployment needs it (`warm_up` starts that early when the config has such deployments).
+litellm's own retries are off: the proxy has exactly one retry loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+import orjson
+
+from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from proxy.policies.spec import Deployment
+from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
+from proxy.upstream.openai_compat import redact
+
+# Keys of litellm_params that are ours or the router's, not completion() arguments.
+_NOT_COMPLETION_ARGS = frozenset({"model", "rpm", "tpm", "order", "weight", "stream_timeout"})
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def _import_litellm() -> ModuleType:
+    # The price map ships inside the package; never fetch it over the network.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.telemetry = False
+    litellm.suppress_debug_info = True
+    litellm.num_retries = 0
+    return litellm
+
+
+class LiteLLMUpstream:
+    def __init__(self) -> None:
+        self._module: ModuleType | None = None
+        self._loading: asyncio.Task[ModuleType] | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._module is not None
+
+    def warm_up(self) -> None:
+        if self._loading is None:
+            self._loading = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(_import_litellm)
+            )
+
+    async def module(self) -> ModuleType:
+        if self._module is None:
+            self.warm_up()
+            assert self._loading is not None
+            self._module = await asyncio.shield(self._loading)
+        return self._module
+
+    async def close(self) -> None:
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+
+    async def complete(
+        self, deployment: Deployment, body: dict[str, Any], request_id: str
+    ) -> UpstreamReply:
+        litellm = await self.module()
+        try:
+            response = await litellm.acompletion(**self._arguments(deployment, body, False))
+        except Exception as exc:
+            raise self._translate(litellm, deployment, exc) from exc
+        data = response.model_dump(exclude_none=True)
+        return UpstreamReply(data, orjson.dumps(data))
+
+    async def open_stream(
+        self, deployment: Deployment, body: dict[str, Any], request_id: str
+    ) -> LiteLLMStream:
+        litellm = await self.module()
+        try:
+            stream = await litellm.acompletion(**self._arguments(deployment, body, True))
+        except Exception as exc:
+            raise self._translate(litellm, deployment, exc) from exc
+        return LiteLLMStream(stream, lambda exc: self._translate(litellm, deployment, exc))
+
+    def _arguments(
+        self, deployment: Deployment, body: dict[str, Any], stream: bool
+    ) -> dict[str, Any]:
+        arguments = {k: v for k, v in body.items() if k != "model"}
+        arguments.update(
+            (k, v) for k, v in deployment.litellm_params.items() if k not in _NOT_COMPLETION_ARGS
+        )
+        arguments.update(model=deployment.model, stream=stream, num_retries=0, max_retries=0)
+        if stream and deployment.stream_timeout_s:
+            arguments["timeout"] = deployment.stream_timeout_s
+        return arguments
+
+    def _translate(self, litellm: ModuleType, deployment: Deployment, exc: Exception) -> Exception:
+        name = deployment.alias
+        message = str(redact(str(exc).encode(), deployment.api_key), "utf-8", "replace")
+        if isinstance(exc, litellm.Timeout):
+            return UpstreamTimeout(
+                f"the upstream for '{name}' timed out ({message}); raise "
+                f"litellm_params.timeout of '{name}' if this model needs longer"
+            )
+        if isinstance(exc, litellm.APIConnectionError):
+            return UpstreamUnreachable(f"the upstream for '{name}' is unreachable: {message}")
+        status = getattr(exc, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 600:
+            code = (
+                "context_length_exceeded"
+                if isinstance(exc, litellm.ContextWindowExceededError)
+                else None
+            )
+            body = {
+                "error": {
+                    "message": message,
+                    "type": _ERROR_TYPES.get(status, "api_error"),
+                    "param": None,
+                    "code": code,
+                }
+            }
+            return UpstreamHTTPError(status, orjson.dumps(body), {})
+        return UpstreamBadResponse(f"the upstream for '{name}' failed: {message}")
+
+
+class LiteLLMStream:
+    """litellm's chunk objects, re-encoded as OpenAI SSE events."""
+
+    headers: dict[str, str]
+
+    def __init__(self, stream: Any, translate: Any) -> None:
+        self._stream = stream
+        self._translate = translate
+        self.headers = {}
+
+    async def events(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        yield b"data: [DONE]"
+
+    async def close(self) -> None:
+        closer = getattr(self._stream, "aclose", None)
+        if closer is not None:
+            # Closing a finished stream must not mask the real outcome.
+            with contextlib.suppress(Exception):
+                await closer()

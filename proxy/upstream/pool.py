@@ -1,0 +1,41 @@
+"""Picks the deployment and upstream that serve a request."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from proxy.policies.spec import Config, Deployment, ServerSettings
+from proxy.upstream.base import Upstream
+from proxy.upstream.litellm import LiteLLMUpstream
+from proxy.upstream.openai_compat import OpenAICompatUpstream
+
+
+class Upstreams:
+    def __init__(self, settings: Callable[[], ServerSettings]) -> None:
+        self.fast = OpenAICompatUpstream(settings)
+        self.litellm = LiteLLMUpstream()
+        self._turns: dict[str, itertools.count[int]] = {}
+
+    def pick(self, deployments: tuple[Deployment, ...]) -> Deployment:
+        """Round-robin over an alias' deployments."""
+        if len(deployments) == 1:
+            return deployments[0]
+        turn = self._turns.setdefault(deployments[0].alias, itertools.count())
+        return deployments[next(turn) % len(deployments)]
+
+    def for_deployment(self, deployment: Deployment) -> Upstream:
+        return self.fast if deployment.fast_path else self.litellm
+
+    def prepare(self, config: Config) -> None:
+        """Start importing litellm in the background if any deployment will need it."""
+        if any(not d.fast_path for group in config.deployments.values() for d in group):
+            self.litellm.warm_up()
+
+    def ready(self, config: Config) -> bool:
+        needs_litellm = any(not d.fast_path for g in config.deployments.values() for d in g)
+        return self.litellm.loaded or not needs_litellm
+
+    async def close(self) -> None:
+        await self.fast.close()
+        await self.litellm.close()

@@ -1,0 +1,78 @@
+"""Shared fixtures: a real simulated upstream and a real proxy, both on loopback sockets."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from proxy.app import build_app
+from proxy.testing.simulator import Simulator
+
+ProxyFactory = Callable[..., Awaitable[TestServer]]
+
+
+@pytest.fixture
+def sim() -> Simulator:
+    return Simulator(context_window=8192, api_key="sk-sim-upstream-secret")
+
+
+@pytest.fixture
+async def sim_server(aiohttp_server: Any, sim: Simulator) -> TestServer:
+    server: TestServer = await aiohttp_server(sim.app())
+    return server
+
+
+def sim_config(sim_url: str, extra: str = "", more_models: tuple[str, ...] = ()) -> str:
+    """A config serving alias `sim` (and `more_models`) from the simulator at `sim_url`."""
+    models = "".join(
+        f"""
+          - model_name: {alias}
+            litellm_params:
+              model: openai/{alias}
+              api_base: {sim_url}/v1"""
+        for alias in more_models
+    )
+    return textwrap.dedent(
+        f"""\
+        model_list:
+          - model_name: sim
+            litellm_params:
+              model: openai/sim
+              api_base: {sim_url}/v1
+              api_key: sk-sim-upstream-secret
+            model_info:
+              max_input_tokens: 8192{models}
+        """
+    ) + textwrap.dedent(extra)
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, sim_server: TestServer) -> Path:
+    path = tmp_path / "agentproxy.yaml"
+    path.write_text(sim_config(str(sim_server.make_url("")).rstrip("/")))
+    return path
+
+
+@pytest.fixture
+def start_proxy(aiohttp_server: Any) -> ProxyFactory:
+    async def start(path: Path, **options: Any) -> TestServer:
+        app: web.Application = build_app(path, **options)
+        server: TestServer = await aiohttp_server(app)
+        return server
+
+    return start
+
+
+@pytest.fixture
+async def proxy(start_proxy: ProxyFactory, config_path: Path) -> TestServer:
+    return await start_proxy(config_path)
+
+
+def base_url(server: TestServer) -> str:
+    return str(server.make_url("/v1"))

@@ -1,0 +1,953 @@
+"""The config loader: YAML files in; a frozen Config, or every problem with file, path and line."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+
+from proxy.policies.loader import (
+    SCHEMA_PATH,
+    ConfigError,
+    ConfigIssue,
+    config_sources,
+    load_config,
+    sources_fingerprint,
+    validate_paths,
+)
+from proxy.policies.spec import key_digest
+
+REPO = Path(__file__).resolve().parents[2]
+
+MINIMAL = """\
+model_list:
+  - model_name: strict-8k
+    litellm_params:
+      model: openai/strict-8k
+      api_base: http://127.0.0.1:9911/v1
+      api_key: os.environ/STRICT_KEY
+    model_info:
+      max_input_tokens: 8192
+"""
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def issues_of(path: Path) -> list[ConfigIssue]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == "\n".join(str(issue) for issue in caught.value.issues)
+    return caught.value.issues
+
+
+def only_issue(path: Path) -> ConfigIssue:
+    issues = issues_of(path)
+    assert len(issues) == 1, issues
+    return issues[0]
+
+
+def deployment_yaml(alias: str, model: str, extra: str = "") -> str:
+    return f"  - model_name: {alias}\n    litellm_params:\n      model: {model}\n{extra}"
+
+
+# --- a valid configuration -------------------------------------------------------------------
+
+
+def test_minimal_config_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRICT_KEY", "sk-strict")
+    path = write(tmp_path, "main.yaml", MINIMAL)
+
+    config = load_config(path)
+
+    (deployment,) = config.deployments["strict-8k"]
+    assert deployment.alias == "strict-8k"
+    assert deployment.model == "openai/strict-8k"
+    assert deployment.provider == "openai"
+    assert deployment.upstream_model == "strict-8k"
+    assert deployment.api_base == "http://127.0.0.1:9911/v1"
+    assert deployment.api_key == "sk-strict"
+    assert deployment.max_input_tokens == 8192
+    assert deployment.max_output_tokens is None
+    assert deployment.timeout_s is None
+    assert deployment.fast_path
+    assert deployment.base_url == "http://127.0.0.1:9911/v1"
+    assert deployment.litellm_params["api_key"] == "sk-strict"
+    assert deployment.source == f"{path}: model_list[0]"
+    assert config.sources == (str(path),)
+    assert len(config.version) == 12
+    int(config.version, 16)
+    assert config.warnings == ()
+    assert config.policies == ()
+    assert config.server.port == 4000
+    assert config.store.path == ".agentproxy"
+
+
+def test_all_sections_build_typed_settings(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        server: {host: 0.0.0.0, port: 8080, max_body_bytes: 2048, connect_timeout_s: 3,
+                 read_timeout_s: 30, watch_interval_s: 2, access_log: false}
+        store: {backend: local, path: /var/lib/agentproxy}
+        keys:
+          admin_key: admin-secret
+          api_keys:
+            - {name: agent, key: agent-secret, team: platform, models: [m]}
+            - {name: other, key: other-secret}
+        model_list:
+          - model_name: m
+            litellm_params:
+              model: hosted_vllm/Qwen/Qwen3-8B
+              api_base: http://gpu:8000/v1/
+              timeout: 30
+              stream_timeout: 90.5
+              extra_headers: {X-Tenant: blue}
+              max_retries: 0
+            model_info: {max_output_tokens: 512, input_cost_per_token: 0,
+                         output_cost_per_token: 2.0e-6, mode: chat}
+        policies:
+          - name: strict
+            description: only agent on m
+            mode: dry_run
+            match: {models: [m], keys: [agent], headers: {X-Agent-Kind: coder}}
+          - name: everyone
+        """,
+    )
+
+    config = load_config(path)
+
+    assert config.server.host == "0.0.0.0"
+    assert config.server.port == 8080
+    assert config.server.connect_timeout_s == 3.0
+    assert isinstance(config.server.connect_timeout_s, float)
+    assert config.server.access_log is False
+    assert config.store.path == "/var/lib/agentproxy"
+    (deployment,) = config.deployments["m"]
+    assert (deployment.provider, deployment.upstream_model) == ("hosted_vllm", "Qwen/Qwen3-8B")
+    assert deployment.base_url == "http://gpu:8000/v1"
+    assert deployment.timeout_s == 30.0
+    assert deployment.stream_timeout_s == 90.5
+    assert deployment.extra_headers == {"X-Tenant": "blue"}
+    assert deployment.litellm_params["max_retries"] == 0
+    assert deployment.input_cost_per_token == 0.0
+    assert deployment.output_cost_per_token == 2.0e-6
+    assert config.keys.is_admin("admin-secret")
+    assert not config.keys.is_admin("agent-secret")
+    agent = config.keys.find("agent-secret")
+    assert agent is not None
+    assert agent.name == "agent"
+    assert agent.team == "platform"
+    assert agent.models == frozenset({"m"})
+    assert agent.digest == key_digest("agent-secret")
+    other = config.keys.find("other-secret")
+    assert other is not None
+    assert other.models is None
+    strict, everyone = config.policies
+    assert strict.mode == "dry_run"
+    assert strict.description == "only agent on m"
+    assert strict.match.models == frozenset({"m"})
+    assert strict.match.keys == frozenset({"agent"})
+    assert strict.match.headers == (("x-agent-kind", "coder"),)
+    assert everyone.mode == "enforce"
+    assert everyone.match.models is None
+    assert config.select_policy("m", "agent", {"x-agent-kind": "coder"}) is strict
+    assert config.select_policy("m", "other", {}) is everyone
+
+
+def test_a_group_keeps_file_order(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        "model_list:\n"
+        + deployment_yaml("fast", "openai/gpt-4o")
+        + deployment_yaml("slow", "anthropic/claude-sonnet-4-5")
+        + deployment_yaml("fast", "openrouter/openai/gpt-4o"),
+    )
+
+    config = load_config(path)
+
+    assert [d.model for d in config.deployments["fast"]] == [
+        "openai/gpt-4o",
+        "openrouter/openai/gpt-4o",
+    ]
+    assert config.deployments["fast"][1].upstream_model == "openai/gpt-4o"
+    assert config.deployments["fast"][1].source == f"{path}: model_list[2]"
+    (slow,) = config.deployments["slow"]
+    assert not slow.fast_path
+
+
+def test_yaml_anchors_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        model_list:
+          - model_name: a
+            litellm_params: &local
+              model: openai/a
+              api_base: http://127.0.0.1:9911/v1
+              timeout: 10
+          - model_name: b
+            litellm_params:
+              <<: *local
+              model: openai/b
+              timeout: 20
+        """,
+    )
+
+    config = load_config(path)
+
+    assert config.deployments["b"][0].timeout_s == 20.0
+    assert config.deployments["b"][0].base_url == "http://127.0.0.1:9911/v1"
+
+
+def test_version_is_a_content_hash(tmp_path: Path) -> None:
+    first = write(tmp_path, "a.yaml", MINIMAL)
+    second = write(tmp_path, "b.yaml", MINIMAL)
+    changed = write(tmp_path, "c.yaml", MINIMAL.replace("8192", "4096"))
+
+    assert load_config(first).version == load_config(second).version
+    assert load_config(first).version != load_config(changed).version
+
+
+# --- several files ---------------------------------------------------------------------------
+
+
+def test_directory_merges_in_name_order(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "10-base.yaml",
+        """\
+        server: {host: 0.0.0.0, port: 4001}
+        keys:
+          admin_key: first-admin
+          api_keys: [{name: a, key: key-a}]
+        model_list:
+          - model_name: m
+            litellm_params: {model: openai/one}
+        policies:
+          - name: first
+        """,
+    )
+    write(
+        tmp_path,
+        "20-more.yml",
+        """\
+        server: {port: 4002}
+        keys:
+          admin_key: second-admin
+          api_keys: [{name: b, key: key-b}]
+        model_list:
+          - model_name: m
+            litellm_params: {model: openai/two}
+          - model_name: n
+            litellm_params: {model: openai/three}
+        policies:
+          - name: second
+            match: {models: [n], keys: [a]}
+        """,
+    )
+    write(tmp_path, "notes.txt", "not: [config")
+    write(tmp_path, ".#10-base.yaml", "not: [config")
+    (tmp_path / "nested").mkdir()
+    write(tmp_path / "nested", "x.yaml", "not: [config")
+
+    config = load_config(tmp_path)
+
+    assert config.sources == (str(tmp_path / "10-base.yaml"), str(tmp_path / "20-more.yml"))
+    assert config.server.host == "0.0.0.0"
+    assert config.server.port == 4002
+    assert config.keys.is_admin("second-admin")
+    assert not config.keys.is_admin("first-admin")
+    assert [k.name for k in config.keys.api_keys] == ["a", "b"]
+    assert [d.upstream_model for d in config.deployments["m"]] == ["one", "two"]
+    assert config.deployments["n"][0].source == f"{tmp_path / '20-more.yml'}: model_list[1]"
+    assert [p.name for p in config.policies] == ["first", "second"]
+
+
+def test_config_sources_lists_what_would_be_read(tmp_path: Path) -> None:
+    for name in ("b.yml", "a.yaml", "c.json", ".hidden.yaml"):
+        write(tmp_path, name, MINIMAL)
+
+    assert config_sources(tmp_path) == [tmp_path / "a.yaml", tmp_path / "b.yml"]
+    assert config_sources(tmp_path / "c.json") == [tmp_path / "c.json"]
+
+
+def test_issues_use_the_index_within_their_own_file(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "model_list:\n" + deployment_yaml("a", "openai/a"))
+    second = write(tmp_path, "b.yaml", "model_list:\n" + deployment_yaml("b", "gpt4"))
+
+    issue = only_issue(tmp_path)
+
+    assert (issue.file, issue.path, issue.line) == (
+        str(second),
+        "model_list[0].litellm_params.model",
+        4,
+    )
+
+
+def test_duplicate_names_across_files_point_at_both(tmp_path: Path) -> None:
+    first = write(tmp_path, "a.yaml", "policies:\n  - name: p\n")
+    second = write(tmp_path, "b.yaml", "policies:\n  - name: other\n  - name: p\n")
+
+    issue = only_issue(tmp_path)
+
+    assert str(issue) == (
+        f"{second}:3: policies[1].name: duplicate policy name 'p'; "
+        f"first defined at {first}: policies[0]"
+    )
+
+
+def test_errors_in_several_files_are_all_reported(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "server: {port: 0}\n")
+    write(tmp_path, "b.yaml", "store: {backend: redis}\n")
+    write(tmp_path, "c.yaml", "model_list: [\n")
+
+    issues = issues_of(tmp_path)
+
+    assert [(Path(i.file).name, i.path) for i in issues] == [
+        ("a.yaml", "server.port"),
+        ("b.yaml", "store.backend"),
+        ("c.yaml", ""),
+    ]
+
+
+# --- each kind of error ----------------------------------------------------------------------
+
+
+def test_no_provider_prefix_message(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        model_list:
+          - model_name: gpt4
+            litellm_params:
+              model: gpt4
+        """,
+    )
+
+    assert str(only_issue(path)) == (
+        f"{path}:4: model_list[0].litellm_params.model: "
+        "'gpt4' has no provider prefix; write it as 'openai/gpt4'"
+    )
+
+
+SEMANTIC_CASES: dict[str, tuple[str, str, int, str]] = {
+    "duplicate policy": (
+        """\
+        policies:
+          - name: p
+          - name: p
+        """,
+        "policies[1].name",
+        3,
+        "duplicate policy name 'p'",
+    ),
+    "duplicate api key name": (
+        """\
+        keys:
+          api_keys:
+            - {name: a, key: one}
+            - {name: a, key: two}
+        """,
+        "keys.api_keys[1].name",
+        4,
+        "duplicate api key name 'a'",
+    ),
+    "duplicate api key value": (
+        """\
+        keys:
+          api_keys:
+            - {name: a, key: same-secret}
+            - {name: b, key: same-secret}
+        """,
+        "keys.api_keys[1].key",
+        4,
+        "same key as",
+    ),
+    "api key equal to admin key": (
+        """\
+        keys:
+          admin_key: same-secret
+          api_keys:
+            - {name: a, key: same-secret}
+        """,
+        "keys.api_keys[0].key",
+        4,
+        "same key as keys.admin_key",
+    ),
+    "policy names an unknown model": (
+        "model_list:\n"
+        + deployment_yaml("strict-8k", "openai/x")
+        + "policies:\n  - name: p\n    match:\n      models: [strict-8k, strict-9k]\n",
+        "policies[0].match.models[1]",
+        8,
+        "unknown model alias 'strict-9k'; did you mean 'strict-8k'?",
+    ),
+    "api key names an unknown model": (
+        """\
+        keys:
+          api_keys:
+            - name: a
+              key: k
+              models: [nothing]
+        """,
+        "keys.api_keys[0].models[0]",
+        5,
+        "unknown model alias 'nothing'",
+    ),
+    "policy names an unknown key": (
+        """\
+        keys:
+          api_keys: [{name: agent, key: k}]
+        policies:
+          - name: p
+            match: {keys: [agnet]}
+        """,
+        "policies[0].match.keys[0]",
+        5,
+        "unknown api key 'agnet'; did you mean 'agent'?",
+    ),
+    "model without a name after the provider": (
+        "model_list:\n" + deployment_yaml("m", "openai/"),
+        "model_list[0].litellm_params.model",
+        4,
+        "has no provider prefix",
+    ),
+    "api_base that is not a URL": (
+        "model_list:\n" + deployment_yaml("m", "openai/x", "      api_base: 127.0.0.1:9911\n"),
+        "model_list[0].litellm_params.api_base",
+        5,
+        "'127.0.0.1:9911' is not an http(s) URL",
+    ),
+    "api_base with another scheme": (
+        "model_list:\n" + deployment_yaml("m", "openai/x", "      api_base: ftp://host/v1\n"),
+        "model_list[0].litellm_params.api_base",
+        5,
+        "is not an http(s) URL",
+    ),
+    "provider without a default endpoint": (
+        "model_list:\n" + deployment_yaml("m", "hosted_vllm/llama"),
+        "model_list[0].litellm_params",
+        3,
+        "provider 'hosted_vllm' has no default endpoint; set api_base",
+    ),
+    "admin key from an unset variable": (
+        "keys:\n  admin_key: os.environ/AGENTPROXY_TEST_UNSET\n",
+        "keys.admin_key",
+        2,
+        "environment variable 'AGENTPROXY_TEST_UNSET' is not set",
+    ),
+    "api key from an unset variable": (
+        "keys:\n  api_keys:\n    - name: a\n      key: os.environ/AGENTPROXY_TEST_UNSET\n",
+        "keys.api_keys[0].key",
+        4,
+        "environment variable 'AGENTPROXY_TEST_UNSET' is not set",
+    ),
+    "api key from an empty variable": (
+        "keys:\n  api_keys:\n    - name: a\n      key: os.environ/AGENTPROXY_TEST_EMPTY\n",
+        "keys.api_keys[0].key",
+        4,
+        "environment variable 'AGENTPROXY_TEST_EMPTY' is empty",
+    ),
+    "api_base from an unset variable": (
+        "model_list:\n"
+        + deployment_yaml("m", "openai/x", "      api_base: os.environ/AGENTPROXY_TEST_UNSET\n"),
+        "model_list[0].litellm_params.api_base",
+        5,
+        "environment variable 'AGENTPROXY_TEST_UNSET' is not set",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "text, yaml_path, line, message", SEMANTIC_CASES.values(), ids=list(SEMANTIC_CASES)
+)
+def test_semantic_errors(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    yaml_path: str,
+    line: int,
+    message: str,
+) -> None:
+    monkeypatch.delenv("AGENTPROXY_TEST_UNSET", raising=False)
+    monkeypatch.setenv("AGENTPROXY_TEST_EMPTY", "")
+    path = write(tmp_path, "main.yaml", text)
+
+    issue = only_issue(path)
+
+    assert (issue.file, issue.path, issue.line) == (str(path), yaml_path, line)
+    assert message in issue.message
+
+
+SCHEMA_CASES: dict[str, tuple[str, str, int, str]] = {
+    "port out of range": ("server:\n  port: 70000\n", "server.port", 2, "maximum of 65535"),
+    "small body limit": ("server:\n  max_body_bytes: 10\n", "server.max_body_bytes", 2, "1024"),
+    "zero timeout": ("server:\n  read_timeout_s: 0\n", "server.read_timeout_s", 2, "minimum"),
+    "empty section": ("server:\n", "server", 1, "is empty; expected object"),
+    "unknown backend": ("store:\n  backend: s3\n", "store.backend", 2, "'s3' is not one of"),
+    "bad key name": (
+        "keys:\n  api_keys:\n    - name: my key\n      key: k\n",
+        "keys.api_keys[0].name",
+        3,
+        "does not match",
+    ),
+    "missing key": ("keys:\n  api_keys:\n    - name: a\n", "keys.api_keys[0]", 3, "'key' is a"),
+    "missing litellm_params": (
+        "model_list:\n  - model_name: m\n",
+        "model_list[0]",
+        2,
+        "'litellm_params' is a required property",
+    ),
+    "missing model": (
+        "model_list:\n  - model_name: m\n    litellm_params: {api_base: http://h}\n",
+        "model_list[0].litellm_params",
+        3,
+        "'model' is a required property",
+    ),
+    "string timeout": (
+        "model_list:\n" + deployment_yaml("m", "openai/x", "      timeout: soon\n"),
+        "model_list[0].litellm_params.timeout",
+        5,
+        "'soon' is not of type 'number'",
+    ),
+    "header value not a string": (
+        "model_list:\n" + deployment_yaml("m", "openai/x", "      extra_headers: {X-A: [1]}\n"),
+        "model_list[0].litellm_params.extra_headers.X-A",
+        5,
+        "is not of type 'string'",
+    ),
+    "negative cost": (
+        "model_list:\n"
+        + deployment_yaml("m", "openai/x")
+        + "    model_info: {output_cost_per_token: -1}\n",
+        "model_list[0].model_info.output_cost_per_token",
+        5,
+        "minimum",
+    ),
+    "float token count": (
+        "model_list:\n" + deployment_yaml("m", "openai/x") + "    model_info:\n"
+        "      max_input_tokens: 8.5\n",
+        "model_list[0].model_info.max_input_tokens",
+        6,
+        "is not of type 'integer'",
+    ),
+    "bad mode": ("policies:\n  - name: p\n    mode: strict\n", "policies[0].mode", 3, "'strict'"),
+    "bad header name": (
+        "policies:\n  - name: p\n    match:\n      headers: {'bad header': x}\n",
+        "policies[0].match.headers",
+        4,
+        "does not match",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "text, yaml_path, line, message", SCHEMA_CASES.values(), ids=list(SCHEMA_CASES)
+)
+def test_schema_errors(tmp_path: Path, text: str, yaml_path: str, line: int, message: str) -> None:
+    path = write(tmp_path, "main.yaml", text)
+
+    issue = only_issue(path)
+
+    assert (issue.file, issue.path, issue.line) == (str(path), yaml_path, line)
+    assert message in issue.message
+
+
+UNKNOWN_KEYS = {
+    "top level": ("modellist: []\n", "modellist", "did you mean 'model_list'?"),
+    "server": ("server:\n  prot: 1\n", "server.prot", "did you mean 'port'?"),
+    "keys": ("keys:\n  admin: x\n", "keys.admin", "did you mean 'admin_key'?"),
+    "api key": (
+        "keys:\n  api_keys:\n    - {name: a, key: k, budget: 1}\n",
+        "keys.api_keys[0].budget",
+        "unknown key 'budget'",
+    ),
+    "store": ("store:\n  url: x\n", "store.url", "unknown key 'url'"),
+    "model_list entry": (
+        "model_list:\n" + deployment_yaml("m", "openai/x") + "    modelinfo: {}\n",
+        "model_list[0].modelinfo",
+        "did you mean 'model_info'?",
+    ),
+    "policy": ("policies:\n  - name: p\n    retyr: {}\n", "policies[0].retyr", "unknown key"),
+    "match": (
+        "policies:\n  - name: p\n    match: {model: [m]}\n",
+        "policies[0].match.model",
+        "did you mean 'models'?",
+    ),
+}
+
+
+@pytest.mark.parametrize("text, yaml_path, message", UNKNOWN_KEYS.values(), ids=list(UNKNOWN_KEYS))
+def test_unknown_keys_are_rejected(tmp_path: Path, text: str, yaml_path: str, message: str) -> None:
+    path = write(tmp_path, "main.yaml", text)
+
+    issue = only_issue(path)
+
+    assert issue.path == yaml_path
+    assert issue.line == text.count("\n")
+    assert message in issue.message
+
+
+def test_unknown_keys_are_allowed_in_litellm_params_and_model_info(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        "model_list:\n"
+        + deployment_yaml("m", "azure/gpt-4o", "      api_version: '2024-06-01'\n      rpm: 60\n")
+        + "    model_info: {id: abc, mode: chat, base_model: azure/gpt-4o}\n",
+    )
+
+    (deployment,) = load_config(path).deployments["m"]
+
+    assert deployment.litellm_params["api_version"] == "2024-06-01"
+    assert deployment.litellm_params["rpm"] == 60
+
+
+def test_many_errors_are_all_reported(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        server:
+          port: -1
+          colour: blue
+        model_list:
+          - model_name: m
+            litellm_params: {model: openai/m, timeout: 0}
+            model_info: {max_input_tokens: 0}
+        policies:
+          - mode: maybe
+        """,
+    )
+
+    issues = issues_of(path)
+
+    assert [(i.path, i.line) for i in issues] == [
+        ("server.port", 2),
+        ("server.colour", 3),
+        ("model_list[0].litellm_params.timeout", 6),
+        ("model_list[0].model_info.max_input_tokens", 7),
+        ("policies[0]", 9),
+        ("policies[0].mode", 9),
+    ]
+
+
+def test_many_semantic_errors_are_all_reported(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        model_list:
+          - model_name: m
+            litellm_params: {model: gpt4, api_base: nowhere}
+        policies:
+          - {name: p, match: {models: [x], keys: [y]}}
+          - {name: p}
+        """,
+    )
+
+    issues = issues_of(path)
+
+    assert sorted(i.path for i in issues) == [
+        "model_list[0].litellm_params.api_base",
+        "model_list[0].litellm_params.model",
+        "policies[0].match.keys[0]",
+        "policies[0].match.models[0]",
+        "policies[1].name",
+    ]
+
+
+# --- files that cannot be read as a configuration --------------------------------------------
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        server:
+          port: 4000
+          host: [127.0.0.1
+        store: {}
+        """,
+    )
+
+    issue = only_issue(path)
+
+    assert issue.file == str(path)
+    assert issue.line == 4
+    assert issue.message.startswith("invalid YAML: ")
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "main.yaml", "server:\n  port: 1\n  port: 2\n")
+
+    issue = only_issue(path)
+
+    assert (issue.path, issue.line, issue.message) == (
+        "server.port",
+        3,
+        "duplicate key (first at line 2)",
+    )
+
+
+def test_non_string_key_is_an_error(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "main.yaml",
+        "model_list:\n" + deployment_yaml("m", "openai/x", "      1: one\n"),
+    )
+
+    issue = only_issue(path)
+
+    assert (issue.path, issue.line) == ("model_list[0].litellm_params", 5)
+    assert "not a string" in issue.message
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    issue = only_issue(tmp_path / "nope.yaml")
+
+    assert str(issue) == f"{tmp_path / 'nope.yaml'}: no such file or directory"
+
+
+def test_empty_directory(tmp_path: Path) -> None:
+    write(tmp_path, "README.md", "# not a config")
+
+    assert "no *.yaml or *.yml files" in only_issue(tmp_path).message
+
+
+@pytest.mark.parametrize("text", ["", "# all commented out\n", "---\n", "null\n"])
+def test_empty_file(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "main.yaml", text)
+
+    assert str(only_issue(path)) == f"{path}: file is empty"
+
+
+@pytest.mark.parametrize("text", ["- model_name: m\n", "just text\n", "42\n"])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "main.yaml", text)
+
+    issue = only_issue(path)
+
+    assert issue.line == 1
+    assert "top level must be a mapping" in issue.message
+
+
+# --- environment variables and secrets -------------------------------------------------------
+
+
+def test_unset_provider_key_is_only_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STRICT_KEY", raising=False)
+    path = write(tmp_path, "main.yaml", MINIMAL)
+
+    config = load_config(path)
+
+    assert config.deployments["strict-8k"][0].api_key is None
+    assert config.deployments["strict-8k"][0].litellm_params["api_key"] is None
+    assert config.warnings == (
+        f"{path}:6: model_list[0].litellm_params.api_key: environment variable 'STRICT_KEY' "
+        "is not set; requests to this deployment will fail",
+    )
+    assert validate_paths([str(path)]) == ([], list(config.warnings))
+
+
+def test_env_refs_resolve_throughout_litellm_params(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_BASE", "http://10.0.0.5:8000/v1")
+    monkeypatch.setenv("TEST_TENANT", "blue")
+    monkeypatch.setenv("TEST_ADMIN", "admin-from-env")
+    monkeypatch.setenv("TEST_AGENT", "agent-from-env")
+    path = write(
+        tmp_path,
+        "main.yaml",
+        """\
+        keys:
+          admin_key: os.environ/TEST_ADMIN
+          api_keys: [{name: agent, key: os.environ/TEST_AGENT}]
+        model_list:
+          - model_name: m
+            litellm_params:
+              model: custom_openai/m
+              api_base: os.environ/TEST_BASE
+              extra_headers: {X-Tenant: os.environ/TEST_TENANT}
+        """,
+    )
+
+    config = load_config(path)
+
+    (deployment,) = config.deployments["m"]
+    assert deployment.api_base == "http://10.0.0.5:8000/v1"
+    assert deployment.extra_headers == {"X-Tenant": "blue"}
+    assert deployment.litellm_params["extra_headers"] == {"X-Tenant": "blue"}
+    assert config.keys.is_admin("admin-from-env")
+    assert config.keys.find("agent-from-env") is not None
+    assert config.keys.find("os.environ/TEST_AGENT") is None
+
+
+def test_header_from_an_unset_variable_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AGENTPROXY_TEST_UNSET", raising=False)
+    extra = "      extra_headers: {X-A: a, X-B: os.environ/AGENTPROXY_TEST_UNSET}\n"
+    path = write(tmp_path, "main.yaml", "model_list:\n" + deployment_yaml("m", "openai/x", extra))
+
+    config = load_config(path)
+
+    assert config.deployments["m"][0].extra_headers == {"X-A": "a"}
+    assert [w.split(": ")[1] for w in config.warnings] == [
+        "model_list[0].litellm_params.extra_headers.X-B"
+    ]
+
+
+def test_secrets_never_appear_in_repr_or_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_ADMIN", "admin-secret-123")
+    monkeypatch.setenv("TEST_PROVIDER", "sk-provider-secret")
+    text = """\
+        keys:
+          admin_key: os.environ/TEST_ADMIN
+          api_keys: [{name: a, key: client-secret-456}]
+        model_list:
+          - model_name: m
+            litellm_params:
+              model: openai/m
+              api_key: os.environ/TEST_PROVIDER
+              extra_headers: {Authorization: Bearer header-secret-789}
+        """
+    config = load_config(write(tmp_path, "main.yaml", text))
+    secrets = ["admin-secret-123", "sk-provider-secret", "client-secret-456", "header-secret-789"]
+    digests = [key_digest(s).hex() for s in secrets] + [repr(key_digest(s)) for s in secrets]
+
+    shown = repr(config) + str(config)
+    assert not [s for s in secrets + digests if s in shown]
+
+    duplicated = text.replace("}]", "}, {name: b, key: client-secret-456}]")
+    issues = issues_of(write(tmp_path, "dup.yaml", duplicated))
+    assert "client-secret-456" not in "\n".join(map(str, issues))
+
+    wrong_type = write(tmp_path, "wrong.yaml", "keys:\n  admin_key: 98765432\n")
+    assert "98765432" not in str(only_issue(wrong_type))
+
+
+# --- the schema file and the example ---------------------------------------------------------
+
+
+def test_schema_symlink_resolves_to_the_packaged_schema() -> None:
+    link = REPO / "schemas" / "config.schema.json"
+
+    assert link.is_symlink()
+    assert os.readlink(link) == "../proxy/policies/config.schema.json"
+    assert link.resolve() == SCHEMA_PATH.resolve()
+
+
+def test_schema_is_valid_and_every_property_is_described() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    Draft202012Validator.check_schema(schema)
+
+    def undescribed(node: Any, path: str) -> list[str]:
+        if isinstance(node, list):
+            return [p for i, item in enumerate(node) for p in undescribed(item, f"{path}[{i}]")]
+        if not isinstance(node, dict):
+            return []
+        missing = [
+            f"{path}.{name}"
+            for name, prop in node.get("properties", {}).items()
+            if "description" not in prop
+            and "description" not in schema["$defs"].get(prop.get("$ref", "").split("/")[-1], {})
+        ]
+        return missing + [
+            p for key, value in node.items() for p in undescribed(value, f"{path}.{key}")
+        ]
+
+    assert undescribed(schema, "") == []
+
+
+def test_example_config_validates(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "AGENTPROXY_ADMIN_KEY",
+        "AGENTPROXY_CODING_KEY",
+        "AGENTPROXY_RESEARCH_KEY",
+        "STRICT_KEY",
+        "OPENAI_API_KEY",
+        "OPENROUTER_API_KEY",
+        "ANTHROPIC_API_KEY",
+    ):
+        monkeypatch.setenv(name, f"test-{name.lower()}")
+    path = REPO / "policies" / "example.yaml"
+
+    assert validate_paths([str(path)]) == ([], [])
+    config = load_config(path)
+
+    (strict,) = config.deployments["strict-8k"]
+    assert strict.fast_path
+    assert strict.base_url == "http://127.0.0.1:9911/v1"
+    assert strict.max_input_tokens == 8192
+    assert len(config.deployments["gpt-4o"]) == 2
+    (claude,) = config.deployments["claude-sonnet"]
+    assert claude.provider == "anthropic"
+    assert not claude.fast_path
+    assert config.keys.is_admin("test-agentproxy_admin_key")
+    assert len(config.policies) == 2
+    assert [p.name for p in config.policies] == ["research-experiment", "coding"]
+
+
+def test_validate_paths_collects_errors_of_each_path(tmp_path: Path) -> None:
+    good = write(tmp_path, "good.yaml", "server: {port: 4000}\n")
+    bad = write(tmp_path, "bad.yaml", "server: {port: 0}\n")
+
+    errors, warnings = validate_paths([str(good), str(bad), str(tmp_path / "missing")])
+
+    assert [e.split(":")[0] for e in errors] == [str(bad), str(tmp_path / "missing")]
+    assert warnings == []
+
+
+# --- the watcher's fingerprint ---------------------------------------------------------------
+
+
+def test_fingerprint_changes_on_edit_add_and_remove(tmp_path: Path) -> None:
+    first = write(tmp_path, "a.yaml", MINIMAL)
+    seen = [sources_fingerprint(tmp_path)]
+    assert sources_fingerprint(tmp_path) == seen[0]
+
+    first.write_text(MINIMAL + "policies: []\n")
+    seen.append(sources_fingerprint(tmp_path))
+    write(tmp_path, "b.yaml", "server: {port: 4001}\n")
+    seen.append(sources_fingerprint(tmp_path))
+    write(tmp_path, "ignored.txt", "anything")
+    assert sources_fingerprint(tmp_path) == seen[-1]
+    first.unlink()
+    seen.append(sources_fingerprint(tmp_path))
+
+    assert len(set(seen)) == len(seen)
+
+
+def test_fingerprint_sees_a_same_size_replacement(tmp_path: Path) -> None:
+    path = write(tmp_path, "a.yaml", "server: {port: 4001}\n")
+    before = sources_fingerprint(path)
+    stat = path.stat()
+    replacement = write(tmp_path, "new.tmp", "server: {port: 4002}\n")
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    replacement.replace(path)  # how editors save: write aside, rename over
+
+    assert sources_fingerprint(path) != before
+
+
+def test_fingerprint_of_a_missing_path_does_not_raise(tmp_path: Path) -> None:
+    assert sources_fingerprint(tmp_path / "missing") == ()
