@@ -26,7 +26,7 @@ bench: $(BIN)/agentproxy
 	$(BIN)/python bench/overhead.py
 
 serve: $(BIN)/agentproxy
-	$(BIN)/agentproxy serve --config policies/example.yaml
+	$(BIN)/agentproxy serve --config policies/local.yaml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -111,4 +111,8 @@ def _simulate(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from proxy.demo import run_demo
 
+    # The demo narrates what happens; per-request log lines would only interleave with it.
+    for name in ("agentproxy.access", "httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
     return asyncio.run(run_demo())

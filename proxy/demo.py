@@ -6,13 +6,14 @@ built on the openai SDK with two local tools.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import openai
@@ -73,9 +74,10 @@ class Narrator:
             part.strip().split(";dur=") for part in headers.get("server-timing", "").split(",")
         )
         tokens = f", tokens {usage.prompt_tokens}→{usage.completion_tokens}" if usage else ""
+        policy, model = headers["x-agentproxy-policy"], headers["x-agentproxy-model"]
         self.write(
-            f"     proxy: request {headers['x-request-id'][:8]}…  policy={headers['x-agentproxy-policy']}"
-            f"  model={headers['x-agentproxy-model']}  own time {timing.get('proxy', '?')} ms"
+            f"     proxy: request {headers['x-request-id'][:8]}…  policy={policy}"
+            f"  model={model}  own time {timing.get('proxy', '?')} ms"
             f"  (upstream {timing.get('upstream', '?')} ms){tokens}"
         )
 
@@ -120,17 +122,18 @@ async def agent_turn(
     while True:
         raw = await client.chat.completions.with_raw_response.create(
             model="sim",
-            messages=history,  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
+            messages=cast(Any, history),  # plain dicts are what an agent keeps
+            tools=cast(Any, TOOLS),
             stream=stream,
-            **({"stream_options": {"include_usage": True}} if stream else {}),
+            stream_options={"include_usage": True} if stream else None,
         )
         message, usage = await _read(raw.parse(), stream)
         say.proxy(raw.headers, usage)
         history.append(message)
         calls = message.get("tool_calls") or []
         if not calls:
-            say.line(f"  assistant{' (streamed)' if stream else ''}: {message['content']}")
+            text = " ".join(str(message["content"]).split())
+            say.line(f"  assistant{' (streamed)' if stream else ''}: {text}")
             return
         for call in calls:
             function = call["function"]
@@ -142,9 +145,9 @@ async def agent_turn(
 
 async def _read(parsed: Any, stream: bool) -> tuple[dict[str, Any], Any]:
     if not stream:
-        message = parsed.choices[0].message.model_dump(exclude_none=True)
-        return message, parsed.usage
-    content, calls, usage = "", {}, None
+        return parsed.choices[0].message.model_dump(exclude_none=True), parsed.usage
+    content, usage = "", None
+    calls: dict[int, dict[str, Any]] = {}
     async for chunk in parsed:
         usage = chunk.usage or usage
         for choice in chunk.choices:
@@ -182,7 +185,9 @@ async def run_demo(write: Callable[[str], None] = print) -> int:
     return 0
 
 
-async def _narrate(say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, config: Path) -> None:
+async def _narrate(
+    say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, config: Path
+) -> None:
     say.line("AgentProxy demo")
     say.line(f"  simulated model  {sim_url}/v1")
     say.line(f"  proxy            {proxy_url}/v1   (agents set base_url to this)")
@@ -196,22 +201,14 @@ async def _narrate(say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, 
         await agent_turn(client, history, stream, say)
 
     say.line("\nWhat the proxy does with bad input and a broken upstream:")
-    for label, call in (
-        ("unknown model", lambda: client.chat.completions.create(model="gpt-nope", messages=[])),
-        ("garbled upstream", lambda: _ask(client)),
-    ):
-        if label == "garbled upstream":
-            sim.inject(Fault(malformed=True))
-        try:
-            await call()
-        except openai.APIStatusError as error:
-            body = error.body if isinstance(error.body, dict) else {}
-            say.line(f"  {label}: HTTP {error.status_code} {body.get('code')}: {error.message}")
+    await _show_error(say, "unknown model", _ask(client, model="gpt-nope"))
+    sim.inject(Fault(malformed=True))
+    await _show_error(say, "garbled upstream", _ask(client))
     reply = await _ask(client)
     say.line(f"  next request: {reply.choices[0].message.content!r} — still serving")
 
     say.line("\nHot reload: adding the alias 'sim-large' to the YAML file…")
-    config.write_text(_config(sim_url, aliases=("sim", "sim-large")))
+    await asyncio.to_thread(config.write_text, _config(sim_url, aliases=("sim", "sim-large")))
     async with aiohttp.ClientSession() as http:
         async with http.post(
             f"{proxy_url}/admin/reload", headers={"Authorization": "Bearer demo-admin"}
@@ -223,7 +220,15 @@ async def _narrate(say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, 
     say.line(f"\nThe upstream saw {len(sim.requests)} requests; metrics at {proxy_url}/metrics")
 
 
-async def _ask(client: openai.AsyncOpenAI) -> Any:
+async def _show_error(say: Narrator, label: str, call: Awaitable[Any]) -> None:
+    try:
+        await call
+    except openai.APIStatusError as error:
+        body = error.body if isinstance(error.body, dict) else {}
+        say.line(f"  {label}: HTTP {error.status_code} {body.get('code')}: {body.get('message')}")
+
+
+async def _ask(client: openai.AsyncOpenAI, model: str = "sim") -> Any:
     return await client.chat.completions.create(
-        model="sim", messages=[{"role": "user", "content": "ping"}]
+        model=model, messages=[{"role": "user", "content": "ping"}]
     )

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import xxhash
 import yaml
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+from jsonschema import Draft202012Validator
 
 from proxy.policies.spec import (
     OPENAI_COMPATIBLE_PROVIDERS,

@@ -138,7 +138,7 @@ def reply_from_message(message: JSON, body: JSON) -> Reply:
         if not isinstance(arguments, str):
             arguments = orjson.dumps(arguments).decode()
         calls.append(
-            ToolCall(call.get("id") or tool_call_id(digest, i), function["name"], arguments)
+            ToolCall(call.get("id") or tool_call_id(digest, i), function.get("name", ""), arguments)
         )
     finish = message.get("finish_reason") or ("tool_calls" if calls else "stop")
     return Reply(message.get("content"), tuple(calls), finish)

@@ -204,6 +204,8 @@ class OpenAIDialect(Dialect):
         return ApiError(400, INVALID_JSON)
 
     def check_body(self, body: JSON) -> ApiError | None:
+        if not body.get("model"):
+            return ApiError(400, "you must provide a model parameter")
         return check_messages(body) or check_tool_pairing(body["messages"])
 
     def to_chat(self, body: JSON) -> JSON:

@@ -90,12 +90,15 @@ class Simulator:
         chunk_delay_s: float = 0.0,
         words_per_chunk: int = 1,
         responder: Responder | None = None,
+        record: bool = True,
     ) -> None:
         self.context_window = context_window
         self.api_key = api_key
         self.chunk_delay_s = chunk_delay_s
         self.words_per_chunk = words_per_chunk
         self.responder = responder
+        self.record = record  # False keeps long benchmarks from holding every body in memory
+        self.request_count = 0  # model requests received, recorded or not
         self.requests: list[RecordedRequest] = []
         self.faults: list[Fault] = []
         self.models_seen: dict[str, None] = {}  # an ordered set
@@ -105,8 +108,10 @@ class Simulator:
         self.faults.extend(dataclasses.replace(f) for f in faults)
 
     def reset(self) -> None:
+        """Forget requests and pending faults; ids count from 1 again."""
         self.requests.clear()
         self.faults.clear()
+        self.request_count = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
@@ -166,11 +171,14 @@ class Simulator:
         return call.respond(200, payload, "application/json")
 
     def _record(self, request: web.Request, body: JSON | None) -> int:
-        headers = Headers(request.headers.items())
-        self.requests.append(RecordedRequest(body or {}, headers, request.path, time.monotonic()))
+        self.request_count += 1
+        if self.record:
+            headers = Headers(request.headers.items())
+            arrival = RecordedRequest(body or {}, headers, request.path, time.monotonic())
+            self.requests.append(arrival)
         if body and isinstance(body.get("model"), str):
             self.models_seen[body["model"]] = None
-        return len(self.requests)
+        return self.request_count
 
     def _auth_error(self, request: web.Request, dialect: Dialect) -> ApiError | None:
         return None if self.api_key is None else dialect.check_auth(request.headers, self.api_key)

@@ -1,0 +1,210 @@
+"""A static OpenAI-compatible upstream for benchmarks: canned answers, as fast as asyncio allows.
+
+Run as its own process: `python bench/_static_upstream.py [--port N]`. It prints
+`listening <port>` on stdout once bound, then answers every `POST /v1/chat/completions`
+with a canned chat.completion (or, when the body has `"stream": true`, a canned SSE stream)
+over HTTP/1.1 keep-alive. Everything else gets a 404.
+
+A raw `asyncio.Protocol` instead of aiohttp's server: the upstream must not be the
+bottleneck of the numbers it is a baseline for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import signal
+import socket
+import sys
+
+import orjson
+
+MODEL = "bench"
+CONTENT_PIECES = 10
+MAX_HEADER_BYTES = 64 * 1024
+STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
+CHAT_PATH = b"/v1/chat/completions"
+
+
+def completion_body() -> bytes:
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "The answer is 42. " * 4},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 25, "completion_tokens": 20, "total_tokens": 45},
+        }
+    )
+
+
+def stream_events() -> list[bytes]:
+    """The SSE events of one streamed completion, each ending with its blank line."""
+
+    def chunk(choices: list[object], usage: object = None) -> bytes:
+        data: dict[str, object] = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": MODEL,
+            "choices": choices,
+        }
+        if usage is not None:
+            data["usage"] = usage
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+
+    def delta(content: dict[str, str], finish: str | None = None) -> list[object]:
+        return [{"index": 0, "delta": content, "finish_reason": finish}]
+
+    events = [chunk(delta({"role": "assistant", "content": ""}))]
+    events += [chunk(delta({"content": f"word{i} "})) for i in range(CONTENT_PIECES)]
+    events.append(chunk(delta({}, "stop")))
+    usage = {"prompt_tokens": 25, "completion_tokens": CONTENT_PIECES, "total_tokens": 35}
+    events.append(chunk([], usage))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def _http_chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+JSON_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    % len(completion_body())
+) + completion_body()
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+# Head and role chunk go out in the first write, one write per later event, then the end.
+STREAM_WRITES = [
+    STREAM_HEAD + _http_chunk(stream_events()[0]),
+    *(_http_chunk(event) for event in stream_events()[1:]),
+    b"0\r\n\r\n",
+]
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nnot found"
+BAD_REQUEST = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\nConnection: close\r\n\r\nbad request"
+)
+
+
+class StaticHTTP(asyncio.Protocol):
+    """HTTP/1.1 keep-alive; Content-Length bodies split over reads; pipelined requests."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while self.transport is not None and self._answer_one():
+            pass
+
+    def _answer_one(self) -> bool:
+        """Answers the first complete request in the buffer; False when there is none yet."""
+        assert self.transport is not None
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > MAX_HEADER_BYTES:
+                self._fail()
+            return False
+        head = bytes(self.buffer[:end])
+        parsed = _parse_head(head)
+        if parsed is None:
+            self._fail()
+            return False
+        method, path, length, close = parsed
+        total = end + 4 + length
+        if len(self.buffer) < total:
+            return False
+        body = bytes(self.buffer[end + 4 : total])
+        del self.buffer[:total]
+        self._respond(method, path, body)
+        if close:
+            self.transport.close()
+            self.transport = None
+            return False
+        return True
+
+    def _respond(self, method: bytes, path: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        if method != b"POST" or path.split(b"?", 1)[0] != CHAT_PATH:
+            self.transport.write(NOT_FOUND)
+        elif STREAM_FLAG.search(body):
+            for piece in STREAM_WRITES:
+                self.transport.write(piece)
+        else:
+            self.transport.write(JSON_RESPONSE)
+
+    def _fail(self) -> None:
+        assert self.transport is not None
+        self.transport.write(BAD_REQUEST)
+        self.transport.close()
+        self.transport = None
+
+
+def _parse_head(head: bytes) -> tuple[bytes, bytes, int, bool] | None:
+    """(method, path, content length, close after) or None when unusable (e.g. chunked)."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3:
+        return None
+    method, path, version = parts
+    length = 0
+    close = version != b"HTTP/1.1"
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            if not value.strip().isdigit():
+                return None
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return None
+        elif name == b"connection":
+            token = value.strip().lower()
+            close = token == b"close" or (close and token != b"keep-alive")
+    return method, path, length, close
+
+
+async def serve(host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(StaticHTTP, host, port, backlog=1024)
+    sock: socket.socket = server.sockets[0]
+    print(f"listening {sock.getsockname()[1]}", flush=True)
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with server:
+        await stop.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    args = parser.parse_args()
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print("refusing to listen anywhere but loopback", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

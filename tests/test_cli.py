@@ -1,0 +1,125 @@
+"""The console commands as a user runs them: real processes, real ports, real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import sim_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def agentproxy(*args: str, **options: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **options,  # type: ignore[call-overload]
+    )
+
+
+def test_validate_accepts_a_good_file_and_names_errors_in_a_bad_one(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(sim_config("http://127.0.0.1:9911"))
+    assert agentproxy("validate", str(good)).returncode == 0
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(sim_config("http://127.0.0.1:9911").replace("openai/sim", "sim"))
+    result = agentproxy("validate", str(bad))
+    assert result.returncode == 1
+    assert f"{bad}:4: model_list[0].litellm_params.model" in result.stderr
+
+
+def test_serve_refuses_an_invalid_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_list: [{model_name: x}]\n")
+    result = agentproxy("serve", "--config", str(bad), "--port", str(free_port()))
+    assert result.returncode == 2
+    assert "model_list[0]" in result.stderr and "litellm_params" in result.stderr
+
+
+@pytest.fixture
+def simulator() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "simulate", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert "simulated upstream on" in process.stdout.readline()
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+async def wait_ready(url: str, deadline: float) -> float:
+    started = time.perf_counter()
+    async with aiohttp.ClientSession() as http:
+        while time.perf_counter() - started < deadline:
+            try:
+                async with http.get(url + "/readyz") as r:
+                    if r.status == 200:
+                        return time.perf_counter() - started
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"{url} not ready within {deadline}s")
+
+
+async def test_serve_answers_and_reloads_on_sighup(tmp_path: Path, simulator: str) -> None:
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(sim_config(simulator) + "server:\n  watch_interval_s: 3600\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, deadline=15)
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                assert (await r.json())["choices"][0]["message"]["content"] == "You said: hi"
+            config.write_text(sim_config(simulator, more_models=("sim-two",)))
+            process.send_signal(signal.SIGHUP)
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                async with http.get(url + "/v1/models") as r:
+                    if len((await r.json())["data"]) == 2:
+                        break
+            else:
+                raise AssertionError("SIGHUP did not reload the configuration")
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert "loaded (sighup)" in stderr
+    assert "LOOPBACK CLIENTS ONLY" in stderr
