@@ -33,6 +33,8 @@ def _request_id(request: web.Request) -> str:
 async def proxy_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     request_id = request[REQUEST_ID] = _request_id(request)
+    in_flight = request.app[METRICS].in_flight
+    in_flight.inc()
     response: web.StreamResponse
     try:
         response = await handler(request)
@@ -48,6 +50,8 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
             InternalError(f"the proxy failed to handle this request (request id {request_id})"),
             request_id,
         )
+    finally:
+        in_flight.dec()
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     _account(request, response, started)

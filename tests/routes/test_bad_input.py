@@ -117,3 +117,26 @@ async def test_streaming_bad_upstream_before_first_byte_is_json_error(
     ):
         assert r.status == 404
         assert r.content_type == "application/json"
+
+
+async def test_a_bug_inside_the_proxy_is_an_openai_style_500(
+    guarded: TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.routes import openai as route
+
+    async def crash(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    url = base_url(guarded) + "/chat/completions"
+    auth = {"Authorization": f"Bearer {GOOD_KEY}"}
+    async with aiohttp.ClientSession() as http:
+        with monkeypatch.context() as patch:
+            patch.setattr(route, "_complete", crash)
+            async with http.post(url, json=GOOD, headers=auth) as r:
+                assert r.status == 500
+                error = (await r.json())["error"]
+                assert error["type"] == "internal_error"
+                assert r.headers["x-request-id"] in error["message"]
+                assert "boom" not in error["message"]  # internals stay in the log
+        async with http.post(url, json=GOOD, headers=auth) as r:
+            assert r.status == 200

@@ -613,6 +613,19 @@ async def test_recorded_headers_ignore_case(client: TestClient[Any, Any], sim: S
     assert "AUTHORIZATION" in headers
 
 
+async def test_record_false_only_counts(aiohttp_client: Any) -> None:
+    sim = Simulator(record=False)
+    client = await aiohttp_client(sim.app())
+    _, reply = await post(client, chat(user("x")))
+    assert (sim.requests, sim.request_count) == ([], 1)
+    assert reply["id"] == "chatcmpl-sim00000001"
+
+
+async def test_missing_model_is_400(client: TestClient[Any, Any]) -> None:
+    status, error = await post(client, {"messages": [user("x")]})
+    assert (status, error["error"]["message"]) == (400, "you must provide a model parameter")
+
+
 async def test_serve_simulator_prints_its_address(
     sim: Simulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
