@@ -109,6 +109,9 @@ class StaticHTTP(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         while self.transport is not None and self._answer_one():
@@ -134,7 +137,7 @@ class StaticHTTP(asyncio.Protocol):
         body = bytes(self.buffer[end + 4 : total])
         del self.buffer[:total]
         self._respond(method, path, body)
-        if close:
+        if close or self.transport.is_closing():
             self.transport.close()
             self.transport = None
             return False
@@ -146,6 +149,8 @@ class StaticHTTP(asyncio.Protocol):
             self.transport.write(NOT_FOUND)
         elif STREAM_FLAG.search(body):
             for piece in STREAM_WRITES:
+                if self.transport.is_closing():  # the client hung up mid-stream
+                    return
                 self.transport.write(piece)
         else:
             self.transport.write(JSON_RESPONSE)

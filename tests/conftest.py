@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import textwrap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +17,19 @@ from proxy.app import build_app
 from proxy.testing.simulator import Simulator
 
 ProxyFactory = Callable[..., Awaitable[TestServer]]
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail any test that would open a connection beyond loopback (litellm's included)."""
+    real_connect = socket.socket.connect
+
+    def connect(self: socket.socket, address: Any) -> Any:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            assert ipaddress.ip_address(address[0]).is_loopback, f"tried to reach {address}"
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
 
 
 @pytest.fixture

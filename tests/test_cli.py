@@ -93,12 +93,11 @@ async def test_serve_answers_and_reloads_on_sighup(tmp_path: Path, simulator: st
     config = tmp_path / "agentproxy.yaml"
     config.write_text(sim_config(simulator) + "server:\n  watch_interval_s: 3600\n")
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)],
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -119,7 +118,8 @@ async def test_serve_answers_and_reloads_on_sighup(tmp_path: Path, simulator: st
                 raise AssertionError("SIGHUP did not reload the configuration")
     finally:
         process.terminate()
-        _, stderr = process.communicate(timeout=10)
-    assert process.returncode == 0
+        _, raw_stderr = await asyncio.wait_for(process.communicate(), timeout=10)
+    stderr = raw_stderr.decode()
+    assert process.returncode == 0, stderr
     assert "loaded (sighup)" in stderr
     assert "LOOPBACK CLIENTS ONLY" in stderr

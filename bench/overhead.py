@@ -1,0 +1,591 @@
+"""How much latency, CPU and memory the proxy adds on top of a (static, instant) upstream.
+
+One run starts a static OpenAI-compatible upstream (bench/_static_upstream.py) and the proxy,
+each in its own process, then loads the upstream directly and through the proxy with the same
+client, for concurrency 1 and 16, a tiny and a ~30 KB agent-turn body, JSON and streaming.
+
+    python bench/overhead.py            # 5 s per run, ~2 minutes in all
+    python bench/overhead.py --quick    # 1 s per run smoke test
+    python bench/overhead.py --json     # results as JSON on stdout (progress goes to stderr)
+
+Traffic goes to 127.0.0.1 only. Every process started here is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import math
+import os
+import platform
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import orjson
+
+import _payloads
+from _load import LoadResult, python_load, wrk_load, wrk_path, wrk_version
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+CHAT_PATH = "/v1/chat/completions"
+MAX_REQUESTS_PER_RUN = 1_000_000
+READY_TIMEOUT_S = 30.0
+READY_POLL_S = 0.010
+BODIES: dict[str, Callable[[bool], bytes]] = {
+    "tiny": _payloads.tiny,
+    "30KB": _payloads.agent_turn,
+}
+
+
+# --- targets ---------------------------------------------------------------------------------
+
+TARGET_ADDED_P50_MS = 0.5  # c=1, 30 KB
+TARGET_RPS = 2000.0  # c=16
+TARGET_CPU_MS = 0.5  # per proxied request
+TARGET_TTFB_ADDED_MS = 0.5  # streaming, c=1
+TARGET_RSS_MB = 60.0  # idle, right after ready
+TARGET_READY_S = 1.0
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+class Processes:
+    """Every child process started here; `stop_all` ends them (TERM, then KILL)."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, command: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        # Own session: a Ctrl-C reaches only us, and we stop the children in order.
+        child = subprocess.Popen(command, start_new_session=True, **options)
+        self.children.append(child)
+        return child
+
+    def stop_all(self) -> None:
+        for child in reversed(self.children):
+            if child.poll() is None:
+                child.terminate()
+        for child in reversed(self.children):
+            try:
+                child.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(timeout=3)
+
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def start_upstream(procs: Processes) -> tuple[int, subprocess.Popen[bytes]]:
+    command = [sys.executable, str(BENCH_DIR / "_static_upstream.py"), "--port", "0"]
+    child = procs.spawn(command, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], 10)
+    line = child.stdout.readline().decode() if ready else ""
+    if not line.startswith("listening "):
+        raise RuntimeError(f"the static upstream did not start (said {line!r})")
+    return int(line.split()[1]), child
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_config(directory: Path, upstream_port: int) -> Path:
+    path = directory / "bench.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            model_list:
+              - model_name: bench
+                litellm_params:
+                  model: openai/bench
+                  api_base: http://127.0.0.1:{upstream_port}/v1
+            """
+        )
+    )
+    return path
+
+
+@dataclass(slots=True)
+class Proxy:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    ready_s: float
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{CHAT_PATH}"
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def start_proxy(procs: Processes, config: Path, log_path: Path) -> Proxy:
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    with log_path.open("wb") as log:
+        started = time.perf_counter()
+        child = procs.spawn(
+            command, env=env, cwd=config.parent, stdout=log, stderr=subprocess.STDOUT
+        )
+    ready_s = wait_ready(child, port, started, log_path)
+    return Proxy(child, port, log_path, ready_s)
+
+
+def wait_ready(child: subprocess.Popen[bytes], port: int, started: float, log: Path) -> float:
+    """Seconds from spawn to the first 200 from GET /readyz, polling every 10 ms."""
+    while time.perf_counter() - started < READY_TIMEOUT_S:
+        if child.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {child.returncode}:\n{log.read_text()}")
+        if _readyz(port) == 200:
+            return time.perf_counter() - started
+        time.sleep(READY_POLL_S)
+    raise RuntimeError(f"the proxy was not ready within {READY_TIMEOUT_S:g}s:\n{log.read_text()}")
+
+
+def _readyz(port: int) -> int | None:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+    try:
+        connection.request("GET", "/readyz")
+        return connection.getresponse().status
+    except OSError:
+        return None
+    finally:
+        connection.close()
+
+
+# --- /proc -----------------------------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of the whole process (all threads), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), 1-based
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Settings:
+    seconds: float
+    warmup_s: float
+    use_wrk: bool
+
+
+@dataclass(slots=True)
+class Scenario:
+    concurrency: int
+    body_name: str
+    stream: bool
+
+    @property
+    def name(self) -> str:
+        mode = "stream" if self.stream else "json"
+        return f"c={self.concurrency:<2d} {self.body_name:<5s} {mode}"
+
+    @property
+    def body(self) -> bytes:
+        return BODIES[self.body_name](self.stream)
+
+
+@dataclass(slots=True)
+class Measured:
+    """One target (direct or proxy) under one scenario."""
+
+    load: LoadResult
+    cpu_ms_per_req: float | None  # of the proxy, proxied runs only
+    upstream_cpu_ms_per_req: float
+    ttfb: LoadResult | None = None  # extra python run for first-byte times when wrk measured
+
+
+@dataclass(slots=True)
+class Outcome:
+    scenario: Scenario
+    body_bytes: int
+    direct: Measured
+    proxy: Measured
+
+    @property
+    def added_p50_ms(self) -> float:
+        return self.proxy.load.p50_ms - self.direct.load.p50_ms
+
+    @property
+    def p50_ratio(self) -> float:
+        return _ratio(self.proxy.load.p50_ms, self.direct.load.p50_ms)
+
+    @property
+    def rps_ratio(self) -> float:
+        return _ratio(self.proxy.load.rps, self.direct.load.rps)
+
+    def ttfb_ms(self, which: str) -> float | None:
+        measured = self.direct if which == "direct" else self.proxy
+        source = measured.ttfb or measured.load
+        return source.ttfb_p50_ms
+
+    @property
+    def added_ttfb_ms(self) -> float | None:
+        direct, proxy = self.ttfb_ms("direct"), self.ttfb_ms("proxy")
+        return None if direct is None or proxy is None else proxy - direct
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def scenarios() -> list[Scenario]:
+    return [
+        Scenario(concurrency, body, stream)
+        for concurrency in (1, 16)
+        for body in BODIES
+        for stream in (False, True)
+    ]
+
+
+def measure(
+    url: str, scenario: Scenario, settings: Settings, proxy_pid: int | None, upstream_pid: int
+) -> Measured:
+    body = scenario.body
+    # Warm-up with the python client: opens connections and checks the answers are right.
+    warm = python_load(
+        url,
+        body,
+        concurrency=scenario.concurrency,
+        stream=scenario.stream,
+        seconds=settings.warmup_s,
+        max_requests=2000,
+    )
+    if warm.errors:
+        raise RuntimeError(f"warm-up of {url} failed: {warm.error_examples}")
+    by_wrk = settings.use_wrk and scenario.concurrency > 1
+    cpu_before = cpu_s(proxy_pid) if proxy_pid else 0.0
+    upstream_before = cpu_s(upstream_pid)
+    load = _load(url, body, scenario, settings, by_wrk)
+    cpu = cpu_s(proxy_pid) - cpu_before if proxy_pid else None
+    upstream_cpu = cpu_s(upstream_pid) - upstream_before
+    done = max(load.requests, 1)
+    ttfb = _load(url, body, scenario, settings, False) if by_wrk and scenario.stream else None
+    return Measured(
+        load=load,
+        cpu_ms_per_req=None if cpu is None else cpu * 1000 / done,
+        upstream_cpu_ms_per_req=upstream_cpu * 1000 / done,
+        ttfb=ttfb,
+    )
+
+
+def _load(
+    url: str, body: bytes, scenario: Scenario, settings: Settings, by_wrk: bool
+) -> LoadResult:
+    if by_wrk:
+        return wrk_load(url, body, concurrency=scenario.concurrency, seconds=settings.seconds)
+    return python_load(
+        url,
+        body,
+        concurrency=scenario.concurrency,
+        stream=scenario.stream,
+        seconds=settings.seconds,
+        max_requests=MAX_REQUESTS_PER_RUN,
+    )
+
+
+def run_scenarios(
+    proxy: Proxy, upstream_port: int, upstream_pid: int, settings: Settings
+) -> list[Outcome]:
+    direct_url = f"http://127.0.0.1:{upstream_port}{CHAT_PATH}"
+    outcomes = []
+    for scenario in scenarios():
+        progress(f"{scenario.name}: direct ...")
+        direct = measure(direct_url, scenario, settings, None, upstream_pid)
+        progress(f"{scenario.name}: proxy ...")
+        proxied = measure(proxy.url, scenario, settings, proxy.process.pid, upstream_pid)
+        if proxy.process.poll() is not None:
+            raise RuntimeError(f"the proxy died during {scenario.name}:\n{proxy.log_tail()}")
+        outcomes.append(Outcome(scenario, len(scenario.body), direct, proxied))
+    return outcomes
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Startup:
+    ready_s: float
+    idle_rss_mb: float
+    end_rss_mb: float
+
+
+@dataclass(slots=True)
+class Target:
+    name: str
+    value: str
+    met: bool
+
+
+@dataclass(slots=True)
+class Report:
+    startup: Startup
+    outcomes: list[Outcome]
+    environment: dict[str, Any]
+    targets: list[Target] = field(default_factory=list)
+
+    def errors(self) -> list[str]:
+        found = []
+        for outcome in self.outcomes:
+            for which, measured in (("direct", outcome.direct), ("proxy", outcome.proxy)):
+                for load in (measured.load, measured.ttfb):
+                    if load is not None and load.errors:
+                        found.append(
+                            f"{outcome.scenario.name} {which} ({load.tool}): {load.errors} "
+                            f"failed of {load.requests + load.errors}: {load.error_examples}"
+                        )
+        return found
+
+
+def evaluate(report: Report) -> list[Target]:
+    targets = []
+    for o in report.outcomes:
+        name = o.scenario.name.replace("  ", " ")
+        c1, c16 = o.scenario.concurrency == 1, o.scenario.concurrency == 16
+        if c1 and o.scenario.body_name == "30KB":
+            added = o.added_p50_ms
+            targets.append(
+                Target(f"added p50 {name}", f"{added:.3f} ms", added <= TARGET_ADDED_P50_MS)
+            )
+        if c16:
+            rps = o.proxy.load.rps
+            targets.append(Target(f"proxy rps {name}", f"{rps:.0f}", rps >= TARGET_RPS))
+        cpu = o.proxy.cpu_ms_per_req
+        if cpu is not None:
+            targets.append(Target(f"CPU/req {name}", f"{cpu:.3f} ms", cpu <= TARGET_CPU_MS))
+        added_ttfb = o.added_ttfb_ms
+        if c1 and added_ttfb is not None:
+            targets.append(
+                Target(
+                    f"first byte {name}",
+                    f"+{added_ttfb:.3f} ms",
+                    added_ttfb <= TARGET_TTFB_ADDED_MS,
+                )
+            )
+    startup = report.startup
+    targets.append(
+        Target("idle RSS", f"{startup.idle_rss_mb:.1f} MB", startup.idle_rss_mb <= TARGET_RSS_MB)
+    )
+    targets.append(Target("ready", f"{startup.ready_s:.2f} s", startup.ready_s <= TARGET_READY_S))
+    return targets
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def format_table(report: Report) -> str:
+    header = (
+        f"{'scenario':<20} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} "
+        f"{'ratio':>6} {'direct p99':>10} {'proxy p99':>10} {'direct rps':>10} "
+        f"{'proxy rps':>10} {'rps ratio':>9} {'proxy CPU ms/req':>16}"
+    )
+    lines = [header]
+    for o in report.outcomes:
+        d, p = o.direct.load, o.proxy.load
+        flag = "  !!! ERRORS" if d.errors or p.errors else ""
+        lines.append(
+            f"{o.scenario.name:<20} {p.tool:<6} {_ms(d.p50_ms):>10} {_ms(p.p50_ms):>10} "
+            f"{_ms(o.added_p50_ms):>10} {o.p50_ratio:>5.2f}x {_ms(d.p99_ms):>10} "
+            f"{_ms(p.p99_ms):>10} {d.rps:>10.0f} {p.rps:>10.0f} {o.rps_ratio:>8.2f}x "
+            f"{_ms(o.proxy.cpu_ms_per_req):>16}{flag}"
+        )
+    lines.append("(latencies in ms; stream latency is the full stream)")
+    lines.append("")
+    lines.append(
+        f"{'first byte (stream)':<20} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} "
+        f"{'added p50':>10}"
+    )
+    for o in report.outcomes:
+        if o.scenario.stream:
+            lines.append(
+                f"{o.scenario.name:<20} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
+                f"{_ms(o.ttfb_ms('proxy')):>10} {_ms(o.added_ttfb_ms):>10}"
+            )
+    s = report.startup
+    lines.append("")
+    lines.append(
+        f"ready in {s.ready_s:.2f} s, idle RSS {s.idle_rss_mb:.1f} MB (end {s.end_rss_mb:.1f} MB)"
+    )
+    lines.append(
+        f"targets: added p50 <= {TARGET_ADDED_P50_MS} ms (c=1, 30 KB), >= {TARGET_RPS:.0f} rps "
+        f"(c=16), <= {TARGET_CPU_MS} CPU ms/req, first byte within {TARGET_TTFB_ADDED_MS} ms of "
+        f"direct, RSS <= {TARGET_RSS_MB:.0f} MB, ready <= {TARGET_READY_S:.0f} s"
+    )
+    for target in report.targets:
+        lines.append(f"  {'met   ' if target.met else 'MISSED'}  {target.name:<28} {target.value}")
+    env = report.environment
+    lines.append(
+        f"({env['cpus']} CPUs, Python {env['python']}, load: {env['load_generator']}, "
+        f"{env['seconds']:g} s per run)"
+    )
+    return "\n".join(lines)
+
+
+def as_json(report: Report) -> bytes:
+    outcomes = []
+    for o in report.outcomes:
+        outcomes.append(
+            {
+                "scenario": o.scenario.name.replace("  ", " ").replace("  ", " "),
+                "concurrency": o.scenario.concurrency,
+                "body": o.scenario.body_name,
+                "body_bytes": o.body_bytes,
+                "stream": o.scenario.stream,
+                "direct": _measured_json(o.direct),
+                "proxy": _measured_json(o.proxy),
+                "added_p50_ms": o.added_p50_ms,
+                "p50_ratio": o.p50_ratio,
+                "rps_ratio": o.rps_ratio,
+                "added_ttfb_p50_ms": o.added_ttfb_ms,
+            }
+        )
+    document = {
+        "environment": report.environment,
+        "startup": asdict(report.startup),
+        "scenarios": outcomes,
+        "targets": [asdict(t) for t in report.targets],
+        "errors": report.errors(),
+    }
+    return orjson.dumps(document, option=orjson.OPT_INDENT_2)
+
+
+def _measured_json(measured: Measured) -> dict[str, Any]:
+    def load(result: LoadResult | None) -> dict[str, Any] | None:
+        return None if result is None else {**asdict(result), "rps": result.rps}
+
+    return {
+        **load(measured.load),  # type: ignore[dict-item]
+        "proxy_cpu_ms_per_req": measured.cpu_ms_per_req,
+        "upstream_cpu_ms_per_req": measured.upstream_cpu_ms_per_req,
+        "ttfb_run": load(measured.ttfb),
+    }
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per run [5]")
+    parser.add_argument("--quick", action="store_true", help="~1 s per run smoke test")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--no-wrk", action="store_true", help="use the python client even when wrk is installed"
+    )
+    return parser.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    seconds = 1.0 if args.quick else args.seconds
+    if seconds <= 0:
+        raise SystemExit("--seconds must be positive")
+    warmup = 0.2 if args.quick else min(1.0, seconds / 5)
+    return Settings(seconds, warmup, use_wrk=not args.no_wrk and wrk_path() is not None)
+
+
+def environment(settings: Settings) -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_generator": (
+            f"{wrk_version()} for c=16, python aiohttp for c=1 and first byte"
+            if settings.use_wrk
+            else "python aiohttp client"
+        ),
+        "seconds": settings.seconds,
+        "warmup_s": settings.warmup_s,
+    }
+
+
+def benchmark(procs: Processes, workdir: Path, settings: Settings) -> Report:
+    upstream_port, upstream = start_upstream(procs)
+    progress(f"static upstream on 127.0.0.1:{upstream_port}")
+    config = write_config(workdir, upstream_port)
+    proxy = start_proxy(procs, config, workdir / "proxy.log")
+    idle_rss = rss_mb(proxy.process.pid)
+    progress(f"proxy on 127.0.0.1:{proxy.port}, ready in {proxy.ready_s:.2f} s (log {proxy.log_path})")
+    outcomes = run_scenarios(proxy, upstream_port, upstream.pid, settings)
+    startup = Startup(proxy.ready_s, idle_rss, rss_mb(proxy.process.pid))
+    report = Report(startup, outcomes, environment(settings))
+    report.targets = evaluate(report)
+    return report
+
+
+@contextlib.contextmanager
+def children() -> Iterator[Processes]:
+    procs = Processes()
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = settings_from(args)
+    with tempfile.TemporaryDirectory(prefix="agentproxy-bench-") as tmp, children() as procs:
+        try:
+            report = benchmark(procs, Path(tmp), settings)
+        except KeyboardInterrupt:
+            progress("interrupted; stopping the upstream and the proxy")
+            return 130
+        except RuntimeError as exc:
+            progress(f"benchmark failed: {exc}")
+            return 1
+    if args.json:
+        sys.stdout.buffer.write(as_json(report) + b"\n")
+    else:
+        print(format_table(report))
+    errors = report.errors()
+    for line in errors:
+        progress(f"!!! ERRORS: {line}")
+    if errors:
+        progress("!!! some runs had failed requests: their numbers are not trustworthy")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
