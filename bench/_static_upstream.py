@@ -92,7 +92,9 @@ STREAM_WRITES = [
     *(_http_chunk(event) for event in stream_events()[1:]),
     b"0\r\n\r\n",
 ]
-NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nnot found"
+NOT_FOUND = (
+    b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nnot found"
+)
 BAD_REQUEST = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\nConnection: close\r\n\r\nbad request"
 )

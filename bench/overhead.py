@@ -33,9 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import orjson
-
 import _payloads
+import orjson
 from _load import LoadResult, python_load, wrk_load, wrk_path, wrk_version
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -211,9 +210,17 @@ class Scenario:
     stream: bool
 
     @property
+    def mode(self) -> str:
+        return "stream" if self.stream else "json"
+
+    @property
     def name(self) -> str:
-        mode = "stream" if self.stream else "json"
-        return f"c={self.concurrency:<2d} {self.body_name:<5s} {mode}"
+        return f"c={self.concurrency} {self.body_name} {self.mode}"
+
+    @property
+    def row(self) -> str:
+        """The name in aligned columns, for the table."""
+        return f"{f'c={self.concurrency}':<4} {self.body_name:<5} {self.mode}"
 
     @property
     def body(self) -> bytes:
@@ -328,7 +335,10 @@ def run_scenarios(
         progress(f"{scenario.name}: direct ...")
         direct = measure(direct_url, scenario, settings, None, upstream_pid)
         progress(f"{scenario.name}: proxy ...")
-        proxied = measure(proxy.url, scenario, settings, proxy.process.pid, upstream_pid)
+        try:
+            proxied = measure(proxy.url, scenario, settings, proxy.process.pid, upstream_pid)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\nproxy log (last lines):\n{proxy.log_tail()}") from exc
         if proxy.process.poll() is not None:
             raise RuntimeError(f"the proxy died during {scenario.name}:\n{proxy.log_tail()}")
         outcomes.append(Outcome(scenario, len(scenario.body), direct, proxied))
@@ -379,7 +389,7 @@ class Report:
 def evaluate(report: Report) -> list[Target]:
     targets = []
     for o in report.outcomes:
-        name = o.scenario.name.replace("  ", " ")
+        name = o.scenario.name
         c1, c16 = o.scenario.concurrency == 1, o.scenario.concurrency == 16
         if c1 and o.scenario.body_name == "30KB":
             added = o.added_p50_ms
@@ -416,7 +426,7 @@ def _ms(value: float | None) -> str:
 def format_table(report: Report) -> str:
     header = (
         f"{'scenario':<20} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} "
-        f"{'ratio':>6} {'direct p99':>10} {'proxy p99':>10} {'direct rps':>10} "
+        f"{'ratio':>7} {'direct p99':>10} {'proxy p99':>10} {'direct rps':>10} "
         f"{'proxy rps':>10} {'rps ratio':>9} {'proxy CPU ms/req':>16}"
     )
     lines = [header]
@@ -424,7 +434,7 @@ def format_table(report: Report) -> str:
         d, p = o.direct.load, o.proxy.load
         flag = "  !!! ERRORS" if d.errors or p.errors else ""
         lines.append(
-            f"{o.scenario.name:<20} {p.tool:<6} {_ms(d.p50_ms):>10} {_ms(p.p50_ms):>10} "
+            f"{o.scenario.row:<20} {p.tool:<6} {_ms(d.p50_ms):>10} {_ms(p.p50_ms):>10} "
             f"{_ms(o.added_p50_ms):>10} {o.p50_ratio:>5.2f}x {_ms(d.p99_ms):>10} "
             f"{_ms(p.p99_ms):>10} {d.rps:>10.0f} {p.rps:>10.0f} {o.rps_ratio:>8.2f}x "
             f"{_ms(o.proxy.cpu_ms_per_req):>16}{flag}"
@@ -438,7 +448,7 @@ def format_table(report: Report) -> str:
     for o in report.outcomes:
         if o.scenario.stream:
             lines.append(
-                f"{o.scenario.name:<20} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
+                f"{o.scenario.row:<20} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
                 f"{_ms(o.ttfb_ms('proxy')):>10} {_ms(o.added_ttfb_ms):>10}"
             )
     s = report.startup
@@ -466,7 +476,7 @@ def as_json(report: Report) -> bytes:
     for o in report.outcomes:
         outcomes.append(
             {
-                "scenario": o.scenario.name.replace("  ", " ").replace("  ", " "),
+                "scenario": o.scenario.name,
                 "concurrency": o.scenario.concurrency,
                 "body": o.scenario.body_name,
                 "body_bytes": o.body_bytes,
@@ -544,7 +554,9 @@ def benchmark(procs: Processes, workdir: Path, settings: Settings) -> Report:
     config = write_config(workdir, upstream_port)
     proxy = start_proxy(procs, config, workdir / "proxy.log")
     idle_rss = rss_mb(proxy.process.pid)
-    progress(f"proxy on 127.0.0.1:{proxy.port}, ready in {proxy.ready_s:.2f} s (log {proxy.log_path})")
+    progress(
+        f"proxy on 127.0.0.1:{proxy.port}, ready in {proxy.ready_s:.2f} s (log {proxy.log_path})"
+    )
     outcomes = run_scenarios(proxy, upstream_port, upstream.pid, settings)
     startup = Startup(proxy.ready_s, idle_rss, rss_mb(proxy.process.pid))
     report = Report(startup, outcomes, environment(settings))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -20,6 +21,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 MODEL_LABEL = web.RequestKey("model_label", str)
 # Set by handlers when the client hung up mid-response; counted as status 499.
 CLIENT_GONE = web.RequestKey("client_gone", bool)
+STATUS_CLIENT_GONE = 499
 
 
 def _request_id(request: web.Request) -> str:
@@ -38,6 +40,10 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     response: web.StreamResponse
     try:
         response = await handler(request)
+    except asyncio.CancelledError:
+        # The client went away and the server cancelled the handler (handler_cancellation).
+        _account(request, STATUS_CLIENT_GONE, started)
+        raise
     except ProxyError as error:
         response = error_response(error, request_id)
     except web.HTTPException as exc:
@@ -54,17 +60,16 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
         in_flight.dec()
     if not response.prepared:
         response.headers["x-request-id"] = request_id
-    _account(request, response, started)
+    _account(request, STATUS_CLIENT_GONE if request.get(CLIENT_GONE) else response.status, started)
     return response
 
 
-def _account(request: web.Request, response: web.StreamResponse, started: float) -> None:
+def _account(request: web.Request, status: int, started: float) -> None:
     elapsed = time.perf_counter() - started
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     model = request.get(MODEL_LABEL, "-")
     metrics = request.app[METRICS]
-    status = 499 if request.get(CLIENT_GONE) else response.status
     metrics.requests.labels(route, model, str(status)).inc()
     metrics.request_duration.labels(route, model).observe(elapsed)
     if request.app[CONFIG].current.server.access_log and access_log.isEnabledFor(logging.INFO):

@@ -141,6 +141,14 @@ class OpenAICompatUpstream:
         )
 
 
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """An error body, but never an unbounded one."""
+    body = bytearray()
+    while len(body) < cap and (chunk := await response.content.readany()):
+        body += chunk
+    return bytes(body[:cap])
+
+
 class SSEStream:
     """Splits an upstream SSE body into complete events as the bytes arrive."""
 

@@ -242,3 +242,59 @@ async def test_stream_cut_midway_ends_with_error_event(proxy: TestServer, sim: S
 async def test_models_lists_configured_aliases(proxy: TestServer) -> None:
     models = await client(proxy).models.list()
     assert [m.id for m in models.data] == ["sim"]
+
+
+async def test_stream_error_status_before_first_byte_is_a_plain_error(
+    proxy: TestServer, sim: Simulator
+) -> None:
+    sim.inject(Fault(status=503, retry_after=2))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client(proxy, max_retries=0).chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["retry-after"] == "2"
+
+
+async def test_garbled_stream_event_ends_with_error_event(
+    proxy: TestServer, sim: Simulator
+) -> None:
+    sim.inject(Fault(malformed=True))
+    stream = await client(proxy, max_retries=0).chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "a b c"}], stream=True
+    )
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert "not JSON" in caught.value.message
+
+
+async def test_client_leaving_mid_stream_is_counted_and_serving_goes_on(
+    aiohttp_server: Any, start_proxy: Any, tmp_path: Any
+) -> None:
+    from tests.conftest import sim_config
+
+    slow = Simulator(chunk_delay_s=0.05)
+    upstream = await aiohttp_server(slow.app())
+    path = tmp_path / "c.yaml"
+    path.write_text(sim_config(str(upstream.make_url("")).rstrip("/")))
+    proxy = await start_proxy(path)
+    words = " ".join(["word"] * 40)
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "sim", "messages": [{"role": "user", "content": words}], "stream": True}
+        response = await http.post(base_url(proxy) + "/chat/completions", json=body)
+        await response.content.readline()
+        response.close()  # hang up after the first event
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            async with http.get(str(proxy.make_url("/metrics"))) as r:
+                if 'status="499"' in await r.text():
+                    break
+        else:
+            raise AssertionError("the abandoned stream was not counted as 499")
+        async with http.get(str(proxy.make_url("/metrics"))) as r:
+            assert "agentproxy_requests_in_flight 1.0" in await r.text()  # just this one
+    reply = await client(proxy).chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "still fine"}]
+    )
+    assert reply.choices[0].message.content == "You said: still fine"
