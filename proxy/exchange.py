@@ -30,7 +30,7 @@ class Note:
 
     stage: str
     action: str
-    detail: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)  # counts, tokens before/after, refs
 
 
 @dataclass(slots=True)
@@ -41,6 +41,7 @@ class Exchange:
     body: dict[str, Any]  # the parsed request; stages rewrite it in place
     alias: str
     policy: Policy
+    session: str = ""
     stream: bool = False
     client_wants_usage: bool = False
     deployment: Deployment | None = None
@@ -56,8 +57,12 @@ class Exchange:
         messages: list[dict[str, Any]] = self.body["messages"]
         return messages
 
-    def note(self, stage: str, action: str, detail: str = "") -> None:
-        self.notes.append(Note(stage, action, detail))
+    @property
+    def dry_run(self) -> bool:
+        return self.policy.mode == "dry_run"
+
+    def note(self, stage: str, action: str, **fields: Any) -> None:
+        self.notes.append(Note(stage, action, fields))
 
     def overhead(self, now: float | None = None) -> float:
         elapsed = (now or time.perf_counter()) - self.started

@@ -66,6 +66,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.rewrites = Counter(
+            "agentproxy_rewrites",
+            "History rewrites applied (or computed, in dry-run), by stage and action.",
+            ["stage", "action"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "agentproxy_requests_in_flight", "Requests being handled now.", registry=r
         )

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import xxhash
@@ -26,11 +26,15 @@ from jsonschema import Draft202012Validator
 from proxy.policies.spec import (
     OPENAI_COMPATIBLE_PROVIDERS,
     ApiKey,
+    CompactionSpec,
     Config,
     Deployment,
     Keys,
+    OffloadSpec,
     Policy,
     PolicyMatch,
+    RecallSpec,
+    RepairSpec,
     ServerSettings,
     StoreSettings,
     key_digest,
@@ -45,7 +49,7 @@ YamlPath = tuple[str | int, ...]
 _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SECRET_KEYS = frozenset({"admin_key", "key", "api_key"})
-_POLICY_FIELDS = frozenset({"name", "description", "mode", "match"})
+SectionT = TypeVar("SectionT")
 _FLOAT_SERVER_FIELDS = frozenset({"connect_timeout_s", "read_timeout_s", "watch_interval_s"})
 
 
@@ -533,13 +537,28 @@ def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Repo
     _check_names(entry, ("match", "models"), models, aliases, "model alias", report)
     _check_names(entry, ("match", "keys"), keys, key_names, "api key", report)
     headers = tuple((name.lower(), value) for name, value in match.get("headers", {}).items())
+    summarizer = raw.get("compaction", {}).get("summarizer_model")
+    if summarizer is not None:
+        _check_names(
+            entry, ("compaction", "summarizer_model"), [summarizer], aliases, "model alias",
+            report, indexed=False,
+        )  # fmt: skip
     return Policy(
         name=raw["name"],
         match=PolicyMatch(_frozen(models), _frozen(keys), headers),
         mode=raw.get("mode", "enforce"),
         description=raw.get("description", ""),
-        sections={k: v for k, v in raw.items() if k not in _POLICY_FIELDS},
+        repair=_section(RepairSpec, raw.get("repair")),
+        offload=_section(OffloadSpec, raw.get("offload")),
+        compaction=_section(CompactionSpec, raw.get("compaction")),
+        recall=_section(RecallSpec, raw.get("recall")),
     )
+
+
+def _section(kind: type[SectionT], raw: dict[str, Any] | None) -> SectionT:
+    """A policy section from its (schema-checked) mapping; lists become tuples."""
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in (raw or {}).items()}
+    return kind(**values)
 
 
 def _check_names(
@@ -549,11 +568,13 @@ def _check_names(
     known: set[str],
     kind: str,
     report: _Report,
+    *,
+    indexed: bool = True,
 ) -> None:
     for index, name in enumerate(names or ()):
         if name not in known:
             message = f"unknown {kind} {name!r}{_suggest(name, known)}"
-            report.errors.append(entry.issue((*path, index), message))
+            report.errors.append(entry.issue((*path, index) if indexed else path, message))
 
 
 def _env_name(value: object) -> str | None:

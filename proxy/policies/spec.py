@@ -109,6 +109,11 @@ class ServerSettings:
 class StoreSettings:
     backend: Literal["local"] = "local"
     path: str = ".agentproxy"
+    event_log: str | None = None  # JSONL of every rewrite; default <path>/events.jsonl
+
+    @property
+    def event_log_path(self) -> str:
+        return self.event_log or f"{self.path.rstrip('/')}/events.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +133,64 @@ class PolicyMatch:
 
 
 @dataclass(frozen=True, slots=True)
+class RepairSpec:
+    """Patch dangling tool calls, orphan and duplicate results, misplaced results."""
+
+    enabled: bool = True
+    orphans: Literal["note", "drop"] = "note"
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadSpec:
+    """Move tool results above `min_tokens` to the store, leaving a pointer and a preview."""
+
+    enabled: bool = True
+    min_tokens: int = 20_000
+    preview_lines: int = 5  # first and last lines kept in the pointer
+    line_chars: int = 1_000  # each preview line cut at this length
+
+
+WRITING_TOOLS = (
+    "write_file", "edit_file", "str_replace", "create", "create_file", "apply_patch",
+    "str_replace_editor", "str_replace_based_edit_tool", "write", "edit", "multi_edit",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSpec:
+    """Fit the history to the target model's window: truncate, summarize, cut middle-out."""
+
+    enabled: bool = True
+    trigger: float = 0.85  # fraction of the window that starts compaction
+    keep_recent: float = 0.10  # fraction of the window kept verbatim at the end
+    keep_messages: int | None = None  # or keep this many recent messages instead
+    truncate_tools: tuple[str, ...] = WRITING_TOOLS
+    truncate_min_chars: int = 2_000  # string arguments longer than this are truncated
+    truncate_head_chars: int = 200  # how much of a truncated argument stays
+    summarizer_model: str | None = None  # an alias; None = the request's own model
+    summarizer_timeout_s: float = 60.0
+    reactive: bool = True  # compact and retry once when the provider says it overflowed
+    reactive_target: float = 0.6  # fraction of the window to compact to after an overflow
+
+
+@dataclass(frozen=True, slots=True)
+class RecallSpec:
+    """Offer the model the proxy's own `agentproxy_recall` tool, answered by the proxy."""
+
+    enabled: bool = True
+    max_rounds: int = 3
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     name: str
     match: PolicyMatch = PolicyMatch()
     mode: Literal["enforce", "dry_run"] = "enforce"
     description: str = ""
-    # Stage sections (repair, offload, retry, ...) as validated by the schema; later issues
-    # turn these into typed specs.
-    sections: Mapping[str, Any] = field(default_factory=dict)
+    repair: RepairSpec = RepairSpec()
+    offload: OffloadSpec = OffloadSpec()
+    compaction: CompactionSpec = CompactionSpec()
+    recall: RecallSpec = RecallSpec()
 
 
 DEFAULT_POLICY = Policy(name="default")

@@ -195,7 +195,7 @@ def _inspect_chunk(ex: Exchange, payload: bytes) -> bool:
 
 async def _write_error_event(ex: Exchange, response: web.StreamResponse, error: ProxyError) -> None:
     """Bytes already reached the client: end the stream with an error event it can read."""
-    ex.note("stream", "error", error.message)
+    ex.note("stream", "error", message=error.message)
     with contextlib.suppress(ConnectionResetError):
         await response.write(b"data: " + orjson.dumps(error.body(ex.request_id)) + b"\n\n")
 

@@ -951,3 +951,55 @@ def test_fingerprint_sees_a_same_size_replacement(tmp_path: Path) -> None:
 
 def test_fingerprint_of_a_missing_path_does_not_raise(tmp_path: Path) -> None:
     assert sources_fingerprint(tmp_path / "missing") == ()
+
+
+def test_policy_sections_load_into_typed_specs_with_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        MINIMAL
+        + """
+policies:
+  - name: tight
+    offload: {min_tokens: 500, preview_lines: 3}
+    compaction:
+      trigger: 0.5
+      truncate_tools: [write_file]
+      summarizer_model: strict-8k
+    recall: {enabled: false}
+  - name: plain
+"""
+    )
+    tight, plain = load_config(path).policies
+    assert tight.offload.min_tokens == 500 and tight.offload.line_chars == 1000
+    assert tight.compaction.trigger == 0.5
+    assert tight.compaction.truncate_tools == ("write_file",)
+    assert tight.compaction.summarizer_model == "strict-8k"
+    assert tight.recall.enabled is False and tight.repair.enabled is True
+    assert plain.compaction.trigger == 0.85 and "edit_file" in plain.compaction.truncate_tools
+
+
+def test_policy_section_errors_name_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        MINIMAL
+        + """
+policies:
+  - name: bad
+    compaction: {trigger: 1.5, summarizer_model: nope, surprise: 1}
+"""
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    text = str(caught.value)
+    assert "policies[0].compaction.trigger" in text
+    assert "policies[0].compaction" in text and "surprise" in text
+
+
+def test_an_unknown_summarizer_model_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "policies:\n  - name: p\n    compaction: {summarizer_model: nope}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "policies[0].compaction.summarizer_model: unknown model alias 'nope'" in str(
+        caught.value
+    )

@@ -1,0 +1,1 @@
+"""History rewriting stages, one per module; chain.py runs them in order."""

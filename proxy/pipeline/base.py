@@ -1,0 +1,49 @@
+"""What a rewrite stage is, and what it may use.
+
+A stage never mutates the messages it is given: it returns a new list (reusing unchanged
+message dicts) or None when it has nothing to do. The chain checks the result against the
+provider's pairing rules and keeps the previous list if the stage broke them or crashed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.events import EventLog
+from proxy.exchange import Exchange
+from proxy.messages import Message
+from proxy.metrics import Metrics
+from proxy.model_catalog import ModelCatalog
+from proxy.policies.spec import Policy
+from proxy.store.base import Store
+
+# Writes a summary of `messages` for the exchange's session; raises on failure or timeout.
+Summarizer = Callable[[Exchange, list[Message]], Awaitable[str]]
+
+
+@dataclass(slots=True)
+class StageContext:
+    store: Store
+    catalog: ModelCatalog
+    metrics: Metrics
+    events: EventLog
+    summarize: Summarizer
+
+
+class Stage(Protocol):
+    name: str
+
+    def enabled(self, policy: Policy) -> bool: ...
+
+    async def run(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message] | None: ...
+
+
+def record(ex: Exchange, ctx: StageContext, stage: str, action: str, **fields: Any) -> None:
+    """Make a rewrite visible: a note for the headers, a metric, and an event log line."""
+    ex.note(stage, action, **fields)
+    ctx.metrics.rewrites.labels(stage, action).inc()
+    ctx.events.write(ex, stage, action, fields)

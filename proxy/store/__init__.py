@@ -1,0 +1,1 @@
+"""Durable per-session state: offloaded payloads, archived history, checkpoints."""

@@ -1,0 +1,54 @@
+"""The Store protocol: narrow enough for the embedded store and a Redis backend alike.
+
+Everything is scoped by session. Blobs are content-addressed (the same content in the same
+session always gets the same ref), written before anything is removed from a context, and
+readable only by the key that created them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import xxhash
+
+
+class StoreError(Exception):
+    """The store could not do what was asked; callers degrade instead of failing requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    ref: str
+    session: str
+    kind: str  # "tool_result", "tool_arguments", "history"
+    size: int  # bytes
+    created_at: float
+    owner: str | None = None  # API key name that created it; None when the proxy is open
+    meta: dict[str, Any] = field(default_factory=dict)  # tool name, call id, message count...
+
+
+def content_ref(session: str, kind: str, data: bytes) -> str:
+    """Deterministic: one session's identical content always maps to the same reference."""
+    digest = xxhash.xxh3_128(session.encode() + b"\0" + kind.encode() + b"\0" + data)
+    return f"ap_{digest.hexdigest()[:24]}"
+
+
+class Store(Protocol):
+    async def put(self, info: BlobInfo, data: bytes) -> None:
+        """Durable when it returns. Writing an existing ref again is a no-op."""
+        ...
+
+    async def get(self, session: str, ref: str) -> tuple[BlobInfo, bytes] | None: ...
+
+    async def blobs(self, session: str) -> list[BlobInfo]: ...
+
+    async def search(self, session: str, phrase: str, limit: int = 5) -> list[tuple[BlobInfo, str]]:
+        """Blobs containing `phrase` (case-insensitive), each with a snippet around it."""
+        ...
+
+    async def get_checkpoint(self, session: str, key: str) -> bytes | None: ...
+
+    async def put_checkpoint(self, session: str, key: str, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
