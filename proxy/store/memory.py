@@ -1,0 +1,41 @@
+"""A Store kept in process memory: for tests and for deployments that want no disk state."""
+
+from __future__ import annotations
+
+from proxy.store.base import BlobInfo
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._blobs: dict[str, tuple[BlobInfo, bytes]] = {}
+        self._checkpoints: dict[tuple[str, str], bytes] = {}
+
+    async def put(self, info: BlobInfo, data: bytes) -> None:
+        self._blobs.setdefault(info.ref, (info, data))
+
+    async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
+        return self._blobs.get(ref)
+
+    async def blobs(self, session: str) -> list[BlobInfo]:
+        return [info for info, _ in self._blobs.values() if info.session == session]
+
+    async def search(self, session: str, phrase: str, limit: int = 5) -> list[tuple[BlobInfo, str]]:
+        needle = phrase.lower()
+        found: list[tuple[BlobInfo, str]] = []
+        for info, data in self._blobs.values():
+            text = data.decode("utf-8", "replace")
+            at = text.lower().find(needle)
+            if info.session == session and at >= 0:
+                found.append((info, text[max(0, at - 200) : at + len(phrase) + 200]))
+                if len(found) >= limit:
+                    break
+        return found
+
+    async def get_checkpoint(self, session: str, key: str) -> bytes | None:
+        return self._checkpoints.get((session, key))
+
+    async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
+        self._checkpoints[(session, key)] = data
+
+    async def close(self) -> None:
+        pass
