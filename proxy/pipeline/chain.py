@@ -1,0 +1,50 @@
+"""Runs the rewrite stages in order over one exchange, and keeps every law while doing it.
+
+Fail-safe: a stage that crashes, or returns a history that breaks the provider's pairing rules,
+is skipped — the request goes on with the messages from before that stage, and the event is
+recorded. Dry-run: every stage runs and reports, but the original messages are sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from proxy.exchange import Exchange
+from proxy.messages import Message, pairing_problems
+from proxy.pipeline.base import Stage, StageContext, record
+
+log = logging.getLogger("agentproxy.pipeline")
+
+
+class Chain:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages = tuple(stages)
+
+    async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
+        """The messages to send upstream (also stored in ex.body unless dry-run)."""
+        original: list[Message] = ex.messages
+        messages = original
+        for stage in self.stages:
+            if stage.enabled(ex.policy):
+                messages = await self._run(stage, ex, messages, ctx)
+        if messages is not original and not ex.dry_run:
+            ex.body["messages"] = messages
+        return messages if not ex.dry_run else original
+
+    async def _run(
+        self, stage: Stage, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message]:
+        try:
+            result = await stage.run(ex, messages, ctx)
+        except Exception as exc:
+            log.exception("stage %s failed on request %s; skipped", stage.name, ex.request_id)
+            record(ex, ctx, stage.name, "stage_failed", error=f"{type(exc).__name__}: {exc}")
+            return messages
+        if result is None:
+            return messages
+        problems = pairing_problems(result)
+        if problems:
+            record(ex, ctx, stage.name, "rejected_invalid", problems=[str(p) for p in problems[:5]])
+            return messages
+        return result
