@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import shutil
 import subprocess
 import tempfile
@@ -183,7 +184,8 @@ def wrk_version() -> str:
         return "absent"
     # `wrk -v` prints its version and usage, and exits 1.
     done = subprocess.run([path, "-v"], capture_output=True, text=True, timeout=5, check=False)
-    return (done.stdout or done.stderr).splitlines()[0].strip()
+    found = re.search(r"\d+\.\d+(\.\d+)?", done.stdout + done.stderr)
+    return f"wrk {found.group() if found else '(unknown version)'}"
 
 
 def wrk_load(url: str, body: bytes, *, concurrency: int, seconds: float) -> LoadResult:

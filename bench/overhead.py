@@ -41,6 +41,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 CHAT_PATH = "/v1/chat/completions"
 MAX_REQUESTS_PER_RUN = 1_000_000
+WARMUP_MAX_REQUESTS = 2_000
 READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.010
 BODIES: dict[str, Callable[[bool], bytes]] = {
@@ -57,6 +58,8 @@ TARGET_CPU_MS = 0.5  # per proxied request
 TARGET_TTFB_ADDED_MS = 0.5  # streaming, c=1
 TARGET_RSS_MB = 60.0  # idle, right after ready
 TARGET_READY_S = 1.0
+# Other processes using more CPU than this on average while we measure spoil the numbers.
+BUSY_MACHINE_CPUS = 0.1
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -193,6 +196,51 @@ def cpu_s(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, stolen) CPU seconds of the whole machine since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, _irq, _softirq, steal = fields
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system) / tick, steal / tick
+
+
+def own_cpu_s(pids: list[int]) -> float:
+    """CPU seconds of this process, its reaped children (wrk) and the live `pids`."""
+    times = os.times()
+    mine = times.user + times.system + times.children_user + times.children_system
+    return mine + sum(cpu_s(pid) for pid in pids)
+
+
+@dataclass(slots=True)
+class Quietness:
+    """How busy the rest of the machine was while we measured."""
+
+    others_cpus: float  # average CPUs used by processes other than ours
+    steal_cpus: float  # average CPUs taken by the hypervisor
+
+
+@contextlib.contextmanager
+def watch_others(pids: list[int], into: list[Quietness]) -> Iterator[None]:
+    started = time.perf_counter()
+    busy, steal = machine_cpu_s()
+    own = own_cpu_s(pids)
+    yield
+    wall = time.perf_counter() - started
+    busy_after, steal_after = machine_cpu_s()
+    others = (busy_after - busy) - (own_cpu_s(pids) - own)
+    into.append(Quietness(max(0.0, others) / wall, (steal_after - steal) / wall))
+
+
+def settle(pid: int, quiet_s: float = 0.2, limit_s: float = 5.0) -> None:
+    """Waits until `pid` burns no CPU for `quiet_s` (its start-up work in the background done)."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        before = cpu_s(pid)
+        time.sleep(quiet_s)
+        if cpu_s(pid) == before:
+            return
+
+
 # --- runs ------------------------------------------------------------------------------------
 
 
@@ -229,12 +277,16 @@ class Scenario:
 
 @dataclass(slots=True)
 class Measured:
-    """One target (direct or proxy) under one scenario."""
+    """One side (direct or through the proxy) of one scenario."""
 
     load: LoadResult
     cpu_ms_per_req: float | None  # of the proxy, proxied runs only
     upstream_cpu_ms_per_req: float
     ttfb: LoadResult | None = None  # extra python run for first-byte times when wrk measured
+
+    @property
+    def errors(self) -> int:
+        return self.load.errors + (self.ttfb.errors if self.ttfb else 0)
 
 
 @dataclass(slots=True)
@@ -291,7 +343,7 @@ def measure(
         concurrency=scenario.concurrency,
         stream=scenario.stream,
         seconds=settings.warmup_s,
-        max_requests=2000,
+        max_requests=WARMUP_MAX_REQUESTS,
     )
     if warm.errors:
         raise RuntimeError(f"warm-up of {url} failed: {warm.error_examples}")
@@ -362,8 +414,19 @@ class Startup:
 @dataclass(slots=True)
 class Target:
     name: str
-    value: str
-    met: bool
+    value: float
+    limit: float
+    unit: str
+    at_least: bool = False  # else at most
+
+    @property
+    def met(self) -> bool:
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
+
+    def describe(self) -> str:
+        digits = {"rps": 0, "MB": 1, "s": 2}.get(self.unit, 3)
+        bound = ">=" if self.at_least else "<="
+        return f"{self.value:.{digits}f} {self.unit} (target {bound} {self.limit:g})"
 
 
 @dataclass(slots=True)
@@ -371,7 +434,13 @@ class Report:
     startup: Startup
     outcomes: list[Outcome]
     environment: dict[str, Any]
+    quietness: Quietness
     targets: list[Target] = field(default_factory=list)
+
+    @property
+    def disturbed(self) -> bool:
+        # Steal is not counted: on small VMs it grows with our own load, even on a quiet host.
+        return self.quietness.others_cpus > BUSY_MACHINE_CPUS
 
     def errors(self) -> list[str]:
         found = []
@@ -387,35 +456,30 @@ class Report:
 
 
 def evaluate(report: Report) -> list[Target]:
-    targets = []
-    for o in report.outcomes:
-        name = o.scenario.name
-        c1, c16 = o.scenario.concurrency == 1, o.scenario.concurrency == 16
-        if c1 and o.scenario.body_name == "30KB":
-            added = o.added_p50_ms
-            targets.append(
-                Target(f"added p50 {name}", f"{added:.3f} ms", added <= TARGET_ADDED_P50_MS)
-            )
-        if c16:
-            rps = o.proxy.load.rps
-            targets.append(Target(f"proxy rps {name}", f"{rps:.0f}", rps >= TARGET_RPS))
-        cpu = o.proxy.cpu_ms_per_req
-        if cpu is not None:
-            targets.append(Target(f"CPU/req {name}", f"{cpu:.3f} ms", cpu <= TARGET_CPU_MS))
-        added_ttfb = o.added_ttfb_ms
-        if c1 and added_ttfb is not None:
-            targets.append(
-                Target(
-                    f"first byte {name}",
-                    f"+{added_ttfb:.3f} ms",
-                    added_ttfb <= TARGET_TTFB_ADDED_MS,
-                )
-            )
+    outcomes = report.outcomes
+    targets = [
+        Target(f"added p50 {o.scenario.name}", o.added_p50_ms, TARGET_ADDED_P50_MS, "ms")
+        for o in outcomes
+        if o.scenario.concurrency == 1 and o.scenario.body_name == "30KB"
+    ]
+    targets += [
+        Target(f"proxy rps {o.scenario.name}", o.proxy.load.rps, TARGET_RPS, "rps", True)
+        for o in outcomes
+        if o.scenario.concurrency == 16
+    ]
+    targets += [
+        Target(f"CPU/req {o.scenario.name}", cpu, TARGET_CPU_MS, "ms")
+        for o in outcomes
+        if (cpu := o.proxy.cpu_ms_per_req) is not None
+    ]
+    targets += [
+        Target(f"first byte {o.scenario.name}", added, TARGET_TTFB_ADDED_MS, "ms")
+        for o in outcomes
+        if o.scenario.concurrency == 1 and (added := o.added_ttfb_ms) is not None
+    ]
     startup = report.startup
-    targets.append(
-        Target("idle RSS", f"{startup.idle_rss_mb:.1f} MB", startup.idle_rss_mb <= TARGET_RSS_MB)
-    )
-    targets.append(Target("ready", f"{startup.ready_s:.2f} s", startup.ready_s <= TARGET_READY_S))
+    targets.append(Target("idle RSS", startup.idle_rss_mb, TARGET_RSS_MB, "MB"))
+    targets.append(Target("ready", startup.ready_s, TARGET_READY_S, "s"))
     return targets
 
 
@@ -432,10 +496,10 @@ def format_table(report: Report) -> str:
     lines = [header]
     for o in report.outcomes:
         d, p = o.direct.load, o.proxy.load
-        flag = "  !!! ERRORS" if d.errors or p.errors else ""
+        flag = "  !!! ERRORS" if o.direct.errors or o.proxy.errors else ""
         lines.append(
             f"{o.scenario.row:<20} {p.tool:<6} {_ms(d.p50_ms):>10} {_ms(p.p50_ms):>10} "
-            f"{_ms(o.added_p50_ms):>10} {o.p50_ratio:>5.2f}x {_ms(d.p99_ms):>10} "
+            f"{_ms(o.added_p50_ms):>10} {o.p50_ratio:>6.2f}x {_ms(d.p99_ms):>10} "
             f"{_ms(p.p99_ms):>10} {d.rps:>10.0f} {p.rps:>10.0f} {o.rps_ratio:>8.2f}x "
             f"{_ms(o.proxy.cpu_ms_per_req):>16}{flag}"
         )
@@ -462,11 +526,24 @@ def format_table(report: Report) -> str:
         f"direct, RSS <= {TARGET_RSS_MB:.0f} MB, ready <= {TARGET_READY_S:.0f} s"
     )
     for target in report.targets:
-        lines.append(f"  {'met   ' if target.met else 'MISSED'}  {target.name:<28} {target.value}")
+        lines.append(
+            f"  {'met   ' if target.met else 'MISSED'}  {target.name:<28} {target.describe()}"
+        )
+    errors = report.errors()
+    if errors:
+        lines.append(f"!!! {len(errors)} run(s) had failed requests; their numbers are not valid:")
+        lines.extend(f"!!!   {line}" for line in errors)
+    q = report.quietness
+    if report.disturbed:
+        lines.append(
+            f"!!! the machine was busy: other processes used {q.others_cpus:.2f} CPUs on average "
+            "while we measured; rerun on a quiet machine"
+        )
     env = report.environment
     lines.append(
         f"({env['cpus']} CPUs, Python {env['python']}, load: {env['load_generator']}, "
-        f"{env['seconds']:g} s per run)"
+        f"{env['seconds']:g} s per run; other processes used {q.others_cpus:.2f} CPUs, "
+        f"hypervisor steal {q.steal_cpus:.2f} CPUs)"
     )
     return "\n".join(lines)
 
@@ -492,23 +569,25 @@ def as_json(report: Report) -> bytes:
     document = {
         "environment": report.environment,
         "startup": asdict(report.startup),
+        "quietness": {**asdict(report.quietness), "disturbed": report.disturbed},
         "scenarios": outcomes,
-        "targets": [asdict(t) for t in report.targets],
+        "targets": [{**asdict(t), "met": t.met} for t in report.targets],
         "errors": report.errors(),
     }
     return orjson.dumps(document, option=orjson.OPT_INDENT_2)
 
 
 def _measured_json(measured: Measured) -> dict[str, Any]:
-    def load(result: LoadResult | None) -> dict[str, Any] | None:
-        return None if result is None else {**asdict(result), "rps": result.rps}
-
     return {
-        **load(measured.load),  # type: ignore[dict-item]
+        **_load_json(measured.load),
         "proxy_cpu_ms_per_req": measured.cpu_ms_per_req,
         "upstream_cpu_ms_per_req": measured.upstream_cpu_ms_per_req,
-        "ttfb_run": load(measured.ttfb),
+        "ttfb_run": None if measured.ttfb is None else _load_json(measured.ttfb),
     }
+
+
+def _load_json(result: LoadResult) -> dict[str, Any]:
+    return {**asdict(result), "rps": result.rps}
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -554,12 +633,15 @@ def benchmark(procs: Processes, workdir: Path, settings: Settings) -> Report:
     config = write_config(workdir, upstream_port)
     proxy = start_proxy(procs, config, workdir / "proxy.log")
     idle_rss = rss_mb(proxy.process.pid)
+    settle(proxy.process.pid)
     progress(
         f"proxy on 127.0.0.1:{proxy.port}, ready in {proxy.ready_s:.2f} s (log {proxy.log_path})"
     )
-    outcomes = run_scenarios(proxy, upstream_port, upstream.pid, settings)
+    quietness: list[Quietness] = []
+    with watch_others([proxy.process.pid, upstream.pid], quietness):
+        outcomes = run_scenarios(proxy, upstream_port, upstream.pid, settings)
     startup = Startup(proxy.ready_s, idle_rss, rss_mb(proxy.process.pid))
-    report = Report(startup, outcomes, environment(settings))
+    report = Report(startup, outcomes, environment(settings), quietness[0])
     report.targets = evaluate(report)
     return report
 
@@ -594,8 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     errors = report.errors()
     for line in errors:
         progress(f"!!! ERRORS: {line}")
-    if errors:
-        progress("!!! some runs had failed requests: their numbers are not trustworthy")
+    if report.disturbed:
+        progress("!!! other processes were busy during the runs: the numbers are perturbed")
     return 1 if errors else 0
 
 
