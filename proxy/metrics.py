@@ -6,7 +6,10 @@ session id, key value or message text.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 # Proxy overhead lives well under a millisecond; upstream calls can take minutes.
 OVERHEAD_BUCKETS = (
@@ -20,6 +23,7 @@ LATENCY_BUCKETS = (
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "agentproxy_requests",
@@ -99,6 +103,15 @@ class Metrics:
         )
         for result in ("success", "failure"):
             self.config_reloads.labels(result)
+
+    def child(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: label sets are bounded and every request pays
+        for these lookups."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def set_config_version(self, version: str, loaded_at: float) -> None:
         self.config_info.clear()

@@ -70,9 +70,12 @@ def _account(request: web.Request, status: int, started: float) -> None:
     route = resource.canonical if resource is not None else "unmatched"
     model = request.get(MODEL_LABEL, "-")
     metrics = request.app[METRICS]
-    metrics.requests.labels(route, model, str(status)).inc()
-    metrics.request_duration.labels(route, model).observe(elapsed)
-    if request.app[CONFIG].current.server.access_log and access_log.isEnabledFor(logging.INFO):
+    metrics.child(metrics.requests, route, model, str(status)).inc()
+    metrics.child(metrics.request_duration, route, model).observe(elapsed)
+    # Failures are always logged with their request id; successes when access_log is on.
+    if (status >= 400 or request.app[CONFIG].current.server.access_log) and (
+        access_log.isEnabledFor(logging.INFO)
+    ):
         access_log.info(
             "%s %s %s %d model=%s %.1fms",
             request[REQUEST_ID],

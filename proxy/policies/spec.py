@@ -102,7 +102,7 @@ class ServerSettings:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0  # longest silence tolerated from an upstream
     watch_interval_s: float = 1.0
-    access_log: bool = True
+    access_log: bool = False  # successes too; failures are always logged
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,8 +87,8 @@ def _select_policy(request: web.Request, config: Config, alias: str, key: ApiKey
                 code="policy_not_found",
             )
         return policy
-    lowered = {name.lower(): value for name, value in request.headers.items()}
-    return config.select_policy(alias, key.name if key else None, lowered)
+    # request.headers looks names up case-insensitively, as policies' header matches expect.
+    return config.select_policy(alias, key.name if key else None, request.headers)
 
 
 def _headers(ex: Exchange) -> dict[str, str]:
@@ -146,28 +146,34 @@ async def _stream(request: web.Request, ex: Exchange) -> web.StreamResponse:
 async def _relay(
     request: web.Request, ex: Exchange, source: UpstreamStream, response: web.StreamResponse
 ) -> None:
-    """Forward each event as it completes; capture usage; hide the usage chunk we asked for."""
+    """Forward events as they complete, one write per upstream read; capture usage; hide the
+    usage chunk we asked for."""
     done = False
-    events = source.events()
+    batches = source.events()
     while True:
         waited = time.perf_counter()
         try:
-            event = await anext(events)
+            batch = await anext(batches)
         except StopAsyncIteration:
             break
         finally:
             ex.upstream_wait += time.perf_counter() - waited
-        if event.startswith(b"data:"):
-            payload = event[5:].strip()
-            if payload == b"[DONE]":
-                done = True
-            elif not _inspect_chunk(ex, payload):
-                continue
+        out = bytearray()
+        for event in batch:
+            if event.startswith(b"data:"):
+                payload = event[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                elif not _inspect_chunk(ex, payload):
+                    continue
+            out += event + b"\n\n"
+        if not out:
+            continue
         if not response.prepared:
             response.headers["server-timing"] = _server_timing(ex)
             await response.prepare(request)
         waited = time.perf_counter()
-        await response.write(event + b"\n\n")
+        await response.write(bytes(out))
         ex.client_wait += time.perf_counter() - waited
     if not done:
         raise UpstreamBadResponse(
@@ -176,15 +182,21 @@ async def _relay(
 
 
 def _inspect_chunk(ex: Exchange, payload: bytes) -> bool:
-    """Whether to forward this chunk. Raises on garbage so the client gets a clear error."""
+    """Whether to forward this chunk. A cheap shape check on every chunk (garbage ends the
+    stream with a clear error); a full parse only for the one that carries usage."""
+    if not (payload.startswith(b"{") and payload.endswith(b"}")):
+        raise UpstreamBadResponse(
+            f"the upstream for '{ex.alias}' sent a stream event that is not a JSON object: "
+            f"{payload[:60]!r}"
+        )
+    if b'"usage"' not in payload or b'"usage":null' in payload:
+        return True
     try:
         chunk = orjson.loads(payload)
     except orjson.JSONDecodeError:
         raise UpstreamBadResponse(
             f"the upstream for '{ex.alias}' sent a stream event that is not JSON: {payload[:60]!r}"
         ) from None
-    if not isinstance(chunk, dict):
-        raise UpstreamBadResponse(f"the upstream for '{ex.alias}' sent a non-object stream event")
     usage = chunk.get("usage")
     if usage:
         ex.usage = Usage.from_openai(usage)
@@ -231,14 +243,14 @@ def _server_timing(ex: Exchange) -> str:
 
 def _account(request: web.Request, ex: Exchange) -> None:
     metrics = request.app[METRICS]
-    metrics.overhead.labels("chat").observe(ex.overhead())
-    metrics.upstream_duration.labels(ex.alias).observe(ex.upstream_wait)
+    metrics.child(metrics.overhead, "chat").observe(ex.overhead())
+    metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
     if ex.usage is not None:
-        metrics.tokens.labels(ex.alias, "prompt").inc(ex.usage.prompt_tokens)
-        metrics.tokens.labels(ex.alias, "completion").inc(ex.usage.completion_tokens)
+        metrics.child(metrics.tokens, ex.alias, "prompt").inc(ex.usage.prompt_tokens)
+        metrics.child(metrics.tokens, ex.alias, "completion").inc(ex.usage.completion_tokens)
         cost = request.app[CATALOG].cost(ex.deployment, ex.usage) if ex.deployment else None
         if cost:
-            metrics.cost.labels(ex.alias).inc(cost)
+            metrics.child(metrics.cost, ex.alias).inc(cost)
 
 
 @routes.get("/v1/models")

@@ -35,8 +35,9 @@ class UpstreamReply:
 class UpstreamStream(Protocol):
     headers: dict[str, str]
 
-    def events(self) -> AsyncIterator[bytes]:
-        """Complete SSE events (`data: ...`), without the blank-line separator."""
+    def events(self) -> AsyncIterator[list[bytes]]:
+        """Complete SSE events (`data: ...`, without the blank-line separator), in batches of
+        what arrived together, so the relay can forward each batch with one write."""
         ...
 
     async def close(self) -> None: ...

@@ -153,13 +153,13 @@ class LiteLLMStream:
         self._translate = translate
         self.headers = {}
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[list[bytes]]:
         try:
             async for chunk in self._stream:
-                yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))
+                yield [b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))]
         except Exception as exc:
             raise self._translate(exc) from exc
-        yield b"data: [DONE]"
+        yield [b"data: [DONE]"]
 
     async def close(self) -> None:
         closer = getattr(self._stream, "aclose", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -141,6 +142,11 @@ class OpenAICompatUpstream:
         )
 
 
+@functools.lru_cache(maxsize=64)
+def _client_timeout(connect: float, read: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
+
+
 async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
     """An error body, but never an unbounded one."""
     body = bytearray()
@@ -157,7 +163,7 @@ class SSEStream:
         self.headers = forwarded_headers(response.headers)
         self._failure = failure
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[list[bytes]]:
         buffer = b""
         try:
             async for chunk in self.response.content.iter_any():
@@ -165,13 +171,13 @@ class SSEStream:
                 if b"\r\n" in buffer:
                     buffer = buffer.replace(b"\r\n", b"\n")
                 *complete, buffer = buffer.split(b"\n\n")
-                for event in complete:
-                    if event:
-                        yield event
+                batch = [event for event in complete if event]
+                if batch:
+                    yield batch
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise self._failure(exc) from exc
         if buffer.strip():
-            yield buffer.strip()
+            yield [buffer.strip()]
 
     async def close(self) -> None:
         self.response.release()

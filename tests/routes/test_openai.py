@@ -256,17 +256,17 @@ async def test_stream_error_status_before_first_byte_is_a_plain_error(
     assert caught.value.response.headers["retry-after"] == "2"
 
 
-async def test_garbled_stream_event_ends_with_error_event(
-    proxy: TestServer, sim: Simulator
-) -> None:
+async def test_garbled_stream_event_is_a_clear_error(proxy: TestServer, sim: Simulator) -> None:
+    """Garbage right after the first event: a 502 if nothing reached the client yet (the two
+    usually arrive in one read), else an error event ending the stream."""
     sim.inject(Fault(malformed=True))
-    stream = await client(proxy, max_retries=0).chat.completions.create(
-        model="sim", messages=[{"role": "user", "content": "a b c"}], stream=True
-    )
     with pytest.raises(openai.APIError) as caught:
+        stream = await client(proxy, max_retries=0).chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "a b c"}], stream=True
+        )
         async for _ in stream:
             pass
-    assert "not JSON" in caught.value.message
+    assert "not a JSON object" in caught.value.message
 
 
 async def test_client_leaving_mid_stream_is_counted_and_serving_goes_on(
