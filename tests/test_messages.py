@@ -15,8 +15,7 @@ def call(*ids: str) -> dict[str, object]:
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
-            for i in ids
+            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids
         ],
     }
 
