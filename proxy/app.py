@@ -11,14 +11,19 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from proxy.events import EventLog
 from proxy.metrics import Metrics
 from proxy.middleware import proxy_middleware
 from proxy.model_catalog import ModelCatalog
+from proxy.pipeline.base import StageContext
+from proxy.pipeline.rewriter import Rewriter
+from proxy.pipeline.summarizer import make_summarizer
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
-from proxy.routes import admin, health, openai
-from proxy.state import CATALOG, CONFIG, METRICS, UPSTREAMS
+from proxy.routes import admin, archive, health, openai
+from proxy.state import CATALOG, CONFIG, METRICS, REWRITER, STORE, UPSTREAMS
+from proxy.store.local import LocalStore
 from proxy.upstream.pool import Upstreams
 
 log = logging.getLogger("agentproxy")
@@ -41,9 +46,16 @@ def build_app(
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
     catalog = app[CATALOG] = ModelCatalog()
+    settings = holder.current.store  # where state lives is fixed for the process's life
+    store = app[STORE] = LocalStore(settings.path)
+    events = EventLog(settings.event_log_path)
+    app[REWRITER] = Rewriter(
+        StageContext(store, catalog, metrics, events, summarize=make_summarizer(upstreams))
+    )
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
+    app.add_routes(archive.routes)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         holder.on_change(upstreams.prepare)
@@ -65,6 +77,8 @@ def build_app(
                 await watcher
         await upstreams.close()
         await catalog.close()
+        await store.close()
+        events.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -91,7 +91,7 @@ async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-def _config(sim_url: str, aliases: tuple[str, ...] = ("sim",)) -> str:
+def _config(sim_url: str, state: Path, aliases: tuple[str, ...] = ("sim",)) -> str:
     models = "".join(
         f"""
           - model_name: {alias}
@@ -106,6 +106,8 @@ def _config(sim_url: str, aliases: tuple[str, ...] = ("sim",)) -> str:
         f"""\
         keys:
           admin_key: demo-admin
+        store:
+          path: {state}
         model_list:{models}
         policies:
           - name: demo
@@ -174,7 +176,7 @@ async def run_demo(write: Callable[[str], None] = print) -> int:
     sim_runner, sim_url = await _start(sim.app())
     with tempfile.TemporaryDirectory(prefix="agentproxy-demo-") as folder:
         config = Path(folder) / "agentproxy.yaml"
-        config.write_text(_config(sim_url))
+        config.write_text(_config(sim_url, Path(folder) / "state"))
         proxy_runner, proxy_url = await _start(build_app(config))
         try:
             await _narrate(say, sim, sim_url, proxy_url, config)
@@ -208,7 +210,8 @@ async def _narrate(
     say.line(f"  next request: {reply.choices[0].message.content!r} — still serving")
 
     say.line("\nHot reload: adding the alias 'sim-large' to the YAML file…")
-    await asyncio.to_thread(config.write_text, _config(sim_url, aliases=("sim", "sim-large")))
+    larger = _config(sim_url, config.parent / "state", aliases=("sim", "sim-large"))
+    await asyncio.to_thread(config.write_text, larger)
     async with aiohttp.ClientSession() as http:
         async with http.post(
             f"{proxy_url}/admin/reload", headers={"Authorization": "Bearer demo-admin"}

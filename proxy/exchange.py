@@ -57,6 +57,15 @@ class Exchange:
         messages: list[dict[str, Any]] = self.body["messages"]
         return messages
 
+    def add_usage(self, usage: Usage | None) -> None:
+        """Usage over every upstream call this request made (recall rounds, retries)."""
+        if usage is None:
+            return
+        if self.usage is None:
+            self.usage = Usage()
+        self.usage.prompt_tokens += usage.prompt_tokens
+        self.usage.completion_tokens += usage.completion_tokens
+
     @property
     def dry_run(self) -> bool:
         return self.policy.mode == "dry_run"

@@ -6,10 +6,14 @@ from aiohttp import web
 
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
+from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.watch import ConfigHolder
+from proxy.store.base import Store
 from proxy.upstream.pool import Upstreams
 
 CONFIG = web.AppKey("config", ConfigHolder)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 CATALOG = web.AppKey("catalog", ModelCatalog)
+STORE = web.AppKey("store", Store)
+REWRITER = web.AppKey("rewriter", Rewriter)

@@ -20,6 +20,12 @@ ProxyFactory = Callable[..., Awaitable[TestServer]]
 
 
 @pytest.fixture(autouse=True)
+def in_tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run each test in its own folder, so default state paths (.agentproxy) land there."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail any test that would open a connection beyond loopback (litellm's included)."""
     real_connect = socket.socket.connect

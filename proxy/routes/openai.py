@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-import time
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
-from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError, UpstreamBadResponse
-from proxy.exchange import Exchange, Usage
-from proxy.middleware import CLIENT_GONE, MODEL_LABEL, REQUEST_ID
+from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
+from proxy.exchange import Exchange
+from proxy.middleware import MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
+from proxy.routes import completion
 from proxy.routes.chat_request import parse_chat_request, read_body
-from proxy.state import CATALOG, CONFIG, METRICS, UPSTREAMS
-from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
+from proxy.session import session_id
+from proxy.state import CATALOG, CONFIG, METRICS, REWRITER, UPSTREAMS
+from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
 
@@ -29,17 +29,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     key = authenticate(request, config.keys)
     body = parse_chat_request(await read_body(request, config.server.max_body_bytes))
     ex = _open_exchange(request, config, key, body)
-    upstreams = request.app[UPSTREAMS]
-    ex.deployment = upstreams.pick(config.deployments[ex.alias])
+    ex.deployment = request.app[UPSTREAMS].pick(config.deployments[ex.alias])
+    await request.app[REWRITER].before_call(ex)
     try:
         if ex.stream:
-            return await _stream(request, ex)
-        return await _complete(request, ex)
+            return await completion.stream(request, ex, lambda: _headers(ex))
+        return await completion.complete(request, ex, lambda: _headers(ex))
     except UpstreamHTTPError as error:
-        request.app[METRICS].upstream_errors.labels(ex.alias, f"http_{error.status}").inc()
+        _count_error(request, ex, f"http_{error.status}")
         return _passthrough_error(error, _headers(ex))
     except ProxyError as error:
-        request.app[METRICS].upstream_errors.labels(ex.alias, error.code or error.type).inc()
+        _count_error(request, ex, error.code or error.type)
         error.headers.update(_headers(ex))
         raise
     finally:
@@ -68,6 +68,7 @@ def _open_exchange(
         body=body,
         alias=alias,
         policy=_select_policy(request, config, alias, key),
+        session=session_id(request.headers, body, key.name if key else None),
         stream=stream,
         client_wants_usage=bool(options.get("include_usage")),
     )
@@ -92,124 +93,29 @@ def _select_policy(request: web.Request, config: Config, alias: str, key: ApiKey
 
 
 def _headers(ex: Exchange) -> dict[str, str]:
-    return {"x-agentproxy-model": ex.alias, "x-agentproxy-policy": ex.policy.name}
+    headers = {
+        "x-agentproxy-model": ex.alias,
+        "x-agentproxy-policy": ex.policy.name,
+        "x-agentproxy-session": ex.session,
+    }
+    if ex.notes:
+        headers["x-agentproxy-applied"] = applied_header(ex)
+    if ex.dry_run:
+        headers["x-agentproxy-dry-run"] = "true"
+    return headers
 
 
-async def _complete(request: web.Request, ex: Exchange) -> web.Response:
-    assert ex.deployment is not None
-    upstream = request.app[UPSTREAMS].for_deployment(ex.deployment)
-    waited = time.perf_counter()
-    try:
-        reply = await upstream.complete(ex.deployment, ex.body, ex.request_id)
-    finally:
-        ex.upstream_wait += time.perf_counter() - waited
-    ex.usage = Usage.from_openai(reply.data.get("usage"))
-    headers = {**reply.headers, **_headers(ex), "server-timing": _server_timing(ex)}
-    return web.Response(body=reply.body, content_type="application/json", headers=headers)
-
-
-async def _stream(request: web.Request, ex: Exchange) -> web.StreamResponse:
-    assert ex.deployment is not None
-    upstream = request.app[UPSTREAMS].for_deployment(ex.deployment)
-    waited = time.perf_counter()
-    try:
-        source = await upstream.open_stream(ex.deployment, ex.body, ex.request_id)
-    finally:
-        ex.upstream_wait += time.perf_counter() - waited
-    response = web.StreamResponse(
-        headers={
-            **source.headers,
-            **_headers(ex),
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "x-request-id": ex.request_id,
-        }
-    )
-    try:
-        await _relay(request, ex, source, response)
-    except ProxyError as error:
-        if not response.prepared:
-            raise
-        await _write_error_event(ex, response, error)
-    except ConnectionResetError:
-        request[CLIENT_GONE] = True
-        return response
-    finally:
-        await source.close()
-    try:
-        await response.write_eof()
-    except ConnectionResetError:
-        request[CLIENT_GONE] = True
-    return response
-
-
-async def _relay(
-    request: web.Request, ex: Exchange, source: UpstreamStream, response: web.StreamResponse
-) -> None:
-    """Forward events as they complete, one write per upstream read; capture usage; hide the
-    usage chunk we asked for."""
-    done = False
-    batches = source.events()
-    while True:
-        waited = time.perf_counter()
-        try:
-            batch = await anext(batches)
-        except StopAsyncIteration:
-            break
-        finally:
-            ex.upstream_wait += time.perf_counter() - waited
-        out = bytearray()
-        for event in batch:
-            if event.startswith(b"data:"):
-                payload = event[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
-                elif not _inspect_chunk(ex, payload):
-                    continue
-            out += event + b"\n\n"
-        if not out:
-            continue
-        if not response.prepared:
-            response.headers["server-timing"] = _server_timing(ex)
-            await response.prepare(request)
-        waited = time.perf_counter()
-        await response.write(bytes(out))
-        ex.client_wait += time.perf_counter() - waited
-    if not done:
-        raise UpstreamBadResponse(
-            f"the upstream for '{ex.alias}' ended the stream before 'data: [DONE]'"
-        )
-
-
-def _inspect_chunk(ex: Exchange, payload: bytes) -> bool:
-    """Whether to forward this chunk. A cheap shape check on every chunk (garbage ends the
-    stream with a clear error); a full parse only for the one that carries usage."""
-    if not (payload.startswith(b"{") and payload.endswith(b"}")):
-        raise UpstreamBadResponse(
-            f"the upstream for '{ex.alias}' sent a stream event that is not a JSON object: "
-            f"{payload[:60]!r}"
-        )
-    if b'"usage"' not in payload or b'"usage":null' in payload:
-        return True
-    try:
-        chunk = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        raise UpstreamBadResponse(
-            f"the upstream for '{ex.alias}' sent a stream event that is not JSON: {payload[:60]!r}"
-        ) from None
-    usage = chunk.get("usage")
-    if usage:
-        ex.usage = Usage.from_openai(usage)
-        if not ex.client_wants_usage and not chunk.get("choices"):
-            return False
-    return True
-
-
-async def _write_error_event(ex: Exchange, response: web.StreamResponse, error: ProxyError) -> None:
-    """Bytes already reached the client: end the stream with an error event it can read."""
-    ex.note("stream", "error", message=error.message)
-    with contextlib.suppress(ConnectionResetError):
-        await response.write(b"data: " + orjson.dumps(error.body(ex.request_id)) + b"\n\n")
+def applied_header(ex: Exchange) -> str:
+    """What the proxy did, compactly: `stage.action;count=2;tokens=9000>1500, ...`."""
+    parts = []
+    for note in ex.notes:
+        part = f"{note.stage}.{note.action}"
+        if "count" in note.fields:
+            part += f";count={note.fields['count']}"
+        if "tokens_before" in note.fields and "tokens_after" in note.fields:
+            part += f";tokens={note.fields['tokens_before']}>{note.fields['tokens_after']}"
+        parts.append(part)
+    return ", ".join(parts)
 
 
 def _passthrough_error(error: UpstreamHTTPError, headers: dict[str, str]) -> web.Response:
@@ -237,8 +143,9 @@ def _passthrough_error(error: UpstreamHTTPError, headers: dict[str, str]) -> web
     )
 
 
-def _server_timing(ex: Exchange) -> str:
-    return f"proxy;dur={ex.overhead() * 1000:.3f}, upstream;dur={ex.upstream_wait * 1000:.3f}"
+def _count_error(request: web.Request, ex: Exchange, reason: str) -> None:
+    metrics = request.app[METRICS]
+    metrics.child(metrics.upstream_errors, ex.alias, reason).inc()
 
 
 def _account(request: web.Request, ex: Exchange) -> None:

@@ -105,8 +105,12 @@ def tool_call_id(digest: str, index: int, prefix: str = "call_") -> str:
 
 
 def scripted_reply(body: JSON) -> Reply:
-    """The scripted behaviour: quote tool results, call a tool the user names, or echo."""
+    """The scripted behaviour: summarize when asked to, quote tool results, call a tool the
+    user names, or echo."""
     messages: list[JSON] = body["messages"]
+    summary = summary_reply(messages)
+    if summary is not None:
+        return limit_reply(summary, body)
     if messages[-1].get("role") == "tool":
         return Reply(_quote_tool_results(messages))
     calls = _planned_calls(body) if messages[-1].get("role") == "user" else []
@@ -252,3 +256,68 @@ def placeholder(schema: Any) -> Any:
         properties = schema.get("properties") or {}
         return {name: placeholder(properties.get(name)) for name in schema.get("required") or []}
     return _SCALAR_PLACEHOLDERS.get(str(kind), "example")
+
+
+# --- structured summaries (the proxy's compaction summarizer) ---------------------------------
+
+# A request is a summary request when its system prompt names these sections; the transcript
+# is its last user message, one block per message headed "[#n role ...]".
+SUMMARY_SECTIONS = ("SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS")
+SUMMARY_SECTION_CHARS = 1_000
+SUMMARY_MAX_ARTIFACTS = 20
+_BLOCK_HEADER = re.compile(r"^\[#\d+ (\w+)[^\]\n]*\]$", re.MULTILINE)
+_SECTION_HEADING = re.compile(r"^(" + "|".join(SUMMARY_SECTIONS) + r"):[ \t]*$", re.MULTILINE)
+_ARTIFACT = re.compile(
+    r"\bap_[0-9a-f]{24}\b"  # archive references
+    r"|(?<![\w/.-])(?:[\w.-]+/)+[\w.-]+\.\w+"  # dir/file.ext
+    r"|\b[\w-]+\.(?:py|md|txt|json|ya?ml|toml|js|ts|rs|go|sh|cfg|ini|csv|html|css)\b"
+)
+_CALLED_TOOL = re.compile(r"^→ calls ([\w.-]+)", re.MULTILINE)
+
+
+def summary_reply(messages: list[JSON]) -> Reply | None:
+    """The four sections, deterministically: intent from the first user message (or an
+    earlier summary's intent), artifacts from paths and ap_ refs, next steps from the last
+    user message. None when this is not a summary request."""
+    system = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "system")
+    if not all(f"{section}:" in system for section in SUMMARY_SECTIONS):
+        return None
+    transcript = _last_user_text(messages)
+    blocks = transcript_blocks(transcript)
+    users = [text for role, text in blocks if role == "user"]
+    earlier = [summary_sections(t) for t in users if "SESSION INTENT:" in t]
+    fresh = [t for t in users if "SESSION INTENT:" not in t]
+    intent = earlier[0].get("SESSION INTENT", "") if earlier else (fresh[0] if fresh else "")
+    steps = fresh[-1] if fresh else (earlier[-1].get("NEXT STEPS", "") if earlier else "")
+    roles = [role for role, _ in blocks]
+    tools = list(dict.fromkeys(_CALLED_TOOL.findall(transcript)))
+    summary = (
+        f"{len(blocks)} earlier messages: {roles.count('user')} from the user, "
+        f"{roles.count('assistant')} from the assistant, {roles.count('tool')} tool results. "
+        f"Tools used: {', '.join(tools) or 'none'}."
+    )
+    artifacts = list(dict.fromkeys(_ARTIFACT.findall(transcript)))[:SUMMARY_MAX_ARTIFACTS]
+    sections = {
+        "SESSION INTENT": intent.strip()[:SUMMARY_SECTION_CHARS],
+        "SUMMARY": summary,
+        "ARTIFACTS": "\n".join(f"- {a}" for a in artifacts) or "- none",
+        "NEXT STEPS": steps.strip()[:SUMMARY_SECTION_CHARS],
+    }
+    return Reply("\n\n".join(f"{name}:\n{text}" for name, text in sections.items()))
+
+
+def transcript_blocks(transcript: str) -> list[tuple[str, str]]:
+    """(role, text) for each "[#n role ...]" block of a summarizer transcript."""
+    headers = list(_BLOCK_HEADER.finditer(transcript))
+    ends = [h.start() for h in headers[1:]] + [len(transcript)]
+    return [
+        (h.group(1), transcript[h.end() : end].strip())
+        for h, end in zip(headers, ends, strict=True)
+    ]
+
+
+def summary_sections(text: str) -> dict[str, str]:
+    """The sections of a structured summary, by heading."""
+    headings = list(_SECTION_HEADING.finditer(text))
+    ends = [h.start() for h in headings[1:]] + [len(text)]
+    return {h.group(1): text[h.end() : end].strip() for h, end in zip(headings, ends, strict=True)}

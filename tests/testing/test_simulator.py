@@ -19,8 +19,10 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
+from proxy.pipeline.summarizer import render_transcript, summary_request
+from proxy.policies.spec import Deployment
 from proxy.testing import Fault, Simulator, run_simulator, serve_simulator
-from proxy.testing.sim_model import estimate_prompt_tokens
+from proxy.testing.sim_model import estimate_prompt_tokens, summary_sections
 from proxy.testing.sim_openai import MISSING_TOOL_RESULTS, NO_KEY, ORPHAN_TOOL
 
 JSON = dict[str, Any]
@@ -257,6 +259,63 @@ async def test_prompt_estimate_counts_contents_calls_schemas_and_messages() -> N
     )
     chars = 40 + 3 + 9 + 4 + len(orjson.dumps(TOOLS))
     assert estimate_prompt_tokens(body) == -(-chars // 4) + 3 * 4
+
+
+# --- structured summaries (what the proxy's summarizer asks for) -------------------------------
+
+
+def summary_body(messages: list[JSON]) -> JSON:
+    target = Deployment("sim", "openai/sim", "openai", "sim", None, None)
+    return summary_request(target, messages, 100_000)
+
+
+async def test_a_summary_request_gets_the_four_sections(client: TestClient[Any, Any]) -> None:
+    messages = [
+        user("Refactor src/app/main.py so the CLI reads config.yaml"),
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "src/app/main.py"}'},
+                }
+            ],
+        },
+        tool_result("c1", "def main(): ..."),
+        user("Also keep the old flags working"),
+    ]
+    status, reply = await post(client, summary_body(messages))
+    assert status == 200
+    sections = summary_sections(reply["choices"][0]["message"]["content"])
+    assert list(sections) == ["SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS"]
+    assert sections["SESSION INTENT"] == "Refactor src/app/main.py so the CLI reads config.yaml"
+    assert sections["NEXT STEPS"] == "Also keep the old flags working"
+    assert sections["ARTIFACTS"].splitlines() == ["- src/app/main.py", "- config.yaml"]
+    assert "1 tool results" in sections["SUMMARY"] and "read_file" in sections["SUMMARY"]
+
+
+async def test_a_summary_of_a_summary_carries_the_intent_forward(
+    client: TestClient[Any, Any],
+) -> None:
+    earlier = (
+        "[agentproxy] Earlier conversation summarized (9 messages archived as "
+        "ap_0123456789abcdef01234567; call agentproxy_recall with that ref to read them).\n\n"
+        "SESSION INTENT:\nShip the parser\n\nSUMMARY:\n...\n\nARTIFACTS:\n- parser.py\n\n"
+        "NEXT STEPS:\nwrite tests"
+    )
+    _, reply = await post(client, summary_body([user(earlier), user("now add docs")]))
+    sections = summary_sections(reply["choices"][0]["message"]["content"])
+    assert sections["SESSION INTENT"] == "Ship the parser"
+    assert sections["NEXT STEPS"] == "now add docs"
+    assert "- ap_0123456789abcdef01234567" in sections["ARTIFACTS"].splitlines()
+
+
+async def test_ordinary_requests_are_not_summaries(client: TestClient[Any, Any]) -> None:
+    transcript = render_transcript([user("SESSION INTENT: NEXT STEPS:")], 1_000, 10_000)
+    _, reply = await post(client, chat(user(transcript)))
+    assert reply["choices"][0]["message"]["content"].startswith("You said: ")
 
 
 # --- streaming --------------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""Checkpoints: compaction results keyed by the hash of the history prefix they replace.
+
+Later turns that start with the same prefix reuse a checkpoint byte for byte: no summarizer
+call, and a stable prefix for provider prompt caches. Per session, a small index (checkpoint
+positions and keys, the truncation horizon, a trigger lowered after an overflow) is kept in the
+store under INDEX_KEY, so a restart loses nothing; in memory it sits in a bounded LRU, loaded on
+the first turn of a session that needs it. The Store protocol is untouched: the index is one
+more checkpoint blob.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from proxy.messages import Message
+from proxy.store.base import Store
+
+log = logging.getLogger("agentproxy.compaction")
+
+INDEX_KEY = "compaction-index"  # never a 16-hex-digit checkpoint key
+MAX_CHECKPOINTS = 16  # per session; older ones are forgotten by the index (not the store)
+
+
+def key_of(prefix_hash: int) -> str:
+    return f"{prefix_hash:016x}"
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A position in the raw history, valid while messages[:length] are unchanged."""
+
+    length: int
+    key: str  # key_of(prefix_hashes(messages)[length - 1])
+
+    def holds(self, hashes: Sequence[int]) -> bool:
+        return 0 < self.length <= len(hashes) and key_of(hashes[self.length - 1]) == self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    mark: Mark  # mark.length is the cut: messages[head:cut] are replaced
+    kind: str  # "summary" or "middle_out"
+    messages: tuple[Message, ...]  # what replaces them
+    ref: str  # the archive of what was replaced
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            {"kind": self.kind, "cut": self.mark.length, "ref": self.ref, "messages": self.messages}
+        )
+
+    @classmethod
+    def from_bytes(cls, mark: Mark, data: bytes) -> Checkpoint:
+        raw = orjson.loads(data)
+        return cls(mark, str(raw["kind"]), tuple(raw["messages"]), str(raw["ref"]))
+
+    def fresh_messages(self) -> list[Message]:
+        # Copies, so a later stage that edits a message in place cannot corrupt the cache.
+        return [dict(m) for m in self.messages]
+
+
+@dataclass(slots=True)
+class SessionState:
+    checkpoints: list[Mark] = field(default_factory=list)  # oldest first
+    truncation: Mark | None = None  # writing-tool arguments before this are truncated
+    trigger: float | None = None  # lowered after the provider said the context overflowed
+    # One compaction at a time per session: a concurrent turn waits and reuses the result.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def to_bytes(self) -> bytes:
+        def mark(m: Mark | None) -> list[Any] | None:
+            return None if m is None else [m.length, m.key]
+
+        return orjson.dumps(
+            {
+                "checkpoints": [mark(m) for m in self.checkpoints],
+                "truncation": mark(self.truncation),
+                "trigger": self.trigger,
+            }
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SessionState:
+        raw = orjson.loads(data)
+        truncation = raw.get("truncation")
+        return cls(
+            checkpoints=[Mark(int(n), str(k)) for n, k in raw.get("checkpoints") or []],
+            truncation=Mark(int(truncation[0]), str(truncation[1])) if truncation else None,
+            trigger=raw.get("trigger"),
+        )
+
+    def needed_length(self) -> int:
+        """How many leading messages must be hashed to check every mark."""
+        lengths = [m.length for m in self.checkpoints]
+        if self.truncation is not None:
+            lengths.append(self.truncation.length)
+        return max(lengths, default=0)
+
+    def longest_checkpoint(self, hashes: Sequence[int]) -> Mark | None:
+        held = [m for m in self.checkpoints if m.holds(hashes)]
+        return max(held, key=lambda m: m.length, default=None)
+
+
+class CheckpointIndex:
+    def __init__(self, sessions: int = 4096, bodies: int = 1024) -> None:
+        self._states: LRUCache[str, SessionState] = LRUCache(sessions)
+        self._bodies: LRUCache[tuple[str, str], Checkpoint] = LRUCache(bodies)
+
+    def peek(self, session: str) -> SessionState | None:
+        return self._states.get(session)
+
+    async def state(self, store: Store, session: str) -> SessionState:
+        state = self._states.get(session)
+        if state is not None:
+            return state
+        try:
+            data = await store.get_checkpoint(session, INDEX_KEY)
+            state = SessionState.from_bytes(data) if data else SessionState()
+        except Exception as exc:  # unreadable index: compact from scratch, retry next turn
+            log.warning("compaction index of session %s unreadable: %s", session, exc)
+            return SessionState()
+        return self._states.setdefault(session, state)
+
+    async def save(self, store: Store, session: str, state: SessionState) -> None:
+        await store.put_checkpoint(session, INDEX_KEY, state.to_bytes())
+
+    async def add(
+        self, store: Store, session: str, state: SessionState, checkpoint: Checkpoint
+    ) -> None:
+        """The checkpoint first, then the index that points at it."""
+        await store.put_checkpoint(session, checkpoint.mark.key, checkpoint.to_bytes())
+        self._bodies[(session, checkpoint.mark.key)] = checkpoint
+        marks = [m for m in state.checkpoints if m != checkpoint.mark] + [checkpoint.mark]
+        state.checkpoints = marks[-MAX_CHECKPOINTS:]
+        await self.save(store, session, state)
+
+    async def body(self, store: Store, session: str, mark: Mark) -> Checkpoint | None:
+        cached = self._bodies.get((session, mark.key))
+        if cached is not None:
+            return cached
+        try:
+            data = await store.get_checkpoint(session, mark.key)
+            checkpoint = Checkpoint.from_bytes(mark, data) if data else None
+        except Exception as exc:
+            log.warning("checkpoint %s of session %s unreadable: %s", mark.key, session, exc)
+            return None
+        if checkpoint is not None:
+            self._bodies[(session, mark.key)] = checkpoint
+        return checkpoint

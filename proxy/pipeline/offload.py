@@ -1,0 +1,244 @@
+"""Offload large tool results: store the full text first, leave a pointer with a preview.
+
+The pointer is a pure function of (content, session, tool name, call id, spec, recall on/off),
+so the same tool message becomes byte-identical text on every later turn and after a restart.
+Per turn, a message costs one length check unless it is large; a large one costs one hash
+(its reference) and, once seen, a cache hit instead of a store write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from proxy.exchange import Exchange
+from proxy.messages import Message, estimate_tokens
+from proxy.pipeline.base import StageContext, record
+from proxy.policies.spec import OffloadSpec, Policy
+from proxy.store.base import BlobInfo, content_ref
+
+log = logging.getLogger("agentproxy.offload")
+
+KIND = "tool_result"
+# The cheap pre-check assumes at least this many characters per token: below
+# min_tokens * 3 chars a message cannot reach the threshold under any sane calibration.
+MIN_CHARS_PER_TOKEN = 3
+# The size line in the pointer uses a fixed ratio, not the calibrated estimate: a calibration
+# change must never change the text of an old pointer (stability law).
+POINTER_CHARS_PER_TOKEN = 4
+RECALL_TOOL = "agentproxy_recall"
+ARCHIVE_PATH = "/v1/agentproxy/archive/"
+
+_KEPT_KEYS = ("role", "tool_call_id", "name")  # what the pointer message keeps of the original
+PointerKey = tuple[str, str, str, str, OffloadSpec, bool]  # session, ref, tool, call, spec, recall
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    index: int
+    content: str
+    data: bytes
+    ref: str
+    tool: str
+    call_id: str
+    tokens: int  # estimate of the original message
+
+
+class OffloadStage:
+    name = "offload"
+
+    def __init__(self, cache_entries: int = 10_000) -> None:
+        # Pointer texts already built (and stored) in this process; entries are ~1-10 kB.
+        self._pointers: LRUCache[PointerKey, str] = LRUCache(cache_entries)
+
+    def enabled(self, policy: Policy) -> bool:
+        return policy.offload.enabled
+
+    async def run(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message] | None:
+        spec = ex.policy.offload
+        recall = ex.policy.recall.enabled
+        min_chars = spec.min_tokens * MIN_CHARS_PER_TOKEN
+        candidates: list[_Candidate] = []
+        for index, message in enumerate(messages):
+            if message.get("role") != "tool":
+                continue
+            content = message.get("content")
+            if isinstance(content, str) and len(content) < min_chars:
+                continue  # the common case, checked inline: this loop runs every turn
+            content = _text_content(message, min_chars)
+            if content is None:
+                continue
+            tokens = estimate_tokens(message)
+            if tokens <= spec.min_tokens:
+                continue
+            data = content.encode()
+            call_id = str(message.get("tool_call_id") or "")
+            tool = _tool_name(messages, index, call_id)
+            ref = content_ref(ex.session, KIND, data)
+            candidates.append(_Candidate(index, content, data, ref, tool, call_id, tokens))
+        if not candidates:
+            return None
+
+        pointers: dict[int, str] = {}
+        to_store: list[tuple[_Candidate, PointerKey, str]] = []
+        for c in candidates:
+            key: PointerKey = (ex.session, c.ref, c.tool, c.call_id, spec, recall)
+            cached = self._pointers.get(key)
+            if cached is not None:  # decided on an earlier turn: "" = not worth it
+                if cached:
+                    pointers[c.index] = cached
+                continue
+            text = pointer_text(c.content, c.ref, c.tool, c.call_id, spec, recall=recall)
+            if len(text) < len(c.content):
+                to_store.append((c, key, text))
+            else:  # a pointer as long as the result (tiny thresholds) helps nobody
+                self._pointers[key] = ""
+
+        # Recoverable law: the content is durably stored before its message is replaced.
+        owner = ex.key.name if ex.key else None
+        outcomes = await asyncio.gather(
+            *(_store(ex, ctx, c, owner) for c, _, _ in to_store), return_exceptions=True
+        )
+        failures: list[str] = []
+        for (c, key, text), outcome in zip(to_store, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("offload: store write for %s failed: %s", c.ref, outcome)
+                failures.append(f"{type(outcome).__name__}: {outcome}")
+                continue
+            self._pointers[key] = text
+            pointers[c.index] = text
+        if failures:
+            record(ex, ctx, self.name, "store_failed", count=len(failures), error=failures[0])
+        if not pointers:
+            return None
+
+        out = list(messages)
+        tokens_before = tokens_after = 0
+        refs: list[str] = []
+        for c in candidates:
+            pointer = pointers.get(c.index)
+            if pointer is None:
+                continue
+            original = messages[c.index]
+            replaced: Message = {k: original[k] for k in _KEPT_KEYS if k in original}
+            replaced["content"] = pointer
+            out[c.index] = replaced
+            tokens_before += c.tokens
+            tokens_after += estimate_tokens(replaced)
+            refs.append(c.ref)
+        record(
+            ex,
+            ctx,
+            self.name,
+            "offloaded",
+            count=len(refs),
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            refs=refs,
+        )
+        return out
+
+
+async def _store(ex: Exchange, ctx: StageContext, c: _Candidate, owner: str | None) -> None:
+    lines = _lines(c.content)
+    meta = {
+        "tool": c.tool,
+        "tool_call_id": c.call_id,
+        "chars": len(c.content),
+        "lines": len(lines),
+        "tokens": c.tokens,
+    }
+    info = BlobInfo(c.ref, ex.session, KIND, len(c.data), time.time(), owner, meta)
+    await ctx.store.put(info, c.data)
+
+
+def _text_content(message: Message, min_chars: int) -> str | None:
+    """The text to offload, or None when the message is small or not plain text."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content if len(content) >= min_chars else None
+    if not isinstance(content, list) or not content:
+        return None
+    texts: list[str] = []
+    for part in content:
+        # An image or file part would not survive as text: such messages stay as they are.
+        if not isinstance(part, dict) or part.get("type") != "text":
+            return None
+        text = part.get("text")
+        if not isinstance(text, str):
+            return None
+        texts.append(text)
+    if sum(map(len, texts)) < min_chars:
+        return None
+    return "\n".join(texts)  # joined as messages.text_of does, which the estimate counts
+
+
+def _tool_name(messages: list[Message], index: int, call_id: str) -> str:
+    """The name from the assistant call this result answers (the block right before it)."""
+    i = index - 1
+    while i >= 0 and messages[i].get("role") == "tool":
+        i -= 1
+    if i >= 0 and messages[i].get("role") == "assistant":
+        for call in messages[i].get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id") == call_id:
+                function = call.get("function")
+                if isinstance(function, dict) and isinstance(function.get("name"), str):
+                    return str(function["name"])
+    name = messages[index].get("name")
+    return name if isinstance(name, str) and name else "unknown"
+
+
+def _lines(content: str) -> list[str]:
+    lines = content.split("\n")
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()  # a trailing newline ends the last line; it does not start a new one
+    return lines
+
+
+def pointer_text(
+    content: str, ref: str, tool: str, call_id: str, spec: OffloadSpec, *, recall: bool = True
+) -> str:
+    """What the model sees instead of the result. Pure: same inputs, same bytes."""
+    lines = _lines(content)
+    tokens = -(-len(content) // POINTER_CHARS_PER_TOKEN)
+    if recall:
+        how = (
+            f'To read it, call the {RECALL_TOOL} tool with {{"ref": "{ref}"}}, or search this '
+            f'session\'s archive with {{"query": "<phrase>"}}; people can GET {ARCHIVE_PATH}{ref}.'
+        )
+    else:
+        how = f"People can read it with GET {ARCHIVE_PATH}{ref}."
+    out = [
+        "[agentproxy] This tool result was offloaded to keep the context small.",
+        f"tool: {tool}   call: {call_id}   "
+        f"size: {len(content):,} chars, {len(lines):,} lines (~{tokens:,} tokens)",
+        f"reference: {ref}",
+        how,
+    ]
+    keep = spec.preview_lines
+    if keep <= 0:
+        return "\n".join(out)
+    if len(lines) <= 2 * keep:
+        shown = list(enumerate(lines, 1))
+        out.append(f"Preview (all {len(lines):,} lines):")
+    else:
+        shown = [*enumerate(lines[:keep], 1), *enumerate(lines[-keep:], len(lines) - keep + 1)]
+        out.append(f"Preview (first {keep} and last {keep} lines):")
+    omitted = len(lines) - len(shown)
+    for number, line in shown:
+        if omitted and number == len(lines) - keep + 1:
+            out.append(f"{'…':>6}  ({omitted:,} lines omitted)")
+        out.append(f"{number:>6}  {_cut(line.rstrip(chr(13)), spec.line_chars)}")
+    return "\n".join(out)
+
+
+def _cut(line: str, limit: int) -> str:
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}… (+{len(line) - limit:,} chars)"

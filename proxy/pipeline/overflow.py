@@ -1,0 +1,65 @@
+"""Reactive compaction: the provider said the context overflowed although our estimate fit.
+
+The caller (the request path) retries once with what `compact_after_overflow` returns. The
+session then keeps the tighter target as its trigger, so the failing cutoff is not tried again
+on every later turn; and an overflow that would be answered with exactly the recovery already
+tried gets None, so the caller passes the error through instead of looping.
+"""
+
+from __future__ import annotations
+
+import orjson
+import xxhash
+
+from proxy.exchange import Exchange
+from proxy.messages import Message
+from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.compaction import STAGE, CompactionStage
+from proxy.pipeline.fit_budget import tokens_of
+
+# Lower-case fragments of the providers' "context exceeded" errors. litellm's
+# ContextWindowExceededError reaches the client with code "context_length_exceeded".
+OVERFLOW_TEXTS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "prompt is too long",
+    "input length and `max_tokens` exceed context limit",
+    "input tokens exceed the configured limit",
+    "exceeds the context window",
+    "contextwindowexceedederror",
+)
+SCAN_BYTES = 64 * 1024  # error bodies are small; never lower-case a megabyte of HTML
+
+
+def is_context_overflow(status: int, body: bytes) -> bool:
+    if status < 400:
+        return False
+    text = body[:SCAN_BYTES].decode("utf-8", "replace").lower()
+    return any(fragment in text for fragment in OVERFLOW_TEXTS)
+
+
+async def compact_after_overflow(
+    ex: Exchange, messages: list[Message], ctx: StageContext, stage: CompactionStage
+) -> list[Message] | None:
+    """The history to retry with, compacted to `reactive_target` of the window; None when
+    there is nothing better to try (the caller then passes the provider's error through).
+
+    `messages` is the history as the compaction stage received it (before compaction), so
+    checkpoints keyed on the agent's own history keep matching."""
+    spec = ex.policy.compaction
+    if not (spec.enabled and spec.reactive):
+        return None
+    compacted = await stage.compact_to(ex, messages, ctx, spec.reactive_target)
+    if compacted is None:
+        record(ex, ctx, STAGE, "overflow_unrecoverable", tokens_before=tokens_of(messages))
+        return None
+    signature = xxhash.xxh3_64_intdigest(orjson.dumps(compacted))
+    if stage.recoveries.get(ex.session) == signature:
+        record(ex, ctx, STAGE, "overflow_repeated", tokens_after=tokens_of(compacted))
+        return None  # this exact recovery was already sent once
+    stage.recoveries[ex.session] = signature
+    record(
+        ex, ctx, STAGE, "overflow_compacted", tokens_before=tokens_of(messages),
+        tokens_after=tokens_of(compacted), messages=len(compacted),
+    )  # fmt: skip
+    return compacted

@@ -1,0 +1,210 @@
+"""Repair tool calls: any history in, a history that keeps the provider's pairing rules out.
+
+Agents crash, get cancelled and trim their own histories, leaving tool calls without results,
+results without calls, duplicate results and results that drifted away from their call; OpenAI
+answers each with a 400. This stage fixes them as deepagents' PatchToolCallsMiddleware does
+inside an agent, deterministically, so the same history always becomes the same bytes.
+
+Prefix stability: a message's repair depends only on the messages before it, with one
+exception that is correct behaviour — a call left dangling gets a synthetic result only until a
+later message brings its real result; from then on the real result sits in that place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.exchange import Exchange
+from proxy.messages import Message, text_of, tool_call_ids
+from proxy.pipeline.base import StageContext, record
+from proxy.policies.spec import Policy
+
+DANGLING = (
+    "Tool call {name} with id {id} did not complete - no result was recorded. "
+    "It may have been cancelled or interrupted."
+)
+ORPHAN_NOTE = (
+    "[agentproxy] A tool result arrived for call {id} ({n} chars) without a matching tool call, "
+    "so it was set aside: {head}"
+)
+BAD_ARGUMENTS_MARK = "[agentproxy] The arguments of this call were not valid JSON"
+BAD_ARGUMENTS = BAD_ARGUMENTS_MARK + ", so the tool probably did not run as intended: {head}\n"
+# Recorded in this order, one line per kind with a count and the ids.
+ACTIONS = (
+    "patched_dangling",
+    "moved_result",
+    "dropped_duplicate",
+    "noted_orphan",
+    "dropped_orphan",
+    "flagged_bad_arguments",
+)
+
+Fixes = dict[str, list[str]]  # action -> tool call ids it was applied to
+
+
+class RepairStage:
+    name = "repair"
+
+    def enabled(self, policy: Policy) -> bool:
+        return policy.repair.enabled
+
+    async def run(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message] | None:
+        if _is_clean(messages):
+            return None
+        fixes: Fixes = {}
+        repaired = repair(messages, fixes, drop_orphans=ex.policy.repair.orphans == "drop")
+        for action in ACTIONS:
+            if ids := fixes.get(action):
+                record(ex, ctx, self.name, action, count=len(ids), tool_call_ids=ids)
+        return repaired if fixes else None
+
+
+def _is_clean(messages: list[Message]) -> bool:
+    """The common case in one pass, copying nothing: every call answered right after it, no
+    stray results, arguments that parse. Any doubt (an odd shape included) says False, and the
+    full repair decides."""
+    pending: set[str] = set()  # ids of the latest call block not answered yet
+    try:
+        for message in messages:
+            role = message.get("role")
+            if role == "tool":
+                call_id = message.get("tool_call_id")
+                if type(call_id) is not str:
+                    return False
+                pending.remove(call_id)
+            elif pending:
+                return False
+            elif role == "assistant" and (calls := message.get("tool_calls")):
+                pending = {call["id"] for call in calls}
+                for call in calls:
+                    if arguments := call["function"].get("arguments"):
+                        orjson.loads(arguments)
+    except (KeyError, TypeError, AttributeError, ValueError):  # orjson's error is a ValueError
+        return False
+    return not pending
+
+
+def repair(messages: list[Message], fixes: Fixes, *, drop_orphans: bool = False) -> list[Message]:
+    """A valid copy of `messages`, reusing every dict it does not change; `fixes` collects what
+    was done. Non-tool messages keep their order; each call block is followed by its results."""
+    answers, orphans = _assign_results(messages, fixes)
+    out: list[Message] = []
+    for index, message in enumerate(messages):
+        if message.get("role") == "tool":
+            # Results travel with their call block; only orphans keep a place of their own.
+            if index in orphans:
+                call_id = str(message.get("tool_call_id"))
+                fixes.setdefault("dropped_orphan" if drop_orphans else "noted_orphan", []).append(
+                    call_id
+                )
+                if not drop_orphans:
+                    out.append(_orphan_note(call_id, message))
+            continue
+        out.append(message)
+        if index in answers:  # a fresh list the block may extend
+            out.extend(_answer_block(message, [messages[j] for j in answers[index]], fixes))
+    return out
+
+
+def _assign_results(messages: list[Message], fixes: Fixes) -> tuple[dict[int, list[int]], set[int]]:
+    """Which call block each tool message belongs to (by index), and which answer nothing.
+
+    A result answers the latest earlier call with its id that is still unanswered, so ids that
+    agents reuse across turns ("call_0") pair up turn by turn; later results for an answered id
+    are duplicates and dropped (the first one is kept).
+    """
+    unanswered: dict[str, int] = {}  # call id -> index of the assistant message that made it
+    answered: set[str] = set()
+    answers: dict[int, list[int]] = {}  # assistant index -> indexes of its results, in order
+    orphans: set[int] = set()
+    block = -1  # the assistant whose block the current run of tool messages directly follows
+    for index, message in enumerate(messages):
+        if message.get("role") != "tool":
+            block = -1
+            if message.get("role") == "assistant" and (ids := tool_call_ids(message)):
+                block = index
+                answers[index] = []
+                unanswered.update(dict.fromkeys(ids, index))
+            continue
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            orphans.add(index)
+        elif (owner := unanswered.pop(call_id, None)) is not None:
+            answers[owner].append(index)
+            answered.add(call_id)
+            if owner != block:
+                fixes.setdefault("moved_result", []).append(call_id)
+        elif call_id in answered:
+            fixes.setdefault("dropped_duplicate", []).append(call_id)
+        else:
+            orphans.add(index)
+    return answers, orphans
+
+
+def _answer_block(assistant: Message, results: list[Message], fixes: Fixes) -> list[Message]:
+    """The call's own results in their order, then a synthetic one per call left unanswered;
+    results of calls with malformed arguments say so first."""
+    calls: dict[str, Any] = {}
+    for call in assistant["tool_calls"]:
+        if isinstance(call, dict) and isinstance(call_id := call.get("id"), str):
+            calls.setdefault(call_id, call)
+    if len(results) < len(calls):
+        have = {result["tool_call_id"] for result in results}
+        missing = [call_id for call_id in calls if call_id not in have]
+        fixes.setdefault("patched_dangling", []).extend(missing)
+        results += [_synthetic_result(call_id, calls[call_id]) for call_id in missing]
+    return [_flag_bad_arguments(calls[r["tool_call_id"]], r, fixes) for r in results]
+
+
+def _synthetic_result(call_id: str, call: dict[str, Any]) -> Message:
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    text = DANGLING.format(name=name or "unknown", id=call_id)
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _flag_bad_arguments(call: dict[str, Any], result: Message, fixes: Fixes) -> Message:
+    arguments = _bad_arguments(call)
+    if arguments is None:
+        return result
+    prefix = BAD_ARGUMENTS.format(head=arguments[:200])
+    content = result.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, str):
+        if content.startswith(BAD_ARGUMENTS_MARK):
+            return result  # flagged by an earlier pass: repairing is idempotent
+        flagged: Any = prefix + content
+    elif isinstance(content, list):
+        first = content[0] if content else None
+        if isinstance(first, dict) and str(first.get("text", "")).startswith(BAD_ARGUMENTS_MARK):
+            return result
+        flagged = [{"type": "text", "text": prefix}, *content]
+    else:
+        return result  # not a content shape providers accept; leave it to their own error
+    fixes.setdefault("flagged_bad_arguments", []).append(str(result["tool_call_id"]))
+    return {**result, "content": flagged}
+
+
+def _bad_arguments(call: dict[str, Any]) -> str | None:
+    """The raw arguments when they are a string that does not parse as JSON. Empty arguments
+    are fine: clients send "" for tools without parameters, and frameworks read it as {}."""
+    function = call.get("function")
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str) or not arguments or arguments.isspace():
+        return None
+    try:
+        orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    return None
+
+
+def _orphan_note(call_id: str, message: Message) -> Message:
+    text = text_of(message)
+    note = ORPHAN_NOTE.format(id=call_id, n=len(text), head=text[:500])
+    return {"role": "user", "content": note}

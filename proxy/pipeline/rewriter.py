@@ -1,0 +1,37 @@
+"""The history pipeline as a request uses it: rewrite before the call, recover after it."""
+
+from __future__ import annotations
+
+from proxy.exchange import Exchange
+from proxy.pipeline import recall
+from proxy.pipeline.base import StageContext
+from proxy.pipeline.chain import Chain
+from proxy.pipeline.compaction import CompactionStage
+from proxy.pipeline.offload import OffloadStage
+from proxy.pipeline.overflow import compact_after_overflow
+from proxy.pipeline.repair import RepairStage
+
+
+class Rewriter:
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        self.compaction = CompactionStage()
+        self.chain = Chain([RepairStage(), OffloadStage(), self.compaction])
+
+    async def before_call(self, ex: Exchange) -> None:
+        """Repair, offload, fit to the target window; offer recall if anything left."""
+        await self.chain.rewrite(ex, self.ctx)
+        if not ex.dry_run and recall.should_offer(ex):
+            recall.offer(ex.body)
+
+    async def after_overflow(self, ex: Exchange) -> bool:
+        """The provider said the context is exceeded: compact tighter. False = give up."""
+        if ex.dry_run or not ex.policy.compaction.enabled or not ex.policy.compaction.reactive:
+            return False
+        compacted = await compact_after_overflow(ex, ex.messages, self.ctx, self.compaction)
+        if compacted is None:
+            return False
+        ex.body["messages"] = compacted
+        if recall.should_offer(ex):
+            recall.offer(ex.body)
+        return True

@@ -1,0 +1,149 @@
+"""The summarizer: one non-streaming chat call that turns a stretch of history into a
+structured summary (SESSION INTENT, SUMMARY, ARTIFACTS, NEXT STEPS).
+
+Intent and next steps are what keep an agent on task after compaction (deepagents' lesson);
+artifacts keep it from redoing work. The transcript is bounded so the summarizer's own
+request cannot overflow: each message and the whole are capped, the middle cut first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.exchange import Exchange
+from proxy.messages import Message, text_of
+from proxy.model_catalog import ModelCatalog
+from proxy.pipeline.base import Summarizer
+from proxy.policies.spec import Deployment
+from proxy.upstream.pool import Upstreams
+
+SECTIONS = ("SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS")
+SYSTEM_PROMPT = """\
+You summarize the earlier part of a conversation between a user and an AI agent. The agent will \
+continue the task with only your summary and the most recent messages, so keep everything it \
+needs and nothing else. The full transcript stays archived; refer to it, do not copy it.
+
+Answer with exactly these four sections, in this order, each heading on its own line:
+
+SESSION INTENT:
+The user's goal, in the user's own words where possible, with every requirement and \
+constraint they stated. If the transcript starts with an earlier summary, carry its SESSION \
+INTENT forward unchanged and add what the user asked for since.
+
+SUMMARY:
+What has been done and learned so far: decisions and their reasons, results, errors and how \
+they were resolved, anything the user corrected.
+
+ARTIFACTS:
+Every file, path, URL, identifier and archive reference (ap_...) created, read or changed, one \
+per line, with a few words on what it is.
+
+NEXT STEPS:
+What remains to do to reach the user's goal, in order, starting with what the agent was doing \
+when the transcript ends."""
+
+MESSAGE_CHARS = 3_000  # per message in the transcript
+TRANSCRIPT_CHARS = 200_000  # the whole transcript, unless the summarizer's window is smaller
+WINDOW_SHARE = 0.5  # of the summarizer's window (at 4 chars per token) the transcript may use
+
+
+class SummarizerError(Exception):
+    """The summarizer's answer had no usable text."""
+
+
+def make_summarizer(upstreams: Upstreams, catalog: ModelCatalog | None = None) -> Summarizer:
+    """A Summarizer calling the policy's summarizer model (or the request's own model)."""
+
+    async def summarize(ex: Exchange, messages: list[Message]) -> str:
+        deployment = summarizer_deployment(ex, upstreams)
+        limit = transcript_limit(deployment, catalog)
+        body = summary_request(deployment, messages, limit)
+        upstream = upstreams.for_deployment(deployment)
+        reply = await upstream.complete(deployment, body, ex.request_id)
+        return summary_text(reply.data)
+
+    return summarize
+
+
+def summarizer_deployment(ex: Exchange, upstreams: Upstreams) -> Deployment:
+    alias = ex.policy.compaction.summarizer_model
+    if alias is None:
+        if ex.deployment is None:
+            raise LookupError("no deployment chosen for this request yet")
+        return ex.deployment
+    deployments = ex.config.deployments.get(alias)
+    if not deployments:
+        raise LookupError(f"summarizer_model {alias!r} is not a configured model alias")
+    return upstreams.pick(deployments)
+
+
+def transcript_limit(deployment: Deployment, catalog: ModelCatalog | None) -> int:
+    tokens = catalog.facts(deployment).max_input_tokens if catalog else deployment.max_input_tokens
+    if not tokens:
+        return TRANSCRIPT_CHARS
+    return max(2 * MESSAGE_CHARS, min(TRANSCRIPT_CHARS, int(tokens * WINDOW_SHARE * 4)))
+
+
+def summary_request(
+    deployment: Deployment, messages: Sequence[Message], limit: int
+) -> dict[str, Any]:
+    transcript = render_transcript(messages, MESSAGE_CHARS, limit)
+    return {
+        "model": deployment.alias,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Transcript to summarize:\n\n{transcript}"},
+        ],
+        "stream": False,
+    }
+
+
+def render_transcript(messages: Sequence[Message], message_chars: int, limit: int) -> str:
+    """One block per message, headed `[#n role]`; long texts keep their start and end."""
+    blocks = [_block(n, m, message_chars) for n, m in enumerate(messages, 1)]
+    text = "\n\n".join(blocks)
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    dropped = len(text) - 2 * half
+    return f"{text[:half]}\n\n[… {dropped} chars of the transcript left out …]\n\n{text[-half:]}"
+
+
+def _block(number: int, message: Message, chars: int) -> str:
+    role = str(message.get("role", "unknown"))
+    header = f"[#{number} {role}]"
+    if role == "tool":
+        header = f"[#{number} tool result for {message.get('tool_call_id', '?')}]"
+    lines = [header]
+    content = message.get("content")
+    if content:
+        lines.append(_cap(text_of({"content": content}), chars))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            arguments = function.get("arguments", "")
+            if not isinstance(arguments, str):
+                arguments = orjson.dumps(arguments).decode()
+            name = function.get("name", "?")
+            lines.append(f"→ calls {name} ({call.get('id', '?')}): {_cap(arguments, chars)}")
+    return "\n".join(lines)
+
+
+def _cap(text: str, chars: int) -> str:
+    if len(text) <= chars:
+        return text
+    half = chars // 2
+    return f"{text[:half]} […{len(text) - 2 * half} chars…] {text[-half:]}"
+
+
+def summary_text(data: dict[str, Any]) -> str:
+    try:
+        content = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise SummarizerError("the summarizer's answer has no message") from None
+    if not isinstance(content, str) or not content.strip():
+        raise SummarizerError("the summarizer's answer is empty")
+    return content.strip()

@@ -1,0 +1,71 @@
+"""Recall for people: read what left the context, by reference, or list a session's archive.
+
+A blob is readable only with the key that created it (both None when the proxy is open).
+Someone else's reference answers exactly like an unknown one, so existence is not revealed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.auth import authenticate
+from proxy.errors import NotFound, ServiceUnavailable
+from proxy.state import CONFIG, STORE
+from proxy.store.base import BlobInfo, StoreError
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/agentproxy/archive/{ref}")
+async def get_archived(request: web.Request) -> web.Response:
+    key = authenticate(request, request.app[CONFIG].current.keys)
+    ref = request.match_info["ref"]
+    try:
+        found = await request.app[STORE].get(ref)
+    except StoreError as exc:
+        raise _unavailable(exc) from exc
+    if found is None or found[0].owner != (key.name if key else None):
+        raise NotFound(f"no archived content with reference '{ref}' for this API key")
+    info, data = found
+    if request.query.get("raw") in ("1", "true"):
+        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+    body = {**_describe(info), "content": data.decode("utf-8", "replace")}
+    return _json(body)
+
+
+# `.+` lets a session id contain "/" (clients send it percent-encoded).
+@routes.get("/v1/agentproxy/sessions/{session:.+}/archive")
+async def list_archived(request: web.Request) -> web.Response:
+    key = authenticate(request, request.app[CONFIG].current.keys)
+    session = request.match_info["session"]
+    owner = key.name if key else None
+    try:
+        blobs = await request.app[STORE].blobs(session)
+    except StoreError as exc:
+        raise _unavailable(exc) from exc
+    mine = sorted(
+        (b for b in blobs if b.owner == owner), key=lambda b: (b.created_at, b.ref), reverse=True
+    )
+    return _json({"object": "list", "session": session, "data": [_describe(b) for b in mine]})
+
+
+def _describe(info: BlobInfo) -> dict[str, Any]:
+    return {
+        "ref": info.ref,
+        "session": info.session,
+        "kind": info.kind,
+        "size": info.size,
+        "created_at": info.created_at,
+        "meta": info.meta,
+    }
+
+
+def _unavailable(exc: StoreError) -> ServiceUnavailable:
+    return ServiceUnavailable(f"the archive store is unavailable: {exc}", code="store_unavailable")
+
+
+def _json(body: dict[str, Any]) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json")

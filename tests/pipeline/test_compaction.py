@@ -1,0 +1,548 @@
+"""Fit to the context window: truncate, summarize (checkpointed), middle-out — at stage level.
+
+Thresholds are lowered (a 2,000-token window, short arguments) so compaction events happen
+often, as LangChain does for deepagents. The summarizer is the real one, talking to the
+simulated model over a loopback socket; failure cases use scripted summarize callables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.events import EventLog
+from proxy.exchange import Exchange
+from proxy.messages import Message, estimate_tokens, pairing_problems
+from proxy.metrics import Metrics
+from proxy.model_catalog import ModelCatalog
+from proxy.pipeline.base import StageContext, Summarizer
+from proxy.pipeline.compaction import CompactionStage
+from proxy.pipeline.fit_budget import message_tokens, tokens_of
+from proxy.pipeline.summarizer import SYSTEM_PROMPT, make_summarizer, render_transcript
+from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy, ServerSettings
+from proxy.store.base import BlobInfo
+from proxy.store.memory import MemoryStore
+from proxy.testing.sim_model import summary_sections
+from proxy.testing.simulator import Simulator
+from proxy.upstream.pool import Upstreams
+
+WINDOW = 2_000
+SIM_KEY = "sk-sim-upstream-secret"
+GOAL = "Build a CSV report tool in src/report.py that sums the amounts per customer"
+SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent."}
+SPEC = CompactionSpec(truncate_min_chars=400, truncate_head_chars=40)
+POLICY = Policy(name="test", compaction=SPEC)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+    for name in ("write_file", "read_file")
+]
+
+
+# --- factories ----------------------------------------------------------------------------
+
+
+def target(window: int | None = WINDOW, api_base: str = "http://127.0.0.1:9/v1") -> Deployment:
+    return Deployment(
+        alias="sim",
+        model="openai/sim",
+        provider="openai",
+        upstream_model="sim",
+        api_base=api_base,
+        api_key=SIM_KEY,
+        max_input_tokens=window,
+    )
+
+
+def exchange(
+    messages: list[Message],
+    *,
+    policy: Policy = POLICY,
+    session: str = "s1",
+    deployment: Deployment | None = None,
+    **body: Any,
+) -> Exchange:
+    chosen = deployment or target()
+    ex = Exchange(
+        request_id="req-1",
+        config=Config(version="t", sources=(), loaded_at=0, deployments={"sim": (chosen,)}),
+        key=None,
+        body={"model": "sim", "messages": messages, **body},
+        alias="sim",
+        policy=policy,
+        session=session,
+    )
+    ex.deployment = chosen
+    return ex
+
+
+class Scripted:
+    """A summarize callable that answers from a script and remembers what it was given."""
+
+    def __init__(self, answer: str | BaseException | None = None, delay_s: float = 0.0) -> None:
+        self.answer = answer
+        self.delay_s = delay_s
+        self.calls: list[list[Message]] = []
+
+    async def __call__(self, ex: Exchange, messages: list[Message]) -> str:
+        self.calls.append(messages)
+        await asyncio.sleep(self.delay_s)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        if self.answer is not None:
+            return self.answer
+        first = next(m["content"] for m in messages if m.get("role") == "user")
+        return f"SESSION INTENT:\n{first}\n\nSUMMARY:\n{len(messages)} messages\n\nNEXT STEPS:\ngo"
+
+
+def context(summarize: Summarizer, store: MemoryStore | None = None) -> StageContext:
+    return StageContext(
+        store=store or MemoryStore(),
+        catalog=ModelCatalog(),
+        metrics=Metrics(),
+        events=EventLog(None),
+        summarize=summarize,
+    )
+
+
+def user(text: str) -> Message:
+    return {"role": "user", "content": text}
+
+
+def call(call_id: str, name: str, **arguments: Any) -> Message:
+    function = {"name": name, "arguments": orjson.dumps(arguments).decode()}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+    }
+
+
+def result(call_id: str, text: str) -> Message:
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def coding_session(turns: int, content_chars: int = 600) -> list[Message]:
+    """System, the goal, then per turn: write a file, its result, a short user follow-up."""
+    history = [SYSTEM, user(GOAL)]
+    for i in range(turns):
+        body = f"# module {i}\n" + "x = 1\n" * (content_chars // 6)
+        history += [
+            call(f"call_{i}", "write_file", path=f"src/mod{i}.py", content=body),
+            result(f"call_{i}", f"wrote {len(body)} bytes to src/mod{i}.py"),
+            user(f"Good. Now step {i + 1}."),
+        ]
+    return history
+
+
+def actions(ex: Exchange) -> list[str]:
+    return [n.action for n in ex.notes]
+
+
+def note(ex: Exchange, action: str) -> dict[str, Any]:
+    return next(n.fields for n in ex.notes if n.action == action)
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    return bool(body["messages"][0]["content"] == SYSTEM_PROMPT)
+
+
+def wire(messages: list[Message]) -> list[bytes]:
+    """What each message looks like on the wire: the unit of byte-for-byte stability."""
+    return [orjson.dumps(m) for m in messages]
+
+
+# --- the simulated model over a real socket -----------------------------------------------
+
+
+@pytest.fixture
+def small_sim() -> Simulator:
+    # The model's real window is larger than the 2,000 tokens the proxy is told, so every
+    # request the stage lets through must be accepted; the simulator also checks pairing.
+    return Simulator(context_window=4096, api_key=SIM_KEY)
+
+
+@pytest.fixture
+async def small_sim_server(aiohttp_server: Any, small_sim: Simulator) -> TestServer:
+    server: TestServer = await aiohttp_server(small_sim.app())
+    return server
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Upstreams]:
+    pool = Upstreams(lambda: ServerSettings())
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def sim_target(small_sim_server: TestServer) -> Deployment:
+    return target(api_base=str(small_sim_server.make_url("/v1")))
+
+
+class Counting:
+    """Counts calls of a real summarizer."""
+
+    def __init__(self, inner: Summarizer) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    async def __call__(self, ex: Exchange, messages: list[Message]) -> str:
+        self.calls += 1
+        return await self.inner(ex, messages)
+
+
+async def send(upstreams: Upstreams, deployment: Deployment, body: dict[str, Any]) -> Message:
+    """One agent turn against the simulator; raises if it rejects the request."""
+    reply = await upstreams.fast.complete(deployment, body, "req-agent")
+    message: Message = reply.data["choices"][0]["message"]
+    return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
+
+
+# --- estimates and the cheap exit ---------------------------------------------------------
+
+
+def test_the_fast_estimate_equals_estimate_tokens() -> None:
+    samples: list[Message] = [
+        user("x" * 401),
+        {"role": "user", "content": [{"type": "text", "text": "ab"}, {"type": "image_url"}]},
+        {"role": "user", "content": [{"type": "text", "text": "ab"}, {"text": "cdef"}]},
+        {"role": "assistant", "content": None},
+        {"role": "assistant", "content": "hm", "tool_calls": call("a", "f", x=1)["tool_calls"]},
+        call("b", "write_file", content="y" * 999),
+        result("b", ""),
+    ]
+    for message in samples:
+        assert message_tokens(message) == estimate_tokens(message), message
+
+
+async def test_under_the_trigger_nothing_happens_and_nothing_is_read() -> None:
+    class NoStore(MemoryStore):
+        async def get_checkpoint(self, session: str, key: str) -> bytes | None:
+            raise AssertionError("the cheap exit must not touch the store")
+
+    history = coding_session(2)
+    ex = exchange(history)
+    assert await CompactionStage().run(ex, history, context(Scripted(), NoStore())) is None
+    assert ex.notes == []
+
+
+async def test_an_unknown_window_skips_the_stage() -> None:
+    history = coding_session(30)
+    ex = exchange(history, deployment=target(window=None))
+    assert await CompactionStage().run(ex, history, context(Scripted())) is None
+
+
+async def test_reserved_output_and_tool_schemas_count() -> None:
+    history = coding_session(4)  # about 900 tokens: fits 2,000 on its own
+    assert await CompactionStage().run(exchange(history), history, context(Scripted())) is None
+    tight = exchange(history, max_tokens=900, tools=TOOLS)  # 1,100 left, schemas ~90
+    assert await CompactionStage().run(tight, history, context(Scripted())) is not None
+    assert note(tight, "truncated_arguments")["tokens_before"] == tokens_of(history) + 86
+
+
+# --- a. truncation of old writing-tool arguments --------------------------------------------
+
+
+async def test_old_arguments_are_truncated_to_valid_json_and_stored_in_full() -> None:
+    history = coding_session(4, content_chars=1_800)
+    store = MemoryStore()
+    ex = exchange(history)
+    out = await CompactionStage().run(ex, history, context(Scripted(), store))
+    assert out is not None and pairing_problems(out) == []
+    assert actions(ex) == ["truncated_arguments"]  # enough on its own: no summary
+    calls = [m for m in out if m.get("tool_calls")]
+    arguments = [orjson.loads(m["tool_calls"][0]["function"]["arguments"]) for m in calls]
+    old, recent = arguments[:-1], arguments[-1]
+    assert recent == orjson.loads(history[-3]["tool_calls"][0]["function"]["arguments"])
+    for original_call, args in zip(history[2:-3:3], old, strict=True):
+        full = orjson.loads(original_call["tool_calls"][0]["function"]["arguments"])["content"]
+        head, _, marker = args["content"].partition("… [agentproxy] ")
+        assert head == full[: SPEC.truncate_head_chars]
+        ref = marker.split("archived as ")[1].split(" ")[0]
+        stored = await store.get(ref)
+        assert stored is not None and stored[1].decode() == full
+        assert stored[0].kind == "tool_arguments" and stored[0].meta["argument"] == "content"
+        assert args["path"].startswith("src/mod")  # short arguments untouched
+    fields = note(ex, "truncated_arguments")
+    assert fields["arguments"] == 3 and fields["tokens_after"] < fields["tokens_before"]
+
+
+async def test_truncation_is_stable_across_turns() -> None:
+    stage, ctx = CompactionStage(), context(Scripted())
+    history = coding_session(4, content_chars=1_800)
+    first = await stage.run(exchange(history), history, ctx)
+    longer = [*history, user("and one more thing")]
+    ex = exchange(longer)
+    second = await stage.run(ex, longer, ctx)
+    assert first is not None and second is not None
+    assert wire(second)[: len(first)] == wire(first)
+    assert note(ex, "truncated_arguments")["new"] == 0  # served from the cache
+
+
+# --- b. summarization, archive first, checkpoints -----------------------------------------
+
+
+async def test_summary_keeps_the_intent_and_the_archive_holds_the_raw_messages(
+    upstreams: Upstreams, sim_target: Deployment, small_sim: Simulator
+) -> None:
+    history = coding_session(20, content_chars=280)
+    store = MemoryStore()
+    ex = exchange(history, deployment=sim_target)
+    out = await CompactionStage().run(ex, history, context(make_summarizer(upstreams), store))
+    assert out is not None and pairing_problems(out) == []
+    assert actions(ex)[-1] == "summarized"
+    assert out[0] == SYSTEM
+    summary = out[1]["content"]
+    assert out[1]["role"] == "user"
+    assert summary.startswith("[agentproxy] Earlier conversation summarized (")
+    assert "call agentproxy_recall with that ref to read them)." in summary.splitlines()[0]
+    sections = summary_sections(summary)
+    assert sections["SESSION INTENT"] == GOAL
+    assert "src/mod0.py" in sections["ARTIFACTS"]
+    kept = out[2:]
+    assert kept == history[len(history) - len(kept) :]  # the recent part, verbatim
+    assert kept[0]["role"] == "user"
+    fields = note(ex, "summarized")
+    archived = await store.get(fields["ref"])
+    assert archived is not None and archived[0].kind == "history"
+    raw = history[1 : len(history) - len(kept)]
+    assert orjson.loads(archived[1]) == raw
+    assert archived[0].meta == {
+        "messages": len(raw), "first": 1, "last": len(raw), "tokens": tokens_of(raw),
+    }  # fmt: skip
+    assert fields["ref"] in summary
+    assert fields["tokens_after"] <= SPEC.trigger * WINDOW
+    assert sum(is_summary_request(r.body) for r in small_sim.requests) == 1
+
+
+async def test_the_archive_is_written_before_the_summarizer_runs() -> None:
+    store = MemoryStore()
+
+    async def summarize(ex: Exchange, messages: list[Message]) -> str:
+        blobs = await store.blobs(ex.session)
+        assert [b.kind for b in blobs] == ["history"], "archive first"
+        return "SESSION INTENT:\ngoal"
+
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history)
+    assert await CompactionStage().run(ex, history, context(summarize, store)) is not None
+    assert actions(ex) == ["summarized"]
+
+
+async def test_a_checkpoint_is_reused_byte_for_byte_even_after_a_restart() -> None:
+    store, summarize = MemoryStore(), Scripted()
+    history = coding_session(20, content_chars=280)
+    first = await CompactionStage().run(exchange(history), history, context(summarize, store))
+    assert first is not None and len(summarize.calls) == 1
+    longer = [*history, {"role": "assistant", "content": "done"}, user("thanks")]
+    for stage in (CompactionStage(), CompactionStage()):  # fresh processes, same store
+        ex = exchange(longer)
+        again = await stage.run(ex, longer, context(summarize, store))
+        assert again is not None
+        assert wire(again) == wire(first) + wire(longer[-2:])
+        assert actions(ex) == ["checkpoint_reused"]
+    assert len(summarize.calls) == 1
+
+
+async def test_a_changed_prefix_does_not_reuse_the_checkpoint() -> None:
+    store, summarize = MemoryStore(), Scripted()
+    stage = CompactionStage()
+    history = coding_session(20, content_chars=280)
+    await stage.run(exchange(history), history, context(summarize, store))
+    edited = [SYSTEM, user("A different goal"), *history[2:]]
+    ex = exchange(edited)
+    out = await stage.run(ex, edited, context(summarize, store))
+    assert out is not None and "checkpoint_reused" not in actions(ex)
+    assert len(summarize.calls) == 2 and "A different goal" in out[1]["content"]
+
+
+async def test_the_next_compaction_summarizes_the_previous_summary_and_the_new_stretch() -> None:
+    store, summarize = MemoryStore(), Scripted()
+    stage = CompactionStage()
+    history = coding_session(20, content_chars=280)
+    first = await stage.run(exchange(history), history, context(summarize, store))
+    assert first is not None
+    grown = coding_session(40, content_chars=280)
+    ex = exchange(grown)
+    out = await stage.run(ex, grown, context(summarize, store))
+    assert out is not None and pairing_problems(out) == []
+    assert actions(ex) == ["checkpoint_reused", "summarized"]
+    second_input = summarize.calls[1]
+    assert second_input[0] == first[1]  # the earlier summary opens the new stretch
+    old_cut = len(history) - (len(first) - 2)
+    assert second_input[1:] == grown[old_cut : old_cut + len(second_input) - 1]
+    assert GOAL in out[1]["content"]  # the intent survives two compactions
+
+
+# --- d. middle-out when the summarizer fails ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "summarize",
+    [Scripted(RuntimeError("model down")), Scripted("SESSION INTENT:\nlate", delay_s=5)],
+    ids=["error", "timeout"],
+)
+async def test_a_failing_summarizer_falls_back_to_middle_out(summarize: Scripted) -> None:
+    policy = Policy(name="t", compaction=CompactionSpec(summarizer_timeout_s=0.05))
+    store = MemoryStore()
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history, policy=policy)
+    out = await CompactionStage().run(ex, history, context(summarize, store))
+    assert out is not None and pairing_problems(out) == []
+    assert actions(ex) == ["summarizer_failed", "middle_out"]
+    assert out[:2] == [SYSTEM, user(GOAL)]  # the system prompt and the first user message
+    marker = out[2]["content"]
+    assert marker.startswith("[agentproxy] ") and "were cut from the middle" in marker
+    assert "(agentproxy_recall can read them)." in marker
+    kept = out[3:]
+    assert kept == history[len(history) - len(kept) :]
+    ref = note(ex, "middle_out")["ref"]
+    assert ref in marker and await store.get(ref) is not None
+    assert tokens_of(out) <= SPEC.trigger * WINDOW
+
+
+async def test_middle_out_is_checkpointed_so_a_failing_summarizer_is_not_retried_each_turn() -> (
+    None
+):
+    store, summarize = MemoryStore(), Scripted(RuntimeError("down"))
+    stage = CompactionStage()
+    history = coding_session(20, content_chars=280)
+    first = await stage.run(exchange(history), history, context(summarize, store))
+    longer = [*history, {"role": "assistant", "content": "ok"}, user("go on")]
+    ex = exchange(longer)
+    second = await stage.run(ex, longer, context(summarize, store))
+    assert first is not None and second is not None
+    assert wire(second)[: len(first)] == wire(first) and len(summarize.calls) == 1
+
+
+async def test_nothing_leaves_the_context_when_the_archive_cannot_be_written() -> None:
+    class FullStore(MemoryStore):
+        async def put(self, info: BlobInfo, data: bytes) -> None:
+            raise OSError("disk full")
+
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history)
+    summarize = Scripted()
+    out = await CompactionStage().run(ex, history, context(summarize, FullStore()))
+    assert out is None and actions(ex) == ["store_failed"] and summarize.calls == []
+
+
+# --- validity over generated histories (property style) -----------------------------------
+
+
+def generated_history(rng: random.Random) -> list[Message]:
+    """Parallel calls answered in any order, text turns, tiny and huge contents."""
+    history: list[Message] = [SYSTEM] * rng.randint(0, 2) + [user("goal " * rng.randint(1, 50))]
+    for turn in range(rng.randint(1, 40)):
+        kind = rng.random()
+        if kind < 0.6:
+            ids = [f"c{turn}_{k}" for k in range(rng.randint(1, 4))]
+            calls = [
+                {
+                    "id": i,
+                    "type": "function",
+                    "function": {
+                        "name": rng.choice(["write_file", "read_file", "edit_file"]),
+                        "arguments": orjson.dumps({"content": "z" * rng.randint(0, 3000)}).decode(),
+                    },
+                }
+                for i in ids
+            ]
+            history.append({"role": "assistant", "content": None, "tool_calls": calls})
+            rng.shuffle(ids)
+            history += [result(i, "r" * rng.choice([0, 10, 500, 4000])) for i in ids]
+        elif kind < 0.8:
+            history.append({"role": "assistant", "content": "a" * rng.randint(0, 800)})
+        else:
+            history.append(user("u" * rng.randint(1, 800)))
+    return history
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["summary", "middle-out"])
+async def test_generated_histories_always_come_out_valid(fails: bool) -> None:
+    rng = random.Random(7)
+    summarize = Scripted(RuntimeError("down") if fails else "SESSION INTENT:\ng")
+    for case in range(150):
+        history = generated_history(rng)
+        window = rng.choice([500, 1_000, 2_000, 4_000])
+        spec = CompactionSpec(
+            truncate_min_chars=rng.choice([100, 400, 2_000]),
+            keep_recent=rng.choice([0.05, 0.1, 0.3]),
+            keep_messages=rng.choice([None, None, 1, 3]),
+        )
+        ex = exchange(history, policy=Policy(name="p", compaction=spec), session=f"s{case}")
+        ex.deployment = target(window)
+        out = await CompactionStage().run(ex, history, context(summarize)) or history
+        assert pairing_problems(out) == [], (case, actions(ex))
+        head = [m for m in history if m is SYSTEM]
+        assert out[: len(head)] == head
+        assert out[-1] == history[-1]  # the newest message is always kept
+
+
+# --- a 50-turn session against the simulated model ----------------------------------------
+
+
+async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event(
+    upstreams: Upstreams, sim_target: Deployment, small_sim: Simulator
+) -> None:
+    summarizer = Counting(make_summarizer(upstreams))
+    ctx = context(summarizer)
+    stage = CompactionStage()
+    history: list[Message] = [SYSTEM, user(GOAL)]
+    previous: list[bytes] = []
+    events = summaries = 0
+    for turn in range(50):
+        if history[-1]["role"] == "assistant":
+            content = f"# step {turn}\n" + "total += amount\n" * 40
+            args = orjson.dumps({"path": f"src/step{turn}.py", "content": content}).decode()
+            history.append(user(f"Step {turn}: write_file({args})"))
+        ex = exchange(history, deployment=sim_target, tools=TOOLS)
+        out = await stage.run(ex, history, ctx) or history
+        assert pairing_problems(out) == []
+        reply = await send(upstreams, sim_target, {"model": "sim", "messages": out, "tools": TOOLS})
+        history.append(reply)
+        for tool_call in reply.get("tool_calls") or ():
+            history.append(result(tool_call["id"], f"wrote {tool_call['function']['name']}: ok"))
+        now = wire(out)
+        event = any(
+            n.action in ("summarized", "middle_out")
+            or (n.action == "truncated_arguments" and n.fields["new"])
+            for n in ex.notes
+        )
+        summaries += actions(ex).count("summarized")
+        if not event and previous:
+            assert now[: len(previous)] == previous, f"turn {turn}: prefix changed"
+        events += event
+        if "summarized" in actions(ex):
+            assert summary_sections(out[1]["content"])["SESSION INTENT"] == GOAL
+        previous = now
+    assert summaries >= 2, "the test must cross several compaction events"
+    assert summarizer.calls == summaries
+    assert sum(is_summary_request(r.body) for r in small_sim.requests) == summaries
+
+
+# --- the summarizer's transcript ----------------------------------------------------------
+
+
+def test_the_transcript_is_bounded_per_message_and_in_total() -> None:
+    history = coding_session(30, content_chars=5_000)
+    text = render_transcript(history, 1_000, 20_000)
+    assert len(text) <= 20_100
+    assert "[#2 user]" in text and "chars of the transcript left out" in text
+    assert "[#4 tool result for call_0]" in text

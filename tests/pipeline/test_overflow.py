@@ -1,0 +1,159 @@
+"""Reactive compaction: recognise the providers' overflow errors, compact tighter, never loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.messages import Message, pairing_problems
+from proxy.pipeline.compaction import CompactionStage
+from proxy.pipeline.fit_budget import tokens_of
+from proxy.pipeline.overflow import compact_after_overflow, is_context_overflow
+from proxy.pipeline.summarizer import make_summarizer
+from proxy.policies.spec import CompactionSpec, Policy
+from proxy.testing.simulator import Simulator
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.pool import Upstreams
+from tests.pipeline.test_compaction import (
+    GOAL,
+    SIM_KEY,
+    SPEC,
+    Scripted,
+    actions,
+    coding_session,
+    context,
+    exchange,
+    target,
+    upstreams,  # noqa: F401 - a fixture
+    user,
+)
+
+
+def error(message: str, code: str | None = None) -> bytes:
+    body = {"message": message, "type": "invalid_request_error", "code": code}
+    return orjson.dumps({"error": body})
+
+
+OVERFLOWS = [
+    error(
+        "This model's maximum context length is 8192 tokens. However, your messages resulted "
+        "in 9000 tokens. Please reduce the length of the messages.",
+        "context_length_exceeded",
+    ),
+    error("litellm.ContextWindowExceededError: litellm.BadRequestError", "context_length_exceeded"),
+    orjson.dumps(
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 210000 tokens > 200000 maximum",
+            },
+        }
+    ),
+    error("input length and `max_tokens` exceed context limit: 187254 + 20000 > 200000"),
+    error("Input tokens exceed the configured limit of 272000 tokens."),
+    error("Your input exceeds the context window of this model."),
+    b"Maximum Context Length reached",  # plain text, other capitals
+]
+NOT_OVERFLOWS = [
+    (429, error("Rate limit reached for gpt-4o", "rate_limit_exceeded")),
+    (400, error("Invalid value: 'tool'. Supported values are: 'system', 'user'.")),
+    (500, b"<html><body>Internal Server Error</body></html>"),
+    (401, error("Incorrect API key provided", "invalid_api_key")),
+]
+
+
+@pytest.mark.parametrize("body", OVERFLOWS)
+def test_provider_overflow_texts_are_recognised(body: bytes) -> None:
+    assert is_context_overflow(400, body)
+
+
+@pytest.mark.parametrize(("status", "body"), NOT_OVERFLOWS)
+def test_other_errors_are_not_overflows(status: int, body: bytes) -> None:
+    assert not is_context_overflow(status, body)
+
+
+def test_a_successful_answer_is_never_an_overflow() -> None:
+    assert not is_context_overflow(200, b'{"content": "the maximum context length is 8k"}')
+
+
+# --- against the simulated model over a real socket ------------------------------------------
+
+
+@pytest.fixture
+def narrow_sim() -> Simulator:
+    # The model's real window (2,000) is smaller than the proxy believes (3,000): our estimate
+    # fits, the provider overflows — the case reactive compaction exists for.
+    return Simulator(context_window=2_000, api_key=SIM_KEY)
+
+
+@pytest.fixture
+async def narrow_server(aiohttp_server: Any, narrow_sim: Simulator) -> TestServer:
+    server: TestServer = await aiohttp_server(narrow_sim.app())
+    return server
+
+
+async def test_an_overflow_is_compacted_to_the_tighter_target_and_the_retry_succeeds(
+    upstreams: Upstreams,  # noqa: F811 - the imported fixture
+    narrow_server: TestServer,
+) -> None:
+    deployment = target(window=3_000, api_base=str(narrow_server.make_url("/v1")))
+    history = coding_session(17, content_chars=280)  # ~2,200 tokens: under 0.85 of 3,000
+    stage = CompactionStage()
+    ctx = context(make_summarizer(upstreams))
+    ex = exchange(history, deployment=deployment)
+    assert await stage.run(ex, history, ctx) is None  # the estimate says it fits
+
+    with pytest.raises(UpstreamHTTPError) as failed:
+        await upstreams.fast.complete(deployment, {"model": "sim", "messages": history}, "r1")
+    assert is_context_overflow(failed.value.status, failed.value.body)
+
+    retry = await compact_after_overflow(ex, history, ctx, stage)
+    assert retry is not None and pairing_problems(retry) == []
+    assert tokens_of(retry) <= SPEC.reactive_target * 3_000
+    assert actions(ex) == ["summarized", "overflow_compacted"]
+    assert GOAL in retry[1]["content"]
+    await upstreams.fast.complete(deployment, {"model": "sim", "messages": retry}, "r2")
+
+    # The same overflow again: the recovery already tried is not offered a second time.
+    again = exchange(history, deployment=deployment)
+    assert await compact_after_overflow(again, history, ctx, stage) is None
+    assert actions(again)[-1] == "overflow_repeated"
+
+    # Later turns compact to the tighter target on their own: no overflow, no new summary.
+    longer = [*history, {"role": "assistant", "content": "done"}, user("next")]
+    later = exchange(longer, deployment=deployment)
+    out = await stage.run(later, longer, ctx)
+    assert out is not None and actions(later) == ["checkpoint_reused"]
+    await upstreams.fast.complete(deployment, {"model": "sim", "messages": out}, "r3")
+
+
+# --- edge cases with a scripted summarizer ---------------------------------------------------
+
+
+async def test_nothing_to_compact_gives_none() -> None:
+    history: list[Message] = [{"role": "system", "content": "s"}, user("hi")]
+    ex = exchange(history)
+    assert await compact_after_overflow(ex, history, context(Scripted()), CompactionStage()) is None
+    assert actions(ex) == ["overflow_unrecoverable"]
+
+
+@pytest.mark.parametrize(
+    "spec", [CompactionSpec(reactive=False), CompactionSpec(enabled=False)], ids=str
+)
+async def test_reactive_compaction_can_be_switched_off(spec: CompactionSpec) -> None:
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history, policy=Policy(name="p", compaction=spec))
+    stage = CompactionStage()
+    assert await compact_after_overflow(ex, history, context(Scripted()), stage) is None
+
+
+async def test_an_unknown_window_compacts_relative_to_what_overflowed() -> None:
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history, deployment=target(window=None))
+    out = await compact_after_overflow(ex, history, context(Scripted()), CompactionStage())
+    assert out is not None and pairing_problems(out) == []
+    assert tokens_of(out) <= SPEC.reactive_target * tokens_of(history)

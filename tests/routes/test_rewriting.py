@@ -1,0 +1,221 @@
+"""History rewriting through the real proxy, over real sockets, with thresholds lowered so the
+events happen often (as LangChain's targeted evals for deepagents do)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.testing.simulator import Simulator
+from tests.conftest import ProxyFactory, base_url, sim_config
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for name in ("read_file", "write_file")
+]
+NEEDLE = "The launch code is PINEAPPLE-7731."
+
+
+def call(call_id: str, name: str = "read_file", arguments: str = '{"path": "a.txt"}') -> Any:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    }
+
+
+def result(call_id: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def big_file(lines: int = 400, needle_at: int = 200) -> str:
+    rows = [f"line {i}: nothing to see here, just filler text for the test" for i in range(lines)]
+    rows[needle_at] = NEEDLE
+    return "\n".join(rows)
+
+
+async def start(
+    start_proxy: ProxyFactory, tmp_path: Path, upstream: TestServer, policy: str = ""
+) -> TestServer:
+    path = tmp_path / "c.yaml"
+    extra = f"""
+    store:
+      path: {tmp_path / "state"}
+    policies:
+      - name: tight
+        offload: {{min_tokens: 500}}
+    {policy}
+    """
+    path.write_text(sim_config(str(upstream.make_url("")).rstrip("/"), extra))
+    return await start_proxy(path)
+
+
+def client(proxy: TestServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url(proxy), api_key="unused", max_retries=0)
+
+
+async def test_dangling_tool_call_is_repaired_before_the_provider_sees_it(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator
+) -> None:
+    proxy = await start(start_proxy, tmp_path, sim_server)
+    history = [
+        {"role": "user", "content": "read it"},
+        call("call_1"),
+        {"role": "user", "content": "never mind, just say hi"},
+    ]
+    raw = await client(proxy).chat.completions.with_raw_response.create(
+        model="sim",
+        messages=history,
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    assert raw.parse().choices[0].message.content == "You said: never mind, just say hi"
+    assert "repair.patched_dangling;count=1" in raw.headers["x-agentproxy-applied"]
+    sent = sim.requests[-1].body["messages"]
+    assert sent[2]["role"] == "tool" and "did not complete" in sent[2]["content"]
+
+
+async def test_large_result_is_offloaded_stored_and_readable_by_people(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator
+) -> None:
+    proxy = await start(start_proxy, tmp_path, sim_server)
+    content = big_file()
+    history = [{"role": "user", "content": "read a.txt"}, call("c1"), result("c1", content)]
+    raw = await client(proxy).chat.completions.with_raw_response.create(
+        model="sim",
+        messages=history,
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    assert "offload.offloaded;count=1" in raw.headers["x-agentproxy-applied"]
+    pointer = sim.requests[-1].body["messages"][2]["content"]
+    assert pointer.startswith("[agentproxy] This tool result was offloaded")
+    ref = re.search(r"reference: (ap_\w+)", pointer).group(1)  # type: ignore[union-attr]
+    assert any(t["function"]["name"] == "agentproxy_recall" for t in sim.requests[-1].body["tools"])
+    async with aiohttp.ClientSession() as http:
+        async with http.get(str(proxy.make_url(f"/v1/agentproxy/archive/{ref}"))) as r:
+            assert r.status == 200
+            assert (await r.json())["content"] == content
+    # The next turn rewrites the same result to the same bytes (prefix-stable).
+    await client(proxy).chat.completions.create(
+        model="sim",
+        messages=[*history, {"role": "user", "content": "thanks"}],  # type: ignore[list-item]
+    )
+    assert sim.requests[-1].body["messages"][2]["content"] == pointer
+
+
+def recalling_model(body: dict[str, Any]) -> dict[str, Any]:
+    """A scripted model that looks things up: asked about the code, it recalls the offloaded
+    file by reference, then answers from what came back."""
+    messages = body["messages"]
+    last = messages[-1]
+    if last["role"] == "tool" and NEEDLE in str(last["content"]):
+        return {"role": "assistant", "content": f"Found it: {NEEDLE}"}
+    if last["role"] == "user" and "launch code" in str(last["content"]):
+        pointer = next(m for m in messages if "reference: ap_" in str(m.get("content")))
+        ref = re.search(r"reference: (ap_\w+)", pointer["content"]).group(1)  # type: ignore[union-attr]
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_recall_1",
+                    "type": "function",
+                    "function": {"name": "agentproxy_recall", "arguments": f'{{"ref": "{ref}"}}'},
+                }
+            ],
+        }
+    return {"role": "assistant", "content": "ok"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_needle_in_an_offloaded_result_comes_back_through_recall(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, stream: bool
+) -> None:
+    sim = Simulator(responder=recalling_model)
+    upstream = await aiohttp_server(sim.app())
+    proxy = await start(start_proxy, tmp_path, upstream)
+    history = [
+        {"role": "user", "content": "read the notes"},
+        call("c1"),
+        result("c1", big_file()),
+        {"role": "user", "content": "What is the launch code?"},
+    ]
+    if stream:
+        chunks = [
+            c
+            async for c in await client(proxy).chat.completions.create(
+                model="sim",
+                messages=history,
+                tools=TOOLS,
+                stream=True,  # type: ignore[arg-type]
+            )
+        ]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    else:
+        reply = await client(proxy).chat.completions.create(
+            model="sim",
+            messages=history,
+            tools=TOOLS,  # type: ignore[arg-type]
+        )
+        text = reply.choices[0].message.content or ""
+        assert reply.choices[0].message.tool_calls is None
+    assert text == f"Found it: {NEEDLE}"
+    assert len(sim.requests) == 2  # the recall round happened inside the proxy
+    second = sim.requests[1].body["messages"]
+    assert second[-1]["role"] == "tool" and NEEDLE in second[-1]["content"]
+
+
+async def test_dry_run_reports_but_forwards_the_original(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator
+) -> None:
+    proxy = await start(
+        start_proxy,
+        tmp_path,
+        sim_server,
+        policy="""  - name: watch
+        mode: dry_run
+        offload: {min_tokens: 500}
+    """,
+    )
+    content = big_file()
+    history = [{"role": "user", "content": "read a.txt"}, call("c1"), result("c1", content)]
+    raw = await client(proxy).chat.completions.with_raw_response.create(
+        model="sim",
+        messages=history,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        extra_headers={"x-agentproxy-policy": "watch"},
+    )
+    assert raw.headers["x-agentproxy-dry-run"] == "true"
+    assert "offload.offloaded" in raw.headers["x-agentproxy-applied"]
+    assert sim.requests[-1].body["messages"][2]["content"] == content
+
+
+async def test_offloaded_references_survive_a_restart(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator
+) -> None:
+    history = [{"role": "user", "content": "read a.txt"}, call("c1"), result("c1", big_file())]
+    first = await start(start_proxy, tmp_path, sim_server)
+    await client(first).chat.completions.create(model="sim", messages=history)  # type: ignore[arg-type]
+    pointer = sim.requests[-1].body["messages"][2]["content"]
+    await first.close()
+    second = await start(start_proxy, tmp_path, sim_server)
+    await client(second).chat.completions.create(model="sim", messages=history)  # type: ignore[arg-type]
+    assert sim.requests[-1].body["messages"][2]["content"] == pointer
+    ref = re.search(r"reference: (ap_\w+)", pointer).group(1)  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(str(second.make_url(f"/v1/agentproxy/archive/{ref}"))) as r:
+            assert r.status == 200
