@@ -22,9 +22,16 @@ from aiohttp import web
 from proxy.app import build_app
 from proxy.testing.simulator import Fault, Simulator
 
+LOG = "\n".join(
+    f"2026-11-30 10:{i // 60:02d}:{i % 60:02d} INFO request {i} served in {3 + i % 7} ms"
+    if i != 377
+    else "2026-11-30 10:06:17 ERROR database pool exhausted (code E-4417)"
+    for i in range(600)
+)
 PROJECT = {
     "README.md": "# todo-app\nA tiny todo list.\nRun it with `python app.py`.\n",
     "app.py": "todos = []\n\ndef add(item):\n    todos.append(item)\n",
+    "server.log": LOG,
 }
 
 TOOLS: list[dict[str, Any]] = [
@@ -49,7 +56,10 @@ TOOLS: list[dict[str, Any]] = [
 TASKS = [
     ('What is in this project? list_dir({"path": "."})', False),
     ('Show me the readme: read_file({"path": "README.md"})', True),
-    ("Thanks, that is all.", True),
+    # 600 log lines: the proxy offloads the result and leaves a pointer with a preview.
+    ('Check the server log: read_file({"path": "server.log"})', False),
+    # The model reads back what was offloaded; the proxy answers that call itself.
+    ('Which error was logged? agentproxy_recall({"query": "ERROR"})', True),
 ]
 
 
@@ -80,6 +90,8 @@ class Narrator:
             f"  model={model}  own time {timing.get('proxy', '?')} ms"
             f"  (upstream {timing.get('upstream', '?')} ms){tokens}"
         )
+        if applied := headers.get("x-agentproxy-applied"):
+            self.write(f"     proxy applied: {applied}")
 
 
 async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -111,8 +123,9 @@ def _config(sim_url: str, state: Path, aliases: tuple[str, ...] = ("sim",)) -> s
         model_list:{models}
         policies:
           - name: demo
-            description: the demo agent's traffic
+            description: the demo agent's traffic, with a low offload threshold
             match: {{models: [sim]}}
+            offload: {{min_tokens: 500, preview_lines: 3}}
         """
     )
 
@@ -202,6 +215,12 @@ async def _narrate(
         history.append({"role": "user", "content": task})
         await agent_turn(client, history, stream, say)
 
+    say.line(f"\nTurn {len(TASKS) + 1}  the agent crashed mid-call: write_file never answered")
+    history.append(_interrupted_call())
+    history.append({"role": "user", "content": "Sorry, I restarted. Where were we?"})
+    say.line(f"  user: {history[-1]['content']}")
+    await agent_turn(client, history, False, say)
+
     say.line("\nWhat the proxy does with bad input and a broken upstream:")
     await _show_error(say, "unknown model", _ask(client, model="gpt-nope"))
     sim.inject(Fault(malformed=True))
@@ -221,6 +240,21 @@ async def _narrate(
     say.line(f"  reload ok={outcome['ok']} version={outcome['version']}")
     say.line(f"  /v1/models now: {', '.join(m.id for m in models.data)}")
     say.line(f"\nThe upstream saw {len(sim.requests)} requests; metrics at {proxy_url}/metrics")
+
+
+def _interrupted_call() -> dict[str, Any]:
+    arguments = json.dumps({"path": "notes.md", "content": "- pool size too small"})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_interrupted",
+                "type": "function",
+                "function": {"name": "write_file", "arguments": arguments},
+            }
+        ],
+    }
 
 
 async def _show_error(say: Narrator, label: str, call: Awaitable[Any]) -> None:

@@ -34,6 +34,23 @@ def content_ref(session: str, kind: str, data: bytes) -> str:
     return f"ap_{digest.hexdigest()[:24]}"
 
 
+SNIPPET_CHARS = 600
+
+
+def snippet(text: str, at: int, length: int) -> str:
+    """The lines around a search hit at `at`: the line before, the hit's line(s), the line
+    after; whole lines read better than a window cut mid-word. Capped at SNIPPET_CHARS."""
+    line_start = text.rfind("\n", 0, at) + 1
+    start = text.rfind("\n", 0, max(line_start - 1, 0)) + 1 if line_start else 0
+    line_end = text.find("\n", at + length)
+    end = len(text) if line_end < 0 else text.find("\n", line_end + 1)
+    end = len(text) if end < 0 else end
+    if end - start > SNIPPET_CHARS:  # very long lines: centre on the hit instead
+        start = max(0, at - SNIPPET_CHARS // 3)
+        end = start + SNIPPET_CHARS
+    return text[start:end]
+
+
 class Store(Protocol):
     async def put(self, info: BlobInfo, data: bytes) -> None:
         """Durable when it returns. Writing an existing ref again is a no-op."""

@@ -19,12 +19,11 @@ from typing import Any, TypeVar
 import orjson
 from cachetools import LRUCache
 
-from proxy.store.base import BlobInfo, StoreError
+from proxy.store.base import BlobInfo, StoreError, snippet
 
 T = TypeVar("T")
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
-SNIPPET_CHARS = 200  # either side of a search hit, as MemoryStore does
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (
@@ -133,8 +132,7 @@ class LocalStore:
                 text = bytes(row[7]).decode("utf-8", "replace")
                 at = text.lower().find(needle)
                 if at >= 0:
-                    start = max(0, at - SNIPPET_CHARS)
-                    found.append((_info(row), text[start : at + len(phrase) + SNIPPET_CHARS]))
+                    found.append((_info(row), snippet(text, at, len(phrase))))
                     if len(found) >= limit:
                         break
             return found

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.store.base import BlobInfo
+from proxy.store.base import BlobInfo, snippet
 
 
 class MemoryStore:
@@ -26,7 +26,7 @@ class MemoryStore:
             text = data.decode("utf-8", "replace")
             at = text.lower().find(needle)
             if info.session == session and at >= 0:
-                found.append((info, text[max(0, at - 200) : at + len(phrase) + 200]))
+                found.append((info, snippet(text, at, len(phrase))))
                 if len(found) >= limit:
                     break
         return found

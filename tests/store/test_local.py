@@ -63,8 +63,16 @@ async def test_search_is_case_insensitive_and_scoped_to_the_session(store: Store
     assert info.session == "s1"
     assert "The Needle is HERE" in snippet
     at = text.lower().find("the needle")
-    assert snippet == text[at - 200 : at + len("the needle") + 200]  # 200 chars either side
+    # One 1,020-char line: a window centred on the hit, capped.
+    assert snippet == text[at - 200 : at + 400]
     assert await store.search("s1", "absent") == []
+
+
+async def test_search_snippets_are_the_lines_around_the_hit(store: Store) -> None:
+    text = "\n".join(f"line {i}" for i in range(100)).replace("line 50", "line 50 ERROR here")
+    await store.put(blob("s1", text.encode()), text.encode())
+    ((_, snippet),) = await store.search("s1", "error")
+    assert snippet == "line 49\nline 50 ERROR here\nline 51"
 
 
 async def test_search_folds_non_ascii_case_and_respects_limit(store: Store) -> None:
