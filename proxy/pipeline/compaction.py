@@ -7,25 +7,25 @@ Proactive: when the estimate (messages + tool schemas, with room kept for the an
   b. archive the older part, then replace it with a structured summary and checkpoint that;
   d. if the summarizer fails or is too slow, cut the middle out instead (with a marker).
 Reactive (overflow.py): the same steps to a tighter target once the provider said it
-overflowed, and that session keeps the tighter trigger from then on.
+overflowed; from then on the session's window counts as no larger than what overflowed.
 
 Stability: every output is head + replacement + messages[cut:], where the replacement comes
 from a checkpoint and old arguments truncate deterministically up to a stored horizon, so
 between compaction events appending to the input appends to the output.
+
+Cost: a warm turn estimates and hashes only the new messages (fit_memo.py); a turn under
+the trigger costs that estimate and nothing else.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
-from proxy.messages import Message, prefix_hashes
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.fit_budget import (
     Budget,
@@ -38,41 +38,31 @@ from proxy.pipeline.fit_budget import (
     tokens_of,
 )
 from proxy.pipeline.fit_checkpoints import Checkpoint, CheckpointIndex, Mark, SessionState, key_of
-from proxy.pipeline.fit_summarize import archive, middle_out, summary_message
+from proxy.pipeline.fit_memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
+from proxy.pipeline.fit_plan import Plan
+from proxy.pipeline.fit_summarize import STAGE, archive, replace_stretch
 from proxy.pipeline.fit_truncate import Truncator
 from proxy.policies.spec import Policy
 
 log = logging.getLogger("agentproxy.compaction")
 
-STAGE = "compaction"
-
-
-@dataclass(slots=True)
-class _Plan:
-    """The output under construction: head + inserted + tail, tail = messages[base:]."""
-
-    head: list[Message]
-    inserted: list[Message]
-    base: int
-    tail: list[Message]
-    fixed: int  # tool schema tokens
-    changed: bool = False
-
-    def tokens(self) -> int:
-        return self.fixed + tokens_of(self.head) + tokens_of(self.inserted) + tokens_of(self.tail)
-
-    def output(self) -> list[Message] | None:
-        return [*self.head, *self.inserted, *self.tail] if self.changed else None
+# A stretch smaller than this share of the window is not worth a summarizer call.
+MIN_STRETCH_SHARE = 0.05
 
 
 class CompactionStage:
     name = STAGE
 
-    def __init__(self, sessions: int = 4096) -> None:
+    def __init__(self, sessions: int = 4096, memo_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.index = CheckpointIndex(sessions)
         self.truncator = Truncator()
+        self.seen = SeenHistories(memo_chars)
         # Used by overflow.py: per session, a signature of the last reactive recovery.
         self.recoveries: LRUCache[str, int] = LRUCache(sessions)
+        # Per session, the last output and the input it came from: an overflow report may
+        # hand back our own output, which is mapped back to the agent's history (requests
+        # in flight only, so a small cache will do).
+        self._outputs: LRUCache[str, tuple[list[Message], list[Message]]] = LRUCache(1024)
 
     def enabled(self, policy: Policy) -> bool:
         return policy.compaction.enabled
@@ -84,79 +74,93 @@ class CompactionStage:
         if budget is None:
             return None
         spec = ex.policy.compaction
-        tokens = budget.fixed + tokens_of(messages)
-        # No session's trigger is ever below the reactive target: under it, no state is needed.
-        floor = min(spec.trigger, spec.reactive_target) if spec.reactive else spec.trigger
-        if tokens <= budget.limit(floor):
-            return None
-        state = await self.index.state(ctx.store, ex.session)
-        trigger = min(spec.trigger, state.trigger or spec.trigger)
-        if tokens <= budget.limit(trigger):
+        seen = self.seen.remember(ex.session, messages)
+        tokens = budget.fixed + sum(seen.costs)
+        state = self.index.peek(ex.session)
+        if state is None:
+            # Only a session that overflowed has a smaller window than the catalog's, and such
+            # a session is in memory (or, after a restart, overflows once more and is loaded).
+            if tokens <= budget.limit(spec.trigger):
+                return None
+            state = await self.index.state(ctx.store, ex.session)
+        budget = budget.capped(state.window_cap)
+        if tokens <= budget.limit(spec.trigger):
             return None
         async with state.lock:
-            return await self._fit(ex, messages, ctx, budget, budget.limit(trigger), state)
+            output = await self._fit(ex, seen, ctx, budget, budget.limit(spec.trigger), state)
+        if output is not None:
+            self._outputs[ex.session] = (output, seen.messages)
+        return output
 
     async def compact_to(
         self, ex: Exchange, messages: list[Message], ctx: StageContext, fraction: float
     ) -> list[Message] | None:
-        """Compact to `fraction` of the window whatever the trigger, and keep that as the
-        session's trigger (the reactive path: the provider said the context overflowed)."""
+        """The reactive path: the provider said `messages` overflow. From now on the session's
+        window counts as no larger than what was sent; compact to `fraction` of that.
+
+        `messages` is what was sent, perhaps this stage's own output (extended since, e.g. by
+        recall rounds): it is mapped back to the agent's history so checkpoints keep matching."""
+        sent = schema_tokens(ex.body.get("tools")) + tokens_of(messages)
+        seen = self.seen.remember(ex.session, self._as_input(ex.session, messages))
         budget = budget_for(ex, ctx)
         if budget is None:  # window unknown: what just overflowed is our best guess at it
-            sent = tokens_of(messages) + schema_tokens(ex.body.get("tools"))
             budget = budget_for(ex, ctx, window=sent + reserved_output(ex.body))
         if budget is None:
             return None
         state = await self.index.state(ctx.store, ex.session)
-        if state.trigger is None or state.trigger > fraction:
-            state.trigger = fraction
+        if state.window_cap is None or sent < state.window_cap:
+            state.window_cap = sent
             await self._save(ex, ctx, state)
+        budget = budget.capped(state.window_cap)
         async with state.lock:
-            return await self._fit(ex, messages, ctx, budget, budget.limit(fraction), state)
+            return await self._fit(ex, seen, ctx, budget, budget.limit(fraction), state)
+
+    def _as_input(self, session: str, messages: list[Message]) -> list[Message]:
+        last = self._outputs.get(session)
+        if last is None:
+            return messages
+        output, source = last
+        if messages[: len(output)] != output:
+            return messages
+        return [*source, *messages[len(output) :]]
 
     async def _fit(
         self,
         ex: Exchange,
-        messages: Sequence[Message],
+        seen: Seen,
         ctx: StageContext,
         budget: Budget,
         target: int,
         state: SessionState,
     ) -> list[Message] | None:
+        messages = seen.messages
         head = head_length(messages)
-        plan = _Plan(list(messages[:head]), [], head, list(messages[head:]), budget.fixed)
-        hashes = prefix_hashes(messages[: state.needed_length()])
-        await self._reuse_checkpoint(ex, ctx, messages, state, plan, hashes)
+        plan = Plan(seen, head, budget.fixed, base=head, tail=messages[head:])
+        hashes = seen.prefix_hashes(state.needed_length())
+        await self._reuse_checkpoint(ex, ctx, state, plan, hashes)
         truncation = state.truncation
         horizon = truncation.length if truncation and truncation.holds(hashes) else 0
         spec = ex.policy.compaction
-        keep_tokens = int(spec.keep_recent * budget.window)
-        recent = recent_start(messages, plan.base, keep_tokens, spec.keep_messages)
+        # A tight (reactive) target shrinks the verbatim part too: half of it at most.
+        keep_tokens = min(int(spec.keep_recent * budget.window), target // 2)
+        recent = recent_start(seen.costs, plan.base, keep_tokens, spec.keep_messages)
         if horizon > plan.base or plan.tokens() > target:
-            await self._truncate(ex, ctx, messages, state, plan, horizon, recent, target)
+            await self._truncate(ex, ctx, state, plan, horizon, recent, target)
         if plan.tokens() > target:
-            await self._summarize(ex, ctx, messages, state, plan, recent, budget.window)
+            await self._summarize(ex, ctx, state, plan, recent, budget.window)
         return plan.output()
 
     async def _reuse_checkpoint(
-        self,
-        ex: Exchange,
-        ctx: StageContext,
-        messages: Sequence[Message],
-        state: SessionState,
-        plan: _Plan,
-        hashes: list[int],
+        self, ex: Exchange, ctx: StageContext, state: SessionState, plan: Plan, hashes: list[int]
     ) -> None:
         mark = state.longest_checkpoint(hashes)
-        if mark is None or mark.length >= len(messages) or mark.length < plan.base:
+        if mark is None or not plan.base <= mark.length < len(plan.seen.messages):
             return
         checkpoint = await self.index.body(ctx.store, ex.session, mark)
         if checkpoint is None:
             return
         before = plan.tokens()
-        plan.inserted = checkpoint.fresh_messages()
-        plan.tail = plan.tail[mark.length - plan.base :]
-        plan.base, plan.changed = mark.length, True
+        plan.rebase(mark.length, checkpoint.fresh_messages())
         record(
             ex, ctx, STAGE, "checkpoint_reused", tokens_before=before,
             tokens_after=plan.tokens(), messages=mark.length, ref=checkpoint.ref,
@@ -166,30 +170,32 @@ class CompactionStage:
         self,
         ex: Exchange,
         ctx: StageContext,
-        messages: Sequence[Message],
         state: SessionState,
-        plan: _Plan,
+        plan: Plan,
         horizon: int,
         recent: int,
         target: int,
     ) -> None:
         """Re-apply the stored horizon (same bytes as last turn); move it up to the recent
         part only when still over the target (a compaction event)."""
+        messages = plan.seen.messages
         before = plan.tokens()
         stop = horizon
         done = await self.truncator.apply(ex, ctx.store, messages, plan.base, stop)
+        plan.saved = done.saved
         old_count = done.arguments
-        if before - _saved(plan, done.messages) > target and recent > max(horizon, plan.base):
+        if plan.tokens() > target and recent > max(horizon, plan.base):
             stop = recent
             done = await self.truncator.apply(ex, ctx.store, messages, plan.base, stop)
+            plan.saved = done.saved
         if done.failed:
             record(ex, ctx, STAGE, "store_failed", arguments=done.failed)
         if not done.arguments:
             return
-        plan.tail = done.messages + list(messages[max(stop, plan.base) :])
+        plan.tail = done.messages + messages[max(stop, plan.base) :]
         plan.changed = True
         if stop > horizon and done.arguments > old_count:
-            state.truncation = Mark(stop, key_of(prefix_hashes(messages[:stop])[-1]))
+            state.truncation = Mark(stop, key_of(plan.seen.prefix_hashes(stop)[-1]))
             await self._save(ex, ctx, state)
         record(
             ex, ctx, STAGE, "truncated_arguments", tokens_before=before,
@@ -200,15 +206,17 @@ class CompactionStage:
         self,
         ex: Exchange,
         ctx: StageContext,
-        messages: Sequence[Message],
         state: SessionState,
-        plan: _Plan,
+        plan: Plan,
         recent: int,
         window: int,
     ) -> None:
+        messages = plan.seen.messages
         cut = choose_cut(messages, plan.base, recent)
         if cut is None:
             return  # nothing old enough to summarize without splitting a tool call
+        if sum(plan.seen.costs[plan.base : cut]) < MIN_STRETCH_SHARE * window:
+            return  # the target is out of reach; a summarizer call per turn would not help
         before = plan.tokens()
         stretch = [*plan.inserted, *messages[plan.base : cut]]
         try:  # archive first: nothing leaves the context unless it is stored
@@ -218,57 +226,23 @@ class CompactionStage:
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
             return
         started = time.perf_counter()
-        replacement, kind = await self._replacement(ex, ctx, plan.inserted, stretch, ref, window)
-        seconds = _since(started)
-        checkpoint = Checkpoint(
-            Mark(cut, key_of(prefix_hashes(messages[:cut])[-1])), kind, tuple(replacement), ref
-        )
+        replacement, kind = await replace_stretch(ex, ctx, plan.inserted, stretch, ref, window)
+        seconds = round(time.perf_counter() - started, 3)
+        mark = Mark(cut, key_of(plan.seen.prefix_hashes(cut)[-1]))
+        checkpoint = Checkpoint(mark, kind, tuple(replacement), ref)
         try:
             await self.index.add(ctx.store, ex.session, state, checkpoint)
         except Exception as exc:  # this turn still fits; the next one recomputes
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
-        plan.inserted = checkpoint.fresh_messages()
-        plan.tail = plan.tail[cut - plan.base :]
-        plan.base, plan.changed = cut, True
+        plan.rebase(cut, checkpoint.fresh_messages())
         action = "summarized" if kind == "summary" else "middle_out"
         record(
             ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
             messages=len(stretch), ref=ref, summarizer_seconds=seconds,
         )  # fmt: skip
 
-    async def _replacement(
-        self,
-        ex: Exchange,
-        ctx: StageContext,
-        previous: list[Message],
-        stretch: list[Message],
-        ref: str,
-        window: int,
-    ) -> tuple[list[Message], str]:
-        spec = ex.policy.compaction
-        recall = ex.policy.recall.enabled
-        started = time.perf_counter()  # for the failure note: how long we waited
-        try:
-            summary = await asyncio.wait_for(ctx.summarize(ex, stretch), spec.summarizer_timeout_s)
-            if not summary.strip():
-                raise ValueError("the summarizer returned an empty summary")
-        except Exception as exc:  # never fail the request because compaction failed
-            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            record(ex, ctx, STAGE, "summarizer_failed", error=error, seconds=_since(started))
-            return middle_out(previous, stretch, ref, recall), "middle_out"
-        return [summary_message(summary, len(stretch), ref, window, recall)], "summary"
-
     async def _save(self, ex: Exchange, ctx: StageContext, state: SessionState) -> None:
         try:
             await self.index.save(ctx.store, ex.session, state)
         except Exception as exc:
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
-
-
-def _saved(plan: _Plan, truncated: list[Message]) -> int:
-    """Tokens the truncated slice saves against the same slice of the current tail."""
-    return tokens_of(plan.tail[: len(truncated)]) - tokens_of(truncated)
-
-
-def _since(started: float) -> float:
-    return round(time.perf_counter() - started, 3)

@@ -2,7 +2,7 @@
 
 Later turns that start with the same prefix reuse a checkpoint byte for byte: no summarizer
 call, and a stable prefix for provider prompt caches. Per session, a small index (checkpoint
-positions and keys, the truncation horizon, a trigger lowered after an overflow) is kept in the
+positions and keys, the truncation horizon, a window cap learnt from an overflow) is kept in the
 store under INDEX_KEY, so a restart loses nothing; in memory it sits in a bounded LRU, loaded on
 the first turn of a session that needs it. The Store protocol is untouched: the index is one
 more checkpoint blob.
@@ -69,7 +69,9 @@ class Checkpoint:
 class SessionState:
     checkpoints: list[Mark] = field(default_factory=list)  # oldest first
     truncation: Mark | None = None  # writing-tool arguments before this are truncated
-    trigger: float | None = None  # lowered after the provider said the context overflowed
+    # Prompt tokens (our estimate) at which the provider said the context overflowed: the
+    # session's window is treated as no larger from then on.
+    window_cap: int | None = None
     # One compaction at a time per session: a concurrent turn waits and reuses the result.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -81,7 +83,7 @@ class SessionState:
             {
                 "checkpoints": [mark(m) for m in self.checkpoints],
                 "truncation": mark(self.truncation),
-                "trigger": self.trigger,
+                "window_cap": self.window_cap,
             }
         )
 
@@ -92,7 +94,7 @@ class SessionState:
         return cls(
             checkpoints=[Mark(int(n), str(k)) for n, k in raw.get("checkpoints") or []],
             truncation=Mark(int(truncation[0]), str(truncation[1])) if truncation else None,
-            trigger=raw.get("trigger"),
+            window_cap=raw.get("window_cap"),
         )
 
     def needed_length(self) -> int:

@@ -7,6 +7,7 @@ system prompt, and none accepts a second system message there.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -14,9 +15,11 @@ import orjson
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
+from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.fit_budget import tokens_of
 from proxy.store.base import BlobInfo, Store, content_ref
 
+STAGE = "compaction"
 KIND = "history"
 SUMMARY_HEADER = (
     "[agentproxy] Earlier conversation summarized ({count} messages archived as {ref}{how})."
@@ -70,3 +73,28 @@ def middle_out(
     text = MIDDLE_OUT.format(count=len(cut), tokens=tokens_of(cut), ref=ref, how=how)
     marker: Message = {"role": "user", "content": text}
     return [anchor, marker] if anchor is not None else [marker]
+
+
+async def replace_stretch(
+    ex: Exchange,
+    ctx: StageContext,
+    previous: list[Message],
+    stretch: list[Message],
+    ref: str,
+    window: int,
+) -> tuple[list[Message], str]:
+    """The summary of an archived stretch, or the middle-out marker when the summarizer fails
+    or is too slow; the kind ("summary" or "middle_out") comes with it."""
+    spec = ex.policy.compaction
+    recall = ex.policy.recall.enabled
+    started = time.perf_counter()
+    try:
+        summary = await asyncio.wait_for(ctx.summarize(ex, stretch), spec.summarizer_timeout_s)
+        if not summary.strip():
+            raise ValueError("the summarizer returned an empty summary")
+    except Exception as exc:  # never fail the request because compaction failed
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        waited = round(time.perf_counter() - started, 3)
+        record(ex, ctx, STAGE, "summarizer_failed", error=error, seconds=waited)
+        return middle_out(previous, stretch, ref, recall), "middle_out"
+    return [summary_message(summary, len(stretch), ref, window, recall)], "summary"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -19,6 +19,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message, message_hash
+from proxy.pipeline.fit_budget import message_tokens
 from proxy.policies.spec import CompactionSpec
 from proxy.store.base import BlobInfo, Store, content_ref
 
@@ -33,9 +34,10 @@ CacheKey = tuple[str, int, int, int, tuple[str, ...], bool]
 @dataclass(slots=True)
 class Truncated:
     messages: list[Message]  # the given slice, truncated messages replaced by copies
-    arguments: int  # arguments truncated in the slice
-    stored: int  # of which written to the store just now (not seen before in this process)
-    failed: int  # store writes that failed (those arguments stay whole)
+    arguments: int = 0  # arguments truncated in the slice
+    stored: int = 0  # of which written to the store just now (not seen before in this process)
+    failed: int = 0  # store writes that failed (those arguments stay whole)
+    saved: dict[int, int] = field(default_factory=dict)  # message index → tokens saved
 
 
 def truncatable(message: Message, spec: CompactionSpec) -> bool:
@@ -54,8 +56,8 @@ def truncatable(message: Message, spec: CompactionSpec) -> bool:
 
 class Truncator:
     def __init__(self, entries: int = 10_000) -> None:
-        # message hash (with everything the result depends on) → (truncated copy, arguments)
-        self._done: LRUCache[CacheKey, tuple[Message, int]] = LRUCache(entries)
+        # message hash (and all the result depends on) → (truncated copy, arguments, tokens saved)
+        self._done: LRUCache[CacheKey, tuple[Message, int, int]] = LRUCache(entries)
 
     async def apply(
         self, ex: Exchange, store: Store, messages: Sequence[Message], start: int, stop: int
@@ -63,7 +65,7 @@ class Truncator:
         spec = ex.policy.compaction
         recall = ex.policy.recall.enabled
         out = list(messages[start:stop])
-        result = Truncated(out, 0, 0, 0)
+        result = Truncated(out)
         for offset, message in enumerate(out):
             if not truncatable(message, spec):
                 continue
@@ -77,13 +79,16 @@ class Truncator:
             )
             done = self._done.get(key)
             if done is None:
-                done, failed = await _truncate_message(ex, store, message, spec, recall)
+                (short, count), failed = await _truncate_message(ex, store, message, spec, recall)
+                done = (short, count, message_tokens(message) - message_tokens(short))
                 result.failed += failed
-                result.stored += done[1]
+                result.stored += count
                 if not failed:  # a failed write is retried on a later turn
                     self._done[key] = done
             out[offset] = done[0]
             result.arguments += done[1]
+            if done[1]:
+                result.saved[start + offset] = done[2]
         return result
 
 

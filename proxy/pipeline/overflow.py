@@ -1,9 +1,10 @@
 """Reactive compaction: the provider said the context overflowed although our estimate fit.
 
 The caller (the request path) retries once with what `compact_after_overflow` returns. The
-session then keeps the tighter target as its trigger, so the failing cutoff is not tried again
-on every later turn; and an overflow that would be answered with exactly the recovery already
-tried gets None, so the caller passes the error through instead of looping.
+session remembers the size that overflowed as its window from then on, so later turns compact
+before reaching it instead of failing the same way every turn; and an overflow that would be
+answered with exactly the recovery already tried gets None, so the caller passes the error
+through instead of looping.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.compaction import STAGE, CompactionStage
+from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.fit_budget import tokens_of
+from proxy.pipeline.fit_summarize import STAGE
 
 # Lower-case fragments of the providers' "context exceeded" errors. litellm's
 # ContextWindowExceededError reaches the client with code "context_length_exceeded".
@@ -41,16 +43,17 @@ def is_context_overflow(status: int, body: bytes) -> bool:
 async def compact_after_overflow(
     ex: Exchange, messages: list[Message], ctx: StageContext, stage: CompactionStage
 ) -> list[Message] | None:
-    """The history to retry with, compacted to `reactive_target` of the window; None when
-    there is nothing better to try (the caller then passes the provider's error through).
+    """The history to retry with, compacted to `reactive_target` of what overflowed (or of
+    the window, if that is smaller); None when there is nothing smaller to try (the caller
+    then passes the provider's error through).
 
-    `messages` is the history as the compaction stage received it (before compaction), so
-    checkpoints keyed on the agent's own history keep matching."""
+    `messages` is what was sent: the compaction stage's own output is recognised and mapped
+    back to the agent's history, so checkpoints keep matching on later turns."""
     spec = ex.policy.compaction
     if not (spec.enabled and spec.reactive):
         return None
     compacted = await stage.compact_to(ex, messages, ctx, spec.reactive_target)
-    if compacted is None:
+    if compacted is None or tokens_of(compacted) >= tokens_of(messages):  # nothing smaller
         record(ex, ctx, STAGE, "overflow_unrecoverable", tokens_before=tokens_of(messages))
         return None
     signature = xxhash.xxh3_64_intdigest(orjson.dumps(compacted))

@@ -309,6 +309,8 @@ def summary_reply(messages: list[JSON]) -> Reply | None:
 def transcript_blocks(transcript: str) -> list[tuple[str, str]]:
     """(role, text) for each "[#n role ...]" block of a summarizer transcript."""
     headers = list(_BLOCK_HEADER.finditer(transcript))
+    if not headers:
+        return []
     ends = [h.start() for h in headers[1:]] + [len(transcript)]
     return [
         (h.group(1), transcript[h.end() : end].strip())
@@ -319,5 +321,7 @@ def transcript_blocks(transcript: str) -> list[tuple[str, str]]:
 def summary_sections(text: str) -> dict[str, str]:
     """The sections of a structured summary, by heading."""
     headings = list(_SECTION_HEADING.finditer(text))
+    if not headings:
+        return {}
     ends = [h.start() for h in headings[1:]] + [len(text)]
     return {h.group(1): text[h.end() : end].strip() for h, end in zip(headings, ends, strict=True)}

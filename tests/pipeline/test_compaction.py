@@ -21,6 +21,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message, estimate_tokens, pairing_problems
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
+from proxy.pipeline import fit_memo
 from proxy.pipeline.base import StageContext, Summarizer
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.fit_budget import message_tokens, tokens_of
@@ -107,7 +108,8 @@ class Scripted:
         if self.answer is not None:
             return self.answer
         first = next(m["content"] for m in messages if m.get("role") == "user")
-        return f"SESSION INTENT:\n{first}\n\nSUMMARY:\n{len(messages)} messages\n\nNEXT STEPS:\ngo"
+        intent = summary_sections(first).get("SESSION INTENT", first)  # carried forward
+        return f"SESSION INTENT:\n{intent}\n\nSUMMARY:\n{len(messages)} messages\n\nNEXT STEPS:\ngo"
 
 
 def context(summarize: Summarizer, store: MemoryStore | None = None) -> StageContext:
@@ -256,6 +258,34 @@ async def test_reserved_output_and_tool_schemas_count() -> None:
     assert note(tight, "truncated_arguments")["tokens_before"] == tokens_of(history) + 86
 
 
+async def test_a_warm_turn_estimates_only_the_new_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    estimated: list[Message] = []
+
+    def counting(message: Message) -> int:
+        estimated.append(message)
+        return message_tokens(message)
+
+    monkeypatch.setattr(fit_memo, "message_tokens", counting)
+    stage, ctx = CompactionStage(), context(Scripted())
+    history = coding_session(20, content_chars=280)
+    await stage.run(exchange(history), history, ctx)
+    estimated.clear()
+    # The next turn arrives as fresh objects (parsed again), two messages longer.
+    parsed_again: list[Message] = orjson.loads(orjson.dumps(history))
+    longer = [*parsed_again, {"role": "assistant", "content": "k"}, user("go")]
+    ex = exchange(longer)
+    await stage.run(ex, longer, ctx)
+    assert estimated == longer[-2:]
+    assert actions(ex) == ["checkpoint_reused"]
+    # An edited history is estimated afresh, never served stale figures.
+    edited = [*longer[:5], user("changed"), *longer[6:]]
+    estimated.clear()
+    await stage.run(exchange(edited), edited, ctx)
+    assert len(estimated) == len(edited)
+
+
 # --- a. truncation of old writing-tool arguments --------------------------------------------
 
 
@@ -388,6 +418,18 @@ async def test_the_next_compaction_summarizes_the_previous_summary_and_the_new_s
     old_cut = len(history) - (len(first) - 2)
     assert second_input[1:] == grown[old_cut : old_cut + len(second_input) - 1]
     assert GOAL in out[1]["content"]  # the intent survives two compactions
+
+
+async def test_an_unreachable_target_does_not_cost_a_summarizer_call_every_turn() -> None:
+    summarize = Scripted()
+    stage, ctx = CompactionStage(), context(summarize)
+    huge_system: Message = {"role": "system", "content": "rules " * 1_200}  # ~1,800 tokens
+    history = [huge_system, *coding_session(20, content_chars=280)[1:]]
+    for turn in range(5):
+        history = [*history, {"role": "assistant", "content": f"ok {turn}"}, user("go on")]
+        out = await stage.run(exchange(history), history, ctx)
+        assert out is not None and out[0] is huge_system
+    assert len(summarize.calls) == 1
 
 
 # --- d. middle-out when the summarizer fails ----------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -13,7 +14,7 @@ from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.fit_budget import tokens_of
 from proxy.pipeline.overflow import compact_after_overflow, is_context_overflow
 from proxy.pipeline.summarizer import make_summarizer
-from proxy.policies.spec import CompactionSpec, Policy
+from proxy.policies.spec import CompactionSpec, Policy, ServerSettings
 from proxy.testing.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.upstream.pool import Upstreams
@@ -27,7 +28,6 @@ from tests.pipeline.test_compaction import (
     context,
     exchange,
     target,
-    upstreams,  # noqa: F401 - a fixture
     user,
 )
 
@@ -84,6 +84,13 @@ def test_a_successful_answer_is_never_an_overflow() -> None:
 
 
 @pytest.fixture
+async def upstreams() -> AsyncIterator[Upstreams]:
+    pool = Upstreams(lambda: ServerSettings())
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
 def narrow_sim() -> Simulator:
     # The model's real window (2,000) is smaller than the proxy believes (3,000): our estimate
     # fits, the provider overflows — the case reactive compaction exists for.
@@ -97,7 +104,7 @@ async def narrow_server(aiohttp_server: Any, narrow_sim: Simulator) -> TestServe
 
 
 async def test_an_overflow_is_compacted_to_the_tighter_target_and_the_retry_succeeds(
-    upstreams: Upstreams,  # noqa: F811 - the imported fixture
+    upstreams: Upstreams,
     narrow_server: TestServer,
 ) -> None:
     deployment = target(window=3_000, api_base=str(narrow_server.make_url("/v1")))
@@ -157,3 +164,22 @@ async def test_an_unknown_window_compacts_relative_to_what_overflowed() -> None:
     out = await compact_after_overflow(ex, history, context(Scripted()), CompactionStage())
     assert out is not None and pairing_problems(out) == []
     assert tokens_of(out) <= SPEC.reactive_target * tokens_of(history)
+
+
+async def test_the_stages_own_output_is_mapped_back_to_the_agents_history() -> None:
+    """The request path hands back what it sent (our output); checkpoints must still be keyed
+    on the agent's history, so the next turn reuses the reactive one without a summarizer."""
+    summarize = Scripted()
+    stage, ctx = CompactionStage(), context(summarize)
+    history = coding_session(24, content_chars=280)
+    ex = exchange(history)
+    sent = await stage.run(ex, history, ctx)
+    assert sent is not None and actions(ex) == ["summarized"]
+    retry = await compact_after_overflow(ex, sent, ctx, stage)
+    assert retry is not None and tokens_of(retry) < tokens_of(sent)
+    assert len(summarize.calls) == 2
+    longer = [*history, {"role": "assistant", "content": "done"}, user("next")]
+    later = exchange(longer)
+    out = await stage.run(later, longer, ctx)
+    assert out is not None and actions(later) == ["checkpoint_reused"]
+    assert out[: len(retry)] == retry and len(summarize.calls) == 2

@@ -312,6 +312,17 @@ async def test_a_summary_of_a_summary_carries_the_intent_forward(
     assert "- ap_0123456789abcdef01234567" in sections["ARTIFACTS"].splitlines()
 
 
+def test_text_without_sections_has_none() -> None:
+    assert summary_sections("no headings here") == {}
+
+
+async def test_an_empty_transcript_still_gets_the_sections(client: TestClient[Any, Any]) -> None:
+    _, reply = await post(client, summary_body([]))
+    sections = summary_sections(reply["choices"][0]["message"]["content"])
+    assert list(sections) == ["SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS"]
+    assert sections["ARTIFACTS"] == "- none"
+
+
 async def test_ordinary_requests_are_not_summaries(client: TestClient[Any, Any]) -> None:
     transcript = render_transcript([user("SESSION INTENT: NEXT STEPS:")], 1_000, 10_000)
     _, reply = await post(client, chat(user(transcript)))

@@ -1,0 +1,43 @@
+"""The output of one fitting under construction: head + inserted + tail.
+
+Token figures come from the per-message estimates of this turn's history (fit_memo.Seen),
+so re-checking the total after each step costs a C-level sum, not a pass over the messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proxy.messages import Message
+from proxy.pipeline.fit_budget import tokens_of
+from proxy.pipeline.fit_memo import Seen
+
+
+@dataclass(slots=True)
+class Plan:
+    """The output under construction: head + inserted + tail, where tail = messages[base:]
+    with old writing-tool arguments truncated."""
+
+    seen: Seen  # this turn's history, with per-message token estimates
+    head: int  # leading system/developer prompts
+    fixed: int  # tool schema tokens
+    inserted: list[Message] = field(default_factory=list)
+    base: int = 0
+    tail: list[Message] = field(default_factory=list)
+    saved: dict[int, int] = field(default_factory=dict)  # message index → tokens truncation saved
+    changed: bool = False
+
+    def tokens(self) -> int:
+        costs = self.seen.costs
+        kept = sum(costs[: self.head]) + sum(costs[self.base :]) + tokens_of(self.inserted)
+        return self.fixed + kept - sum(t for i, t in self.saved.items() if i >= self.base)
+
+    def rebase(self, cut: int, inserted: list[Message]) -> None:
+        """messages[head:cut] are now represented by `inserted`."""
+        self.tail = self.tail[cut - self.base :]
+        self.base, self.inserted, self.changed = cut, inserted, True
+
+    def output(self) -> list[Message] | None:
+        if not self.changed:
+            return None
+        return [*self.seen.messages[: self.head], *self.inserted, *self.tail]
