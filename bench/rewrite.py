@@ -789,7 +789,8 @@ def format_report(rows: list[Row], settings: Settings, seconds: float, others: f
     for problem in problems(rows):
         lines.append(f"!!! {problem}")
     lines.append("")
-    lines.extend(f"  {v.name}: {v.what}" for v in VARIANTS)
+    measured = {row.variant.name for row in rows}
+    lines.extend(f"  {v.name}: {v.what}" for v in VARIANTS if v.name in measured)
     lines.append(
         "  the summarizer is an instant stub returning a fixed summary: model time excluded"
     )

@@ -219,3 +219,87 @@ async def test_offloaded_references_survive_a_restart(
     async with aiohttp.ClientSession() as http:
         async with http.get(str(second.make_url(f"/v1/agentproxy/archive/{ref}"))) as r:
             assert r.status == 200
+
+
+def long_task(goal: str, steps: int, result_chars: int = 1200) -> list[dict[str, Any]]:
+    """An agent deep in a task: the goal, then many read_file rounds."""
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": goal},
+    ]
+    for i in range(steps):
+        history.append(call(f"c{i}", arguments=f'{{"path": "src/module_{i}.py"}}'))
+        history.append(result(f"c{i}", f"# module {i}\n" + "x = 1\n" * (result_chars // 6)))
+    return history
+
+
+async def test_overflow_is_compacted_and_retried_once(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    # The provider's real window (3,000) is smaller than the configured one (100,000), so
+    # only the provider's own "context exceeded" answer reveals the overflow.
+    sim = Simulator(context_window=3000)
+    upstream = await aiohttp_server(sim.app())
+    path = tmp_path / "c.yaml"
+    text = sim_config(str(upstream.make_url("")).rstrip("/"), f"store: {{path: {tmp_path}}}\n")
+    path.write_text(text.replace("max_input_tokens: 8192", "max_input_tokens: 100000"))
+    proxy = await start_proxy(path)
+    history = long_task("Port the parser to Rust and keep the tests green.", steps=12)
+    raw = await client(proxy).chat.completions.with_raw_response.create(
+        model="sim",
+        messages=history,
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    assert raw.http_response.status_code == 200
+    assert "compaction.overflow_compacted" in raw.headers["x-agentproxy-applied"]
+    sent = [r for r in sim.requests if "summary" not in str(r.body["messages"][0])]
+    assert sent[0].body["messages"] == history  # first try: untouched, and rejected
+    assert len(sent[-1].body["messages"]) < len(history)  # the retry: compacted, accepted
+    first_round = len(sim.requests)
+
+    # The same request again: the proxy remembers the window it learned and fits the
+    # history before sending, instead of overflowing and recovering again.
+    raw = await client(proxy).chat.completions.with_raw_response.create(
+        model="sim",
+        messages=history,
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    assert raw.http_response.status_code == 200
+    assert len(sim.requests) - first_round <= 2  # at most a summary and one accepted call
+    assert "overflow_compacted" not in raw.headers["x-agentproxy-applied"]
+
+
+async def test_goal_survives_summarization_mid_task(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = Simulator(context_window=4000)
+    upstream = await aiohttp_server(sim.app())
+    path = tmp_path / "c.yaml"
+    text = sim_config(str(upstream.make_url("")).rstrip("/"), f"store: {{path: {tmp_path}}}\n")
+    path.write_text(text.replace("max_input_tokens: 8192", "max_input_tokens: 4000"))
+    proxy = await start_proxy(path)
+    goal = "Migrate the billing service to Postgres 16 without downtime."
+    history = long_task(goal, steps=3)
+    summarized = False
+    for step in range(3, 30):
+        history.append(
+            {"role": "user", "content": f'Next: read_file({{"path": "src/m{step}.py"}})'}
+        )
+        raw = await client(proxy).chat.completions.with_raw_response.create(
+            model="sim",
+            messages=history,
+            tools=TOOLS,  # type: ignore[arg-type]
+        )
+        applied = raw.headers.get("x-agentproxy-applied", "")
+        message = raw.parse().choices[0].message
+        assert message.tool_calls, "the agent keeps working through compaction"
+        sent = sim.requests[-1].body["messages"]
+        if "compaction.summarized" in applied or "checkpoint_reused" in applied:
+            summarized = True
+            summary = next(
+                m["content"] for m in sent if "Earlier conversation summarized" in str(m["content"])
+            )
+            assert f"SESSION INTENT:\n{goal}" in summary
+        history.append(message.model_dump(exclude_none=True))
+        history.append(result(message.tool_calls[0].id, "def f():\n    return 1\n" * 60))
+    assert summarized, "the task was long enough to need a summary"
