@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 
 from proxy.exchange import Exchange
-from proxy.messages import Message, pairing_problems
+from proxy.messages import Message, pairing_problems, tool_call_ids
 from proxy.pipeline.base import Stage, StageContext, record
 
 log = logging.getLogger("agentproxy.pipeline")
@@ -41,10 +41,28 @@ class Chain:
             log.exception("stage %s failed on request %s; skipped", stage.name, ex.request_id)
             record(ex, ctx, stage.name, "stage_failed", error=f"{type(exc).__name__}: {exc}")
             return messages
-        if result is None:
+        if result is None or result is messages:
             return messages
+        if _same_outline(messages, result):
+            return result  # only contents changed: pairing is exactly as it was before
         problems = pairing_problems(result)
         if problems:
             record(ex, ctx, stage.name, "rejected_invalid", problems=[str(p) for p in problems[:5]])
             return messages
         return result
+
+
+def _same_outline(before: list[Message], after: list[Message]) -> bool:
+    """True when `after` has the same roles and tool-call ids at every position: a stage that
+    only rewrote contents (offload, truncation) cannot have broken the pairing rules. Cheap:
+    unchanged positions are the very same dicts."""
+    if len(before) != len(after):
+        return False
+    for old, new in zip(before, after, strict=True):
+        if old is not new and (
+            old.get("role") != new.get("role")
+            or old.get("tool_call_id") != new.get("tool_call_id")
+            or tool_call_ids(old) != tool_call_ids(new)
+        ):
+            return False
+    return True

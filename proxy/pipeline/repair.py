@@ -12,6 +12,7 @@ later message brings its real result; from then on the real result sits in that 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -81,11 +82,22 @@ def _is_clean(messages: list[Message]) -> bool:
             elif role == "assistant" and (calls := message.get("tool_calls")):
                 pending = {call["id"] for call in calls}
                 for call in calls:
-                    if arguments := call["function"].get("arguments"):
-                        orjson.loads(arguments)
-    except (KeyError, TypeError, AttributeError, ValueError):  # orjson's error is a ValueError
+                    if (arguments := call["function"].get("arguments")) and not _parses(arguments):
+                        return False
+    except (KeyError, TypeError, AttributeError):
         return False
     return not pending
+
+
+# The agent re-sends every old call each turn: a cache hit (one C-speed string hash) replaces
+# a JSON parse per call per turn.
+@functools.lru_cache(maxsize=65_536)
+def _parses(arguments: str) -> bool:
+    try:
+        orjson.loads(arguments)
+    except ValueError:  # orjson's error is a ValueError
+        return False
+    return True
 
 
 def repair(messages: list[Message], fixes: Fixes, *, drop_orphans: bool = False) -> list[Message]:
