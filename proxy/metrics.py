@@ -76,6 +76,19 @@ class Metrics:
             ["stage", "action"],
             registry=r,
         )
+        self.tokens_saved = Counter(
+            "agentproxy_tokens_saved",
+            "Estimated prompt tokens removed from requests by rewriting, by stage.",
+            ["stage"],
+            registry=r,
+        )
+        self.summarizer_duration = Histogram(
+            "agentproxy_summarizer_duration_seconds",
+            "Time per summarizer call, by result (ok, failed).",
+            ["result"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "agentproxy_requests_in_flight", "Requests being handled now.", registry=r
         )

@@ -45,5 +45,9 @@ class Stage(Protocol):
 def record(ex: Exchange, ctx: StageContext, stage: str, action: str, **fields: Any) -> None:
     """Make a rewrite visible: a note for the headers, a metric, and an event log line."""
     ex.note(stage, action, **fields)
-    ctx.metrics.rewrites.labels(stage, action).inc()
+    metrics = ctx.metrics
+    metrics.child(metrics.rewrites, stage, action).inc()
+    before, after = fields.get("tokens_before"), fields.get("tokens_after")
+    if isinstance(before, int) and isinstance(after, int) and before > after:
+        metrics.child(metrics.tokens_saved, stage).inc(before - after)
     ctx.events.write(ex, stage, action, fields)

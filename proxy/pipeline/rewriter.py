@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from proxy.exchange import Exchange
+from proxy.messages import Message
+from proxy.metrics import Metrics
 from proxy.pipeline import recall
-from proxy.pipeline.base import StageContext
+from proxy.pipeline.base import StageContext, Summarizer
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.offload import OffloadStage
@@ -14,6 +18,7 @@ from proxy.pipeline.repair import RepairStage
 
 class Rewriter:
     def __init__(self, ctx: StageContext) -> None:
+        ctx.summarize = _timed(ctx.summarize, ctx.metrics)
         self.ctx = ctx
         self.compaction = CompactionStage()
         self.chain = Chain([RepairStage(), OffloadStage(), self.compaction])
@@ -35,3 +40,20 @@ class Rewriter:
         if recall.should_offer(ex):
             recall.offer(ex.body)
         return True
+
+
+def _timed(summarize: Summarizer, metrics: Metrics) -> Summarizer:
+    """Every summarizer call is timed and counted by result."""
+
+    async def timed(ex: Exchange, messages: list[Message]) -> str:
+        started = time.perf_counter()
+        result = "failed"
+        try:
+            summary = await summarize(ex, messages)
+            result = "ok"
+            return summary
+        finally:
+            elapsed = time.perf_counter() - started
+            metrics.child(metrics.summarizer_duration, result).observe(elapsed)
+
+    return timed

@@ -108,6 +108,11 @@ async def test_large_result_is_offloaded_stored_and_readable_by_people(
         async with http.get(str(proxy.make_url(f"/v1/agentproxy/archive/{ref}"))) as r:
             assert r.status == 200
             assert (await r.json())["content"] == content
+        async with http.get(str(proxy.make_url("/metrics"))) as r:
+            metrics = await r.text()
+    assert 'agentproxy_rewrites_total{action="offloaded",stage="offload"} 1.0' in metrics
+    saved = re.search(r'agentproxy_tokens_saved_total\{stage="offload"\} (\S+)', metrics)
+    assert saved and float(saved.group(1)) > 1000
     # The next turn rewrites the same result to the same bytes (prefix-stable).
     await client(proxy).chat.completions.create(
         model="sim",
@@ -303,3 +308,7 @@ async def test_goal_survives_summarization_mid_task(
         history.append(message.model_dump(exclude_none=True))
         history.append(result(message.tool_calls[0].id, "def f():\n    return 1\n" * 60))
     assert summarized, "the task was long enough to need a summary"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(str(proxy.make_url("/metrics"))) as r:
+            metrics = await r.text()
+    assert 'agentproxy_summarizer_duration_seconds_count{result="ok"}' in metrics
