@@ -382,6 +382,7 @@ class TimedStage:
     def __init__(self, inner: Stage) -> None:
         self.inner = inner
         self.name = inner.name
+        self.preserves_pairing = getattr(inner, "preserves_pairing", False)
         self.spent = 0.0
 
     def enabled(self, policy: Policy) -> bool:

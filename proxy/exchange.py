@@ -42,6 +42,9 @@ class Exchange:
     alias: str
     policy: Policy
     session: str = ""
+    # How many leading messages are equal to the previous turn's in this session (set by the
+    # rewrite chain): stages redo work only past this point.
+    stable_prefix: int = 0
     stream: bool = False
     client_wants_usage: bool = False
     deployment: Deployment | None = None

@@ -33,6 +33,10 @@ class StageContext:
 
 
 class Stage(Protocol):
+    """A stage may also set `preserves_pairing = True` when it only ever rewrites contents
+    (keeping every role, tool_call_id and tool call id in place); the chain then skips the
+    pairing check after it. Its tests must prove that."""
+
     name: str
 
     def enabled(self, policy: Policy) -> bool: ...

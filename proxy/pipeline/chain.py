@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from cachetools import LRUCache
+
 from proxy.exchange import Exchange
 from proxy.messages import Message, pairing_problems, tool_call_ids
 from proxy.pipeline.base import Stage, StageContext, record
@@ -18,12 +20,15 @@ log = logging.getLogger("agentproxy.pipeline")
 
 
 class Chain:
-    def __init__(self, stages: Sequence[Stage]) -> None:
+    def __init__(self, stages: Sequence[Stage], memo_messages: int = 2_000_000) -> None:
         self.stages = tuple(stages)
+        # Each session's last input, bounded by the messages held in all.
+        self._last: LRUCache[str, list[Message]] = LRUCache(memo_messages, getsizeof=len)
 
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""
         original: list[Message] = ex.messages
+        ex.stable_prefix = self._stable_prefix(ex.session, original)
         messages = original
         for stage in self.stages:
             if stage.enabled(ex.policy):
@@ -31,6 +36,15 @@ class Chain:
         if messages is not original and not ex.dry_run:
             ex.body["messages"] = messages
         return messages if not ex.dry_run else original
+
+    def _stable_prefix(self, session: str, messages: list[Message]) -> int:
+        """Turn N+1 is turn N plus new messages: one C-level `==` over the shared part tells
+        every stage how much of the history it has already seen."""
+        last = self._last.get(session)
+        shared = len(last) if last is not None and last == messages[: len(last)] else 0
+        if len(messages) <= self._last.maxsize:
+            self._last[session] = list(messages)
+        return shared
 
     async def _run(
         self, stage: Stage, ex: Exchange, messages: list[Message], ctx: StageContext
@@ -43,7 +57,7 @@ class Chain:
             return messages
         if result is None or result is messages:
             return messages
-        if _same_outline(messages, result):
+        if getattr(stage, "preserves_pairing", False) or _same_outline(messages, result):
             return result  # only contents changed: pairing is exactly as it was before
         problems = pairing_problems(result)
         if problems:

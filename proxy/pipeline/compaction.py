@@ -74,7 +74,10 @@ class CompactionStage:
         if budget is None:
             return None
         spec = ex.policy.compaction
-        seen = self.seen.remember(ex.session, messages)
+        # When no earlier stage changed the client's list, the chain already knows how much of
+        # it the session sent before: no need to compare it again.
+        known = ex.stable_prefix if messages is ex.messages else 0
+        seen = self.seen.remember(ex.session, messages, known_shared=known)
         tokens = budget.fixed + sum(seen.costs)
         state = self.index.peek(ex.session)
         if state is None:

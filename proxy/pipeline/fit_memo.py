@@ -46,10 +46,13 @@ class SeenHistories:
     def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self._seen: LRUCache[str, Seen] = LRUCache(max_chars, getsizeof=lambda s: s.chars)
 
-    def remember(self, session: str, messages: list[Message]) -> Seen:
-        """This turn's history, reusing what was computed for the part shared with the last."""
+    def remember(self, session: str, messages: list[Message], known_shared: int = 0) -> Seen:
+        """This turn's history, reusing what was computed for the part shared with the last.
+        `known_shared`: leading messages the caller already knows equal last turn's."""
         last = self._seen.get(session)
-        if last is not None and last.messages == messages[: len(last.messages)]:
+        if last is not None and (
+            len(last.messages) <= known_shared or last.messages == messages[: len(last.messages)]
+        ):
             costs = last.costs + list(map(message_tokens, messages[len(last.messages) :]))
             seen = Seen(list(messages), costs, last.hashes)
         else:

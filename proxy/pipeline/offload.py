@@ -48,12 +48,40 @@ class _Candidate:
     tokens: int  # estimate of the original message
 
 
+@dataclass(frozen=True, slots=True)
+class _Offloaded:
+    refs: tuple[str, ...] = ()
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+    def plus(self, other: _Offloaded) -> _Offloaded:
+        return _Offloaded(
+            self.refs + other.refs,
+            self.tokens_before + other.tokens_before,
+            self.tokens_after + other.tokens_after,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    length: int  # how many input messages `output` covers
+    output: list[Message]
+    offloaded: _Offloaded
+    settings: tuple[OffloadSpec, bool]
+
+
 class OffloadStage:
     name = "offload"
+    # Only tool messages' contents change (role and tool_call_id are kept): the pairing of
+    # calls and results is untouched, so the chain need not re-check it.
+    preserves_pairing = True
 
     def __init__(self, cache_entries: int = 10_000) -> None:
         # Pointer texts already built (and stored) in this process; entries are ~1-10 kB.
         self._pointers: LRUCache[PointerKey, str] = LRUCache(cache_entries)
+        # Per session, last turn's result: the part of the history it covered is not scanned
+        # again when the client re-sends it unchanged.
+        self._last: LRUCache[str, _Turn] = LRUCache(cache_entries)
 
     def enabled(self, policy: Policy) -> bool:
         return policy.offload.enabled
@@ -63,9 +91,49 @@ class OffloadStage:
     ) -> list[Message] | None:
         spec = ex.policy.offload
         recall = ex.policy.recall.enabled
+        # ex.stable_prefix counts the client's messages: usable only if no earlier stage
+        # changed them (then this stage's input is the request's own list).
+        aligned = messages is ex.messages
+        last = self._last.pop(ex.session, None)
+        if (
+            last is None
+            or not aligned
+            or last.length > ex.stable_prefix
+            or last.settings != (spec, recall)
+        ):
+            last = _Turn(0, [], _Offloaded(), (spec, recall))
+        out, offloaded, failed = await self._scan(ex, messages, ctx, last.length)
+        if last.length:
+            out[: last.length] = last.output
+            offloaded = last.offloaded.plus(offloaded)
+        if aligned and not failed:  # a failed write is retried next turn: it must rescan
+            self._last[ex.session] = _Turn(len(messages), out, offloaded, (spec, recall))
+        if not offloaded.refs:
+            return None
+        record(
+            ex,
+            ctx,
+            self.name,
+            "offloaded",
+            count=len(offloaded.refs),
+            tokens_before=offloaded.tokens_before,
+            tokens_after=offloaded.tokens_after,
+            refs=list(offloaded.refs),
+        )
+        return out
+
+    async def _scan(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext, start: int
+    ) -> tuple[list[Message], _Offloaded, bool]:
+        """Offload what needs it in messages[start:]. Returns (all messages with pointers in
+        place, what was offloaded here, whether a store write failed)."""
+        spec = ex.policy.offload
+        recall = ex.policy.recall.enabled
         min_chars = spec.min_tokens * MIN_CHARS_PER_TOKEN
         candidates: list[_Candidate] = []
-        for index, message in enumerate(messages):
+        out = list(messages)
+        for index in range(start, len(messages)):
+            message = messages[index]
             if message.get("role") != "tool":
                 continue
             content = message.get("content")
@@ -83,7 +151,7 @@ class OffloadStage:
             ref = content_ref(ex.session, KIND, data)
             candidates.append(_Candidate(index, content, data, ref, tool, call_id, tokens))
         if not candidates:
-            return None
+            return out, _Offloaded(), False
 
         pointers: dict[int, str] = {}
         to_store: list[tuple[_Candidate, PointerKey, str]] = []
@@ -115,10 +183,6 @@ class OffloadStage:
             pointers[c.index] = text
         if failures:
             record(ex, ctx, self.name, "store_failed", count=len(failures), error=failures[0])
-        if not pointers:
-            return None
-
-        out = list(messages)
         tokens_before = tokens_after = 0
         refs: list[str] = []
         for c in candidates:
@@ -132,17 +196,7 @@ class OffloadStage:
             tokens_before += c.tokens
             tokens_after += estimate_tokens(replaced)
             refs.append(c.ref)
-        record(
-            ex,
-            ctx,
-            self.name,
-            "offloaded",
-            count=len(refs),
-            tokens_before=tokens_before,
-            tokens_after=tokens_after,
-            refs=refs,
-        )
-        return out
+        return out, _Offloaded(tuple(refs), tokens_before, tokens_after), bool(failures)
 
 
 async def _store(ex: Exchange, ctx: StageContext, c: _Candidate, owner: str | None) -> None:

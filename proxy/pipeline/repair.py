@@ -13,9 +13,11 @@ later message brings its real result; from then on the real result sits in that 
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message, text_of, tool_call_ids
@@ -48,14 +50,24 @@ Fixes = dict[str, list[str]]  # action -> tool call ids it was applied to
 class RepairStage:
     name = "repair"
 
+    def __init__(self, sessions: int = 65_536) -> None:
+        # Per session: how many leading messages were last seen clean (no call left open).
+        self._clean: LRUCache[str, int] = LRUCache(sessions)
+
     def enabled(self, policy: Policy) -> bool:
         return policy.repair.enabled
 
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
-        if _is_clean(messages):
+        clean = self._clean.get(ex.session, 0)
+        aligned = messages is ex.messages  # ex.stable_prefix counts the client's messages
+        start = clean if aligned and 0 < clean <= ex.stable_prefix else 0
+        if _is_clean(messages, start):
+            if aligned:
+                self._clean[ex.session] = len(messages)
             return None
+        self._clean.pop(ex.session, None)
         fixes: Fixes = {}
         repaired = repair(messages, fixes, drop_orphans=ex.policy.repair.orphans == "drop")
         for action in ACTIONS:
@@ -64,13 +76,13 @@ class RepairStage:
         return repaired if fixes else None
 
 
-def _is_clean(messages: list[Message]) -> bool:
+def _is_clean(messages: list[Message], start: int = 0) -> bool:
     """The common case in one pass, copying nothing: every call answered right after it, no
     stray results, arguments that parse. Any doubt (an odd shape included) says False, and the
     full repair decides."""
     pending: set[str] = set()  # ids of the latest call block not answered yet
     try:
-        for message in messages:
+        for message in itertools.islice(messages, start, None):
             role = message.get("role")
             if role == "tool":
                 call_id = message.get("tool_call_id")
