@@ -2,7 +2,8 @@
 
 Fail-safe: a stage that crashes, or returns a history that breaks the provider's pairing rules,
 is skipped — the request goes on with the messages from before that stage, and the event is
-recorded. Dry-run: every stage runs and reports, but the original messages are sent.
+recorded. (A stage raising a ProxyError means it: a guard refusing the request.) Dry-run: every
+stage runs and reports, but the original messages are sent.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from cachetools import LRUCache
 
+from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.messages import Message, pairing_problems, tool_call_ids
 from proxy.pipeline.base import Stage, StageContext, record
@@ -51,6 +53,8 @@ class Chain:
     ) -> list[Message]:
         try:
             result = await stage.run(ex, messages, ctx)
+        except ProxyError:
+            raise  # a deliberate refusal (a guard said no), not a crash
         except Exception as exc:
             log.exception("stage %s failed on request %s; skipped", stage.name, ex.request_id)
             record(ex, ctx, stage.name, "stage_failed", error=f"{type(exc).__name__}: {exc}")

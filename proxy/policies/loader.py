@@ -26,15 +26,19 @@ from jsonschema import Draft202012Validator
 from proxy.policies.spec import (
     OPENAI_COMPATIBLE_PROVIDERS,
     ApiKey,
+    CircuitSpec,
     CompactionSpec,
     Config,
     Deployment,
+    FallbackSpec,
     Keys,
+    LoopSpec,
     OffloadSpec,
     Policy,
     PolicyMatch,
     RecallSpec,
     RepairSpec,
+    RetrySpec,
     ServerSettings,
     StoreSettings,
     key_digest,
@@ -552,7 +556,44 @@ def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Repo
         offload=_section(OffloadSpec, raw.get("offload")),
         compaction=_section(CompactionSpec, raw.get("compaction")),
         recall=_section(RecallSpec, raw.get("recall")),
+        retry=_retry(raw.get("retry")),
+        fallbacks=tuple(
+            _fallback(entry, i, f, aliases, report) for i, f in enumerate(raw.get("fallbacks", []))
+        ),
+        circuit=_section(CircuitSpec, raw.get("circuit")),
+        loops=_loops(entry, raw.get("loops"), report),
     )
+
+
+def _retry(raw: dict[str, Any] | None) -> RetrySpec:
+    raw = dict(raw or {})
+    by_class = raw.pop("classify", {})
+    classify = {status: kind for kind, statuses in by_class.items() for status in statuses}
+    return RetrySpec(**raw, classify=classify)
+
+
+def _fallback(
+    entry: _Entry, index: int, raw: dict[str, Any], aliases: set[str], report: _Report
+) -> FallbackSpec:
+    path = ("fallbacks", index)
+    _check_names(
+        entry, (*path, "from"), [raw["from"]], aliases, "model alias", report, indexed=False
+    )
+    _check_names(entry, (*path, "to"), raw["to"], aliases, "model alias", report)
+    if raw["from"] in raw["to"]:
+        report.errors.append(
+            entry.issue((*path, "to"), f"{raw['from']!r} cannot fall back to itself")
+        )
+    when = tuple(raw.get("when", ("transient", "overflow")))
+    return FallbackSpec(source=raw["from"], to=tuple(raw["to"]), when=when)
+
+
+def _loops(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> LoopSpec:
+    spec = _section(LoopSpec, raw)
+    if spec.repeats > spec.window:
+        message = f"repeats ({spec.repeats}) cannot exceed window ({spec.window})"
+        report.errors.append(entry.issue(("loops", "repeats"), message))
+    return spec
 
 
 def _section(kind: type[SectionT], raw: dict[str, Any] | None) -> SectionT:

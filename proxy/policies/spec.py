@@ -181,6 +181,60 @@ class RecallSpec:
     max_rounds: int = 3
 
 
+ErrorClass = Literal["transient", "overflow", "logical", "fatal"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySpec:
+    """One retry loop, for transient errors only: exponential backoff with full jitter."""
+
+    attempts: int = 3  # calls in all, the first included
+    base_s: float = 0.5
+    factor: float = 2.0
+    cap_s: float = 8.0  # longest computed backoff
+    retry_after_cap_s: float = 60.0  # longest Retry-After / retry-after-ms honoured
+    attempt_timeout_s: float | None = None  # per call; None = the deployment's read timeout
+    deadline_s: float | None = None  # for the whole request, retries and fallbacks included
+    # Per-status overrides of the built-in classification, e.g. {409: transient}.
+    classify: Mapping[int, ErrorClass] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackSpec:
+    """When `source` fails with an error of a class in `when` after its retries, try the
+    aliases in `to`, in order."""
+
+    source: str  # a model alias
+    to: tuple[str, ...]
+    when: tuple[ErrorClass, ...] = ("transient", "overflow")
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitSpec:
+    """Per deployment: open after `failures` consecutive failures, for `cooldown_s`, then
+    let one probe through. Per session: refuse after `session_failures` failed calls."""
+
+    enabled: bool = True
+    failures: int = 5
+    cooldown_s: float = 30.0
+    session_failures: int | None = None
+
+
+LoopAction = Literal["warn", "no_tools", "block"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSpec:
+    """An agent re-issuing an identical call: `repeats` times within the last `window`
+    calls (or an A-B-A-B cycle) is stuck; each further detection climbs the ladder."""
+
+    enabled: bool = True
+    window: int = 5
+    repeats: int = 3
+    ladder: tuple[LoopAction, ...] = ("warn", "no_tools", "block")
+    allow: tuple[str, ...] = ()  # tools meant to repeat (polling)
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     name: str
@@ -191,6 +245,13 @@ class Policy:
     offload: OffloadSpec = OffloadSpec()
     compaction: CompactionSpec = CompactionSpec()
     recall: RecallSpec = RecallSpec()
+    retry: RetrySpec = RetrySpec()
+    fallbacks: tuple[FallbackSpec, ...] = ()
+    circuit: CircuitSpec = CircuitSpec()
+    loops: LoopSpec = LoopSpec()
+
+    def fallbacks_for(self, alias: str) -> FallbackSpec | None:
+        return next((f for f in self.fallbacks if f.source == alias), None)
 
 
 DEFAULT_POLICY = Policy(name="default")

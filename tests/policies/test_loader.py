@@ -1003,3 +1003,45 @@ def test_an_unknown_summarizer_model_is_named(tmp_path: Path) -> None:
     assert "policies[0].compaction.summarizer_model: unknown model alias 'nope'" in str(
         caught.value
     )
+
+
+def test_resilience_sections_load(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        MINIMAL
+        + """  - model_name: backup
+    litellm_params: {model: openai/backup, api_base: "http://127.0.0.1:9912/v1"}
+policies:
+  - name: resilient
+    retry: {attempts: 4, base_s: 0.1, classify: {transient: [409], logical: [503]}}
+    fallbacks:
+      - {from: strict-8k, to: [backup], when: [transient]}
+    circuit: {failures: 2, cooldown_s: 5}
+    loops: {window: 4, repeats: 2, ladder: [warn, block], allow: [poll_status]}
+"""
+    )
+    (policy,) = load_config(path).policies
+    assert policy.retry.attempts == 4 and policy.retry.cap_s == 8.0
+    assert policy.retry.classify == {409: "transient", 503: "logical"}
+    fallback = policy.fallbacks_for("strict-8k")
+    assert fallback is not None and fallback.to == ("backup",) and fallback.when == ("transient",)
+    assert policy.circuit.failures == 2
+    assert policy.loops.ladder == ("warn", "block") and policy.loops.allow == ("poll_status",)
+
+
+def test_resilience_errors_name_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        MINIMAL
+        + """policies:
+  - name: bad
+    fallbacks: [{from: strict-8k, to: [strict-8k, nope]}]
+    loops: {window: 3, repeats: 5}
+"""
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    text = str(caught.value)
+    assert "policies[0].fallbacks[0].to[1]: unknown model alias 'nope'" in text
+    assert "cannot fall back to itself" in text
+    assert "policies[0].loops.repeats: repeats (5) cannot exceed window (3)" in text
