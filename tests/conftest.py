@@ -49,8 +49,11 @@ async def sim_server(aiohttp_server: Any, sim: Simulator) -> TestServer:
     return server
 
 
-def sim_config(sim_url: str, extra: str = "", more_models: tuple[str, ...] = ()) -> str:
-    """A config serving alias `sim` (and `more_models`) from the simulator at `sim_url`."""
+def sim_config(
+    sim_url: str, extra: str = "", more_models: tuple[str, ...] = (), window: int = 8192
+) -> str:
+    """A config serving alias `sim` (and `more_models`) from the simulator at `sim_url`;
+    `window` is the max_input_tokens the proxy believes `sim` has."""
     models = "".join(
         f"""
           - model_name: {alias}
@@ -68,7 +71,7 @@ def sim_config(sim_url: str, extra: str = "", more_models: tuple[str, ...] = ())
               api_base: {sim_url}/v1
               api_key: sk-sim-upstream-secret
             model_info:
-              max_input_tokens: 8192{models}
+              max_input_tokens: {window}{models}
         """
     ) + textwrap.dedent(extra)
 
@@ -93,6 +96,23 @@ def start_proxy(aiohttp_server: Any) -> ProxyFactory:
 @pytest.fixture
 async def proxy(start_proxy: ProxyFactory, config_path: Path) -> TestServer:
     return await start_proxy(config_path)
+
+
+SimProxyFactory = Callable[..., Awaitable[TestServer]]
+
+
+@pytest.fixture
+def proxy_for(aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path) -> SimProxyFactory:
+    """A proxy in front of the given Simulator, its state in this test's folder."""
+
+    async def start(sim: Simulator, extra: str = "", *, window: int = 8192) -> TestServer:
+        upstream: TestServer = await aiohttp_server(sim.app())
+        path = tmp_path / "agentproxy-for-sim.yaml"
+        url = str(upstream.make_url("")).rstrip("/")
+        path.write_text(sim_config(url, f"store: {{path: {tmp_path}}}\n{extra}", window=window))
+        return await start_proxy(path)
+
+    return start
 
 
 def base_url(server: TestServer) -> str:

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.testing.simulator import Fault, Simulator
-from tests.conftest import base_url
+from tests.conftest import SimProxyFactory, base_url
 
 TOOLS = [
     {
@@ -110,16 +110,8 @@ async def test_unknown_fields_pass_through_untouched(proxy: TestServer, sim: Sim
     assert sent["seed"] == 7
 
 
-async def test_first_chunk_arrives_before_upstream_finishes(
-    aiohttp_server: Any, start_proxy: Any, tmp_path: Any
-) -> None:
-    slow = Simulator(chunk_delay_s=0.15)
-    upstream = await aiohttp_server(slow.app())
-    path = tmp_path / "c.yaml"
-    from tests.conftest import sim_config
-
-    path.write_text(sim_config(str(upstream.make_url("")).rstrip("/")))
-    proxy = await start_proxy(path)
+async def test_first_chunk_arrives_before_upstream_finishes(proxy_for: SimProxyFactory) -> None:
+    proxy = await proxy_for(Simulator(chunk_delay_s=0.15))
     started = time.perf_counter()
     stream = await client(proxy).chat.completions.create(
         model="sim",
@@ -270,15 +262,9 @@ async def test_garbled_stream_event_is_a_clear_error(proxy: TestServer, sim: Sim
 
 
 async def test_client_leaving_mid_stream_is_counted_and_serving_goes_on(
-    aiohttp_server: Any, start_proxy: Any, tmp_path: Any
+    proxy_for: SimProxyFactory,
 ) -> None:
-    from tests.conftest import sim_config
-
-    slow = Simulator(chunk_delay_s=0.05)
-    upstream = await aiohttp_server(slow.app())
-    path = tmp_path / "c.yaml"
-    path.write_text(sim_config(str(upstream.make_url("")).rstrip("/")))
-    proxy = await start_proxy(path)
+    proxy = await proxy_for(Simulator(chunk_delay_s=0.05))
     words = " ".join(["word"] * 40)
     async with aiohttp.ClientSession() as http:
         body = {"model": "sim", "messages": [{"role": "user", "content": words}], "stream": True}

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.testing.simulator import Simulator
-from tests.conftest import ProxyFactory, base_url, sim_config
+from tests.conftest import ProxyFactory, SimProxyFactory, base_url, sim_config
 
 TOOLS = [
     {
@@ -238,17 +238,11 @@ def long_task(goal: str, steps: int, result_chars: int = 1200) -> list[dict[str,
     return history
 
 
-async def test_overflow_is_compacted_and_retried_once(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
-) -> None:
+async def test_overflow_is_compacted_and_retried_once(proxy_for: SimProxyFactory) -> None:
     # The provider's real window (3,000) is smaller than the configured one (100,000), so
     # only the provider's own "context exceeded" answer reveals the overflow.
     sim = Simulator(context_window=3000)
-    upstream = await aiohttp_server(sim.app())
-    path = tmp_path / "c.yaml"
-    text = sim_config(str(upstream.make_url("")).rstrip("/"), f"store: {{path: {tmp_path}}}\n")
-    path.write_text(text.replace("max_input_tokens: 8192", "max_input_tokens: 100000"))
-    proxy = await start_proxy(path)
+    proxy = await proxy_for(sim, window=100_000)
     history = long_task("Port the parser to Rust and keep the tests green.", steps=12)
     raw = await client(proxy).chat.completions.with_raw_response.create(
         model="sim",
@@ -274,15 +268,9 @@ async def test_overflow_is_compacted_and_retried_once(
     assert "overflow_compacted" not in raw.headers["x-agentproxy-applied"]
 
 
-async def test_goal_survives_summarization_mid_task(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
-) -> None:
+async def test_goal_survives_summarization_mid_task(proxy_for: SimProxyFactory) -> None:
     sim = Simulator(context_window=4000)
-    upstream = await aiohttp_server(sim.app())
-    path = tmp_path / "c.yaml"
-    text = sim_config(str(upstream.make_url("")).rstrip("/"), f"store: {{path: {tmp_path}}}\n")
-    path.write_text(text.replace("max_input_tokens: 8192", "max_input_tokens: 4000"))
-    proxy = await start_proxy(path)
+    proxy = await proxy_for(sim, window=4000)
     goal = "Migrate the billing service to Postgres 16 without downtime."
     history = long_task(goal, steps=3)
     summarized = False
