@@ -19,6 +19,7 @@ TOOL_NAME = "agentproxy_recall"
 # Rewrites after which the history refers to archived content.
 ARCHIVING_ACTIONS = frozenset(
     {
+        ("repair", "archived"),
         ("offload", "offloaded"),
         ("compaction", "truncated_arguments"),
         ("compaction", "summarized"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from typing import Any
 
 import orjson
@@ -23,6 +24,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message, text_of, tool_call_ids
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import Policy
+from proxy.store.base import BlobInfo, content_ref
 
 DANGLING = (
     "Tool call {name} with id {id} did not complete - no result was recorded. "
@@ -30,8 +32,9 @@ DANGLING = (
 )
 ORPHAN_NOTE = (
     "[agentproxy] A tool result arrived for call {id} ({n} chars) without a matching tool call, "
-    "so it was set aside: {head}"
+    "so it was set aside (archived as {ref}): {head}"
 )
+SET_ASIDE = "set_aside"  # store kind of results repair takes out of the history
 BAD_ARGUMENTS_MARK = "[agentproxy] The arguments of this call were not valid JSON"
 BAD_ARGUMENTS = BAD_ARGUMENTS_MARK + ", so the tool probably did not run as intended: {head}\n"
 # Recorded in this order, one line per kind with a count and the ids.
@@ -69,10 +72,15 @@ class RepairStage:
             return None
         self._clean.pop(ex.session, None)
         fixes: Fixes = {}
-        repaired = repair(messages, fixes, drop_orphans=ex.policy.repair.orphans == "drop")
+        removed: list[Message] = []
+        drop = ex.policy.repair.orphans == "drop"
+        repaired = repair(messages, fixes, drop_orphans=drop, session=ex.session, removed=removed)
+        refs = await _archive(ex, ctx, removed)
         for action in ACTIONS:
             if ids := fixes.get(action):
                 record(ex, ctx, self.name, action, count=len(ids), tool_call_ids=ids)
+        if refs:
+            record(ex, ctx, self.name, "archived", count=len(refs), refs=refs)
         return repaired if fixes else None
 
 
@@ -112,10 +120,20 @@ def _parses(arguments: str) -> bool:
     return True
 
 
-def repair(messages: list[Message], fixes: Fixes, *, drop_orphans: bool = False) -> list[Message]:
+def repair(
+    messages: list[Message],
+    fixes: Fixes,
+    *,
+    drop_orphans: bool = False,
+    session: str = "",
+    removed: list[Message] | None = None,
+) -> list[Message]:
     """A valid copy of `messages`, reusing every dict it does not change; `fixes` collects what
-    was done. Non-tool messages keep their order; each call block is followed by its results."""
+    was done, `removed` the tool messages taken out (to archive: nothing is lost). Non-tool
+    messages keep their order; each call block is followed by its results."""
     answers, orphans = _assign_results(messages, fixes)
+    assigned = {j for results in answers.values() for j in results}
+    removed = removed if removed is not None else []
     out: list[Message] = []
     for index, message in enumerate(messages):
         if message.get("role") == "tool":
@@ -125,8 +143,11 @@ def repair(messages: list[Message], fixes: Fixes, *, drop_orphans: bool = False)
                 fixes.setdefault("dropped_orphan" if drop_orphans else "noted_orphan", []).append(
                     call_id
                 )
+                removed.append(message)
                 if not drop_orphans:
-                    out.append(_orphan_note(call_id, message))
+                    out.append(_orphan_note(call_id, message, set_aside_ref(session, message)))
+            elif index not in assigned:
+                removed.append(message)  # a duplicate answer
             continue
         out.append(message)
         if index in answers:  # a fresh list the block may extend
@@ -228,7 +249,34 @@ def _bad_arguments(call: dict[str, Any]) -> str | None:
     return None
 
 
-def _orphan_note(call_id: str, message: Message) -> Message:
+def _orphan_note(call_id: str, message: Message, ref: str) -> Message:
     text = text_of(message)
-    note = ORPHAN_NOTE.format(id=call_id, n=len(text), head=text[:500])
+    note = ORPHAN_NOTE.format(id=call_id, n=len(text), ref=ref, head=text[:500])
     return {"role": "user", "content": note}
+
+
+def set_aside_ref(session: str, message: Message) -> str:
+    return content_ref(session, SET_ASIDE, _canonical(message))
+
+
+def _canonical(message: Message) -> bytes:
+    return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+
+
+async def _archive(ex: Exchange, ctx: StageContext, removed: list[Message]) -> list[str]:
+    """Recoverable law: what repair takes out is stored. A failed write is counted; the repair
+    still goes out, since a valid history matters more than the copy."""
+    refs: list[str] = []
+    owner = ex.key.name if ex.key else None
+    for message in removed:
+        data = _canonical(message)
+        ref = content_ref(ex.session, SET_ASIDE, data)
+        meta = {"tool_call_id": message.get("tool_call_id"), "chars": len(text_of(message))}
+        info = BlobInfo(ref, ex.session, SET_ASIDE, len(data), time.time(), owner, meta)
+        try:
+            await ctx.store.put(info, data)
+        except Exception as exc:  # the store is down: count it, keep serving
+            record(ex, ctx, "repair", "store_failed", error=f"{type(exc).__name__}: {exc}")
+            continue
+        refs.append(ref)
+    return refs

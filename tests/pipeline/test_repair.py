@@ -12,7 +12,7 @@ from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.messages import Message, pairing_problems
 from proxy.pipeline.base import StageContext
-from proxy.pipeline.repair import RepairStage
+from proxy.pipeline.repair import RepairStage, set_aside_ref
 from proxy.policies.spec import Policy, RepairSpec
 from tests.pipeline.factories import context, exchange
 
@@ -54,8 +54,9 @@ async def repair(
 
 
 def notes(ex: Exchange) -> list[tuple[str, dict[str, Any]]]:
+    """The fixes recorded (archiving of what they took out is checked on its own)."""
     assert all(n.stage == "repair" for n in ex.notes)
-    return [(n.action, n.fields) for n in ex.notes]
+    return [(n.action, n.fields) for n in ex.notes if n.action != "archived"]
 
 
 async def test_a_valid_history_needs_nothing() -> None:
@@ -127,12 +128,14 @@ async def test_duplicate_results_keep_the_first() -> None:
 async def test_an_orphan_becomes_a_note_in_its_place() -> None:
     payload = "x" * 600
     out, ex = await repair([USER, result("z", payload), LATER])
+    ref = set_aside_ref("s1", result("z", payload))
     note = (
         "[agentproxy] A tool result arrived for call z (600 chars) without a matching tool "
-        f"call, so it was set aside: {'x' * 500}"
+        f"call, so it was set aside (archived as {ref}): {'x' * 500}"
     )
     assert out == [USER, {"role": "user", "content": note}, LATER]
     assert notes(ex) == [("noted_orphan", {"count": 1, "tool_call_ids": ["z"]})]
+    assert (ex.notes[-1].action, ex.notes[-1].fields) == ("archived", {"count": 1, "refs": [ref]})
 
 
 async def test_an_orphan_is_dropped_when_the_policy_says_so() -> None:
@@ -213,12 +216,33 @@ async def test_fixes_are_counted_and_logged_once_per_kind(tmp_path: Path) -> Non
         labels = {"stage": "repair", "action": action}
         assert registry.get_sample_value("agentproxy_rewrites_total", labels) == count
     events = [orjson.loads(line) for line in log.read_bytes().splitlines()]
-    assert [(e["action"], e["count"], e["tool_call_ids"]) for e in events] == [
+    assert [(e["action"], e["count"], e.get("tool_call_ids")) for e in events] == [
         ("patched_dangling", 2, ["a", "b"]),
         ("noted_orphan", 1, ["z"]),
+        ("archived", 1, None),
     ]
+    assert events[-1]["refs"][0].startswith("ap_")
 
 
 def test_the_policy_switches_it_off() -> None:
     assert RepairStage().enabled(Policy(name="on"))
     assert not RepairStage().enabled(Policy(name="off", repair=RepairSpec(enabled=False)))
+
+
+async def test_what_repair_takes_out_is_archived_first() -> None:
+    """Recoverable law: orphans and duplicate answers leave the history, not the archive."""
+    ctx = context()
+    history = [
+        USER,
+        result("z", "orphan body"),
+        call("a"),
+        result("a", "first"),
+        result("a", "2nd"),
+    ]
+    out, ex = await repair(history, ctx=ctx)
+    assert out is not None
+    (archived,) = [n.fields for n in ex.notes if n.action == "archived"]
+    assert archived["count"] == 2
+    stored = [await ctx.store.get(ref) for ref in archived["refs"]]
+    contents = sorted(orjson.loads(data)["content"] for _, data in filter(None, stored))
+    assert contents == ["2nd", "orphan body"]

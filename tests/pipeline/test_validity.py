@@ -126,6 +126,7 @@ async def test_every_repaired_history_is_valid_and_repairing_again_changes_nothi
         assert again is out and ex_again.notes == []
     assert broken > HISTORIES // 2  # the generator really does produce broken histories
     orphans = "dropped_orphan" if policy.repair.orphans == "drop" else "noted_orphan"
+    applied.discard("archived")  # what the fixes took out, stored: not a fix of its own
     assert applied == set(ACTIONS) - {"noted_orphan", "dropped_orphan"} | {orphans}
 
 
