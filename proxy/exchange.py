@@ -42,6 +42,8 @@ class Exchange:
     alias: str
     policy: Policy
     session: str = ""
+    parent_session: str | None = None  # a subagent's parent: its spend rolls up there
+    body_bytes: int = 0  # size of the request body as received
     # How many leading messages are equal to the previous turn's in this session (set by the
     # rewrite chain): stages redo work only past this point.
     stable_prefix: int = 0

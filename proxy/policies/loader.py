@@ -26,6 +26,7 @@ from jsonschema import Draft202012Validator
 from proxy.policies.spec import (
     OPENAI_COMPATIBLE_PROVIDERS,
     ApiKey,
+    BudgetSpec,
     CircuitSpec,
     CompactionSpec,
     Config,
@@ -562,7 +563,15 @@ def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Repo
         ),
         circuit=_section(CircuitSpec, raw.get("circuit")),
         loops=_loops(entry, raw.get("loops"), report),
+        budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
     )
+
+
+def _budget(entry: _Entry, index: int, raw: dict[str, Any], report: _Report) -> BudgetSpec:
+    if raw.get("window", "lifetime") != "lifetime" and "wall_s" in raw["limits"]:
+        message = "wall_s measures a scope's whole life; use it with window: lifetime"
+        report.errors.append(entry.issue(("budgets", index, "limits", "wall_s"), message))
+    return BudgetSpec(**{**raw, "limits": dict(raw["limits"])})
 
 
 def _retry(raw: dict[str, Any] | None) -> RetrySpec:

@@ -235,6 +235,25 @@ class LoopSpec:
     allow: tuple[str, ...] = ()  # tools meant to repeat (polling)
 
 
+BudgetScope = Literal["session", "key", "team", "global"]
+BudgetWindow = Literal["lifetime", "minute", "hour", "day"]
+BUDGET_LIMITS = ("tokens", "prompt_tokens", "completion_tokens", "cost_usd", "calls", "wall_s")
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    """Spend limits for one scope and window. `limits` maps a BUDGET_LIMITS name to its value;
+    past `soft` times a limit the response warns (and, with `wrap_up`, the model is asked to
+    finish); at the limit the request is refused with 429 budget_exceeded."""
+
+    name: str
+    scope: BudgetScope = "session"
+    window: BudgetWindow = "lifetime"
+    limits: Mapping[str, float] = field(default_factory=dict)
+    soft: float = 0.8
+    wrap_up: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     name: str
@@ -249,6 +268,7 @@ class Policy:
     fallbacks: tuple[FallbackSpec, ...] = ()
     circuit: CircuitSpec = CircuitSpec()
     loops: LoopSpec = LoopSpec()
+    budgets: tuple[BudgetSpec, ...] = ()
 
     def fallbacks_for(self, alias: str) -> FallbackSpec | None:
         return next((f for f in self.fallbacks if f.source == alias), None)

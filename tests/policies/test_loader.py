@@ -1045,3 +1045,29 @@ def test_resilience_errors_name_the_path(tmp_path: Path) -> None:
     assert "policies[0].fallbacks[0].to[1]: unknown model alias 'nope'" in text
     assert "cannot fall back to itself" in text
     assert "policies[0].loops.repeats: repeats (5) cannot exceed window (3)" in text
+
+
+def test_budgets_load_and_wall_time_needs_a_lifetime_window(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        MINIMAL
+        + """policies:
+  - name: spend
+    budgets:
+      - {name: daily, scope: key, window: day, limits: {cost_usd: 5, tokens: 100000}}
+      - {name: session, limits: {calls: 50, wall_s: 3600}, soft: 0.9, wrap_up: true}
+"""
+    )
+    daily, session = load_config(path).policies[0].budgets
+    assert daily.scope == "key" and daily.window == "day" and daily.limits["cost_usd"] == 5
+    assert session.scope == "session" and session.wrap_up and session.soft == 0.9
+    path.write_text(
+        MINIMAL
+        + """policies:
+  - name: bad
+    budgets: [{name: b, window: hour, limits: {wall_s: 10, bogus: 1}}]
+"""
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "policies[0].budgets[0].limits" in str(caught.value)
