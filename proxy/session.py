@@ -37,6 +37,11 @@ def session_id(headers: Mapping[str, str], body: dict[str, Any], key_name: str |
     return fingerprint(body.get("messages") or [], key_name)
 
 
+def parent_session_id(headers: Mapping[str, str]) -> str | None:
+    """A subagent names its parent session so budgets roll its spend up there."""
+    return _usable(headers.get(PARENT_HEADER))
+
+
 def fingerprint(messages: list[dict[str, Any]], key_name: str | None) -> str:
     system = next((m for m in messages if m.get("role") in ("system", "developer")), None)
     first_user = next((m for m in messages if m.get("role") == "user"), None)

@@ -14,7 +14,7 @@ from proxy.middleware import MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.routes import completion
 from proxy.routes.chat_request import parse_chat_request, read_body
-from proxy.session import session_id
+from proxy.session import parent_session_id, session_id
 from proxy.state import CATALOG, CONFIG, METRICS, REWRITER, UPSTREAMS
 from proxy.upstream.base import UpstreamHTTPError
 
@@ -27,8 +27,9 @@ POLICY_HEADER = "x-agentproxy-policy"
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG].current
     key = authenticate(request, config.keys)
-    body = parse_chat_request(await read_body(request, config.server.max_body_bytes))
-    ex = _open_exchange(request, config, key, body)
+    raw = await read_body(request, config.server.max_body_bytes)
+    ex = _open_exchange(request, config, key, parse_chat_request(raw))
+    ex.body_bytes = len(raw)
     ex.deployment = request.app[UPSTREAMS].pick(config.deployments[ex.alias])
     await request.app[REWRITER].before_call(ex)
     try:
@@ -69,6 +70,7 @@ def _open_exchange(
         alias=alias,
         policy=_select_policy(request, config, alias, key),
         session=session_id(request.headers, body, key.name if key else None),
+        parent_session=parent_session_id(request.headers),
         stream=stream,
         client_wants_usage=bool(options.get("include_usage")),
     )
@@ -152,12 +154,15 @@ def _account(request: web.Request, ex: Exchange) -> None:
     metrics = request.app[METRICS]
     metrics.child(metrics.overhead, "chat").observe(ex.overhead())
     metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
+    cost = None
     if ex.usage is not None:
         metrics.child(metrics.tokens, ex.alias, "prompt").inc(ex.usage.prompt_tokens)
         metrics.child(metrics.tokens, ex.alias, "completion").inc(ex.usage.completion_tokens)
         cost = request.app[CATALOG].cost(ex.deployment, ex.usage) if ex.deployment else None
         if cost:
             metrics.child(metrics.cost, ex.alias).inc(cost)
+    # A request counts as one model call for budgets once it reached an upstream.
+    request.app[REWRITER].after_call(ex, cost, calls=1 if ex.upstream_wait > 0 else 0)
 
 
 @routes.get("/v1/models")

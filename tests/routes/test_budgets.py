@@ -1,0 +1,62 @@
+"""Budgets through the real proxy: refused before the call, charged after it, rolled up."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from proxy.testing.simulator import Simulator
+from tests.conftest import SimProxyFactory, base_url
+
+BUDGETS = """
+policies:
+  - name: metered
+    budgets:
+      - {name: per-session, limits: {calls: 2}}
+      - {name: tokens, limits: {completion_tokens: 100000}, soft: 0.00001}
+"""
+
+
+async def test_third_call_is_refused_without_reaching_the_model(
+    proxy_for: SimProxyFactory,
+) -> None:
+    sim = Simulator()
+    proxy = await proxy_for(sim, BUDGETS)
+    client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key="unused")  # SDK retries on
+    headers = {"x-agentproxy-session": "agent-1"}
+    for _ in range(2):
+        await client.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+        )
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "budget_exceeded"
+    assert body["budget"]["name"] == "per-session" and body["budget"]["spent"] == 2
+    assert len(sim.requests) == 2  # the refusal cost no model call, and the SDK did not retry
+
+
+async def test_subagents_spend_from_their_parent_and_soft_limits_warn(
+    proxy_for: SimProxyFactory,
+) -> None:
+    sim = Simulator()
+    proxy = await proxy_for(sim, BUDGETS)
+    client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key="unused", max_retries=0)
+    for child in ("sub-1", "sub-2"):
+        raw = await client.chat.completions.with_raw_response.create(
+            model="sim",
+            messages=[{"role": "user", "content": "work"}],
+            extra_headers={
+                "x-agentproxy-session": child,
+                "x-agentproxy-parent-session": "lead",
+            },
+        )
+    assert "budget.soft_limit" in raw.headers["x-agentproxy-applied"]
+    with pytest.raises(openai.RateLimitError):
+        await client.chat.completions.create(
+            model="sim",
+            messages=[{"role": "user", "content": "and me?"}],
+            extra_headers={"x-agentproxy-session": "lead"},
+        )
