@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from proxy.control.control import Control
 from proxy.events import EventLog
 from proxy.metrics import Metrics
 from proxy.middleware import proxy_middleware
@@ -22,7 +23,7 @@ from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.routes import admin, archive, health, openai
-from proxy.state import CATALOG, CONFIG, METRICS, REWRITER, STORE, UPSTREAMS
+from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER, STORE, UPSTREAMS
 from proxy.store.local import LocalStore
 from proxy.upstream.pool import Upstreams
 
@@ -49,9 +50,10 @@ def build_app(
     settings = holder.current.store  # where state lives is fixed for the process's life
     store = app[STORE] = LocalStore(settings.path)
     events = EventLog(settings.event_log_path)
-    app[REWRITER] = Rewriter(
+    rewriter = app[REWRITER] = Rewriter(
         StageContext(store, catalog, metrics, events, summarize=make_summarizer(upstreams))
     )
+    app[CONTROL] = Control(upstreams, rewriter, metrics)
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)

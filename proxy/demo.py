@@ -126,6 +126,7 @@ def _config(sim_url: str, state: Path, aliases: tuple[str, ...] = ("sim",)) -> s
             description: the demo agent's traffic, with a low offload threshold
             match: {{models: [sim]}}
             offload: {{min_tokens: 500, preview_lines: 3}}
+            retry: {{base_s: 0.05}}
         """
     )
 
@@ -224,7 +225,12 @@ async def _narrate(
     say.line("\nWhat the proxy does with bad input and a broken upstream:")
     await _show_error(say, "unknown model", _ask(client, model="gpt-nope"))
     sim.inject(Fault(malformed=True))
-    await _show_error(say, "garbled upstream", _ask(client))
+    raw = await client.chat.completions.with_raw_response.create(
+        model="sim", messages=[{"role": "user", "content": "ping"}]
+    )
+    say.line(f"  garbled upstream once: retried ({raw.headers.get('x-agentproxy-applied')})")
+    sim.inject(Fault(malformed=True, times=3))
+    await _show_error(say, "garbled upstream, every attempt", _ask(client))
     reply = await _ask(client)
     say.line(f"  next request: {reply.choices[0].message.content!r} — still serving")
 

@@ -28,6 +28,8 @@ class ProxyError(Exception):
         if code is not None:
             self.code = code
         self.headers = dict(headers or {})
+        # More fields for the body's error object (what recovery tried, for instance).
+        self.extra: dict[str, object] = {}
 
     def body(self, request_id: str | None) -> dict[str, object]:
         error: dict[str, object] = {
@@ -38,6 +40,8 @@ class ProxyError(Exception):
         }
         if request_id:
             error["request_id"] = request_id
+        if self.extra:
+            error.update(self.extra)
         return {"error": error}
 
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.policies.spec import ApiKey, Config, Deployment, Policy
+from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 
 @dataclass(slots=True)
@@ -34,6 +34,34 @@ class Note:
 
 
 @dataclass(slots=True)
+class Recovery:
+    """What the control stages did for one request: the upstream calls made and the recoveries
+    tried, in order, for error bodies, notes and metrics."""
+
+    calls: int = 0  # upstream calls made, for every alias tried
+    steps: list[str] = field(default_factory=list)  # "retry", "fallback to X", "compaction"
+    last_status: int | None = None  # HTTP status of the last failed upstream call
+    last_class: ErrorClass | None = None  # class of the last failure
+    deadline: float | None = None  # when retry.deadline_s runs out, on the control's clock
+    guidance: str | None = None  # why recovery stopped, when that is worth saying
+
+    def recoveries(self) -> list[str]:
+        """The steps, consecutive retries counted: ["retry x2", "fallback to b", "compaction"]."""
+        out: list[str] = []
+        run = 0
+        for step in [*self.steps, ""]:
+            if step == "retry":
+                run += 1
+                continue
+            if run:
+                out.append(f"retry x{run}")
+                run = 0
+            if step:
+                out.append(step)
+        return out
+
+
+@dataclass(slots=True)
 class Exchange:
     request_id: str
     config: Config  # the snapshot this request runs under, even if a reload happens meanwhile
@@ -42,6 +70,10 @@ class Exchange:
     alias: str
     policy: Policy
     session: str = ""
+    # The alias the client asked for; `alias` becomes the fallback's when one answers.
+    requested_alias: str = ""
+    # The client's messages as received, before any rewrite: a fallback re-fits these.
+    original_messages: list[dict[str, Any]] | None = None
     parent_session: str | None = None  # a subagent's parent: its spend rolls up there
     body_bytes: int = 0  # size of the request body as received
     # How many leading messages are equal to the previous turn's in this session (set by the
@@ -56,6 +88,11 @@ class Exchange:
     # Time spent awaiting the upstream and the client; the rest is the proxy's own overhead.
     upstream_wait: float = 0.0
     client_wait: float = 0.0
+    recovery: Recovery = field(default_factory=Recovery)
+
+    def __post_init__(self) -> None:
+        if not self.requested_alias:
+            self.requested_alias = self.alias
 
     @property
     def messages(self) -> list[dict[str, Any]]:

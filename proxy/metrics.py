@@ -89,6 +89,31 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.retries = Counter(
+            "agentproxy_retries",
+            "Upstream calls retried, by model alias and the error class that caused the retry.",
+            ["model", "error_class"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "agentproxy_fallbacks",
+            "Requests handed to a fallback alias, by the alias that failed, the fallback and the "
+            "error class that triggered it.",
+            ["from_model", "to_model", "reason"],
+            registry=r,
+        )
+        self.circuit_state = Gauge(
+            "agentproxy_circuit_state",
+            "Circuit breaker state per deployment (alias#index): 0 closed, 1 half-open, 2 open.",
+            ["deployment"],
+            registry=r,
+        )
+        self.circuit_transitions = Counter(
+            "agentproxy_circuit_transitions",
+            "Circuit breaker state changes per deployment, by the state entered.",
+            ["deployment", "state"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "agentproxy_requests_in_flight", "Requests being handled now.", registry=r
         )

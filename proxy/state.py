@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.control.control import Control
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.rewriter import Rewriter
@@ -17,3 +18,4 @@ UPSTREAMS = web.AppKey("upstreams", Upstreams)
 CATALOG = web.AppKey("catalog", ModelCatalog)
 STORE = web.AppKey("store", Store)
 REWRITER = web.AppKey("rewriter", Rewriter)
+CONTROL = web.AppKey("control", Control)

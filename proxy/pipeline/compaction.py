@@ -86,7 +86,7 @@ class CompactionStage:
             if tokens <= budget.limit(spec.trigger):
                 return None
             state = await self.index.state(ctx.store, ex.session)
-        budget = budget.capped(state.window_cap)
+        budget = budget.capped(state.cap_for(_model(ex)))
         if tokens <= budget.limit(spec.trigger):
             return None
         async with state.lock:
@@ -111,8 +111,9 @@ class CompactionStage:
         if budget is None:
             return None
         state = await self.index.state(ctx.store, ex.session)
-        if state.window_cap is None or sent < state.window_cap:
-            state.window_cap = sent
+        cap = state.cap_for(_model(ex))
+        if cap is None or sent < cap:
+            state.window_cap, state.window_model = sent, _model(ex)
             await self._save(ex, ctx, state)
         budget = budget.capped(state.window_cap)
         async with state.lock:
@@ -249,3 +250,8 @@ class CompactionStage:
             await self.index.save(ctx.store, ex.session, state)
         except Exception as exc:
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def _model(ex: Exchange) -> str:
+    """Whose window an overflow taught: windows differ between models (fallbacks)."""
+    return ex.deployment.model if ex.deployment is not None else ""

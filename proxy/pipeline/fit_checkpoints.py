@@ -72,6 +72,9 @@ class SessionState:
     # Prompt tokens (our estimate) at which the provider said the context overflowed: the
     # session's window is treated as no larger from then on.
     window_cap: int | None = None
+    # The deployment model (litellm spelling) that overflowed: a fallback to another model has
+    # its own window. None (an index saved before this was kept): any model.
+    window_model: str | None = None
     # One compaction at a time per session: a concurrent turn waits and reuses the result.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -84,6 +87,7 @@ class SessionState:
                 "checkpoints": [mark(m) for m in self.checkpoints],
                 "truncation": mark(self.truncation),
                 "window_cap": self.window_cap,
+                "window_model": self.window_model,
             }
         )
 
@@ -95,7 +99,14 @@ class SessionState:
             checkpoints=[Mark(int(n), str(k)) for n, k in raw.get("checkpoints") or []],
             truncation=Mark(int(truncation[0]), str(truncation[1])) if truncation else None,
             window_cap=raw.get("window_cap"),
+            window_model=raw.get("window_model"),
         )
+
+    def cap_for(self, model: str) -> int | None:
+        """The window learnt from an overflow, if it was learnt on `model`."""
+        if self.window_model is None or self.window_model == model:
+            return self.window_cap
+        return None
 
     def needed_length(self) -> int:
         """How many leading messages must be hashed to check every mark."""

@@ -9,8 +9,10 @@ from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.pipeline import recall
 from proxy.pipeline.base import StageContext, Summarizer
+from proxy.pipeline.budget import BudgetStage
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
+from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.overflow import compact_after_overflow
 from proxy.pipeline.repair import RepairStage
@@ -21,13 +23,34 @@ class Rewriter:
         ctx.summarize = _timed(ctx.summarize, ctx.metrics)
         self.ctx = ctx
         self.compaction = CompactionStage()
-        self.chain = Chain([RepairStage(), OffloadStage(), self.compaction])
+        # Budgets run last: they judge the request as it will be sent.
+        self.budgets = BudgetStage()
+        self.chain = Chain(
+            [LoopStage(), RepairStage(), OffloadStage(), self.compaction, self.budgets]
+        )
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""
+        if ex.original_messages is None:
+            ex.original_messages = ex.messages  # stages never mutate it: no copy needed
         await self.chain.rewrite(ex, self.ctx)
         if not ex.dry_run and recall.should_offer(ex):
             recall.offer(ex.body)
+
+    def after_call(self, ex: Exchange, cost: float | None, calls: int) -> None:
+        """Charge what the request really used to its budgets."""
+        if ex.policy.budgets and not ex.dry_run:
+            self.budgets.charge(ex, ex.usage, cost, calls)
+
+    async def refit(self, ex: Exchange) -> None:
+        """A fallback took over: the client's own history again, rewritten for the new
+        ex.deployment (its window). Re-sending a history is safe for every stage: the chain
+        sees the same turn again, as after a client's retry."""
+        if ex.original_messages is not None:
+            ex.body["messages"] = ex.original_messages
+        if recall.offered(ex.body):
+            recall.withdraw(ex.body)
+        await self.before_call(ex)
 
     async def after_overflow(self, ex: Exchange) -> bool:
         """The provider said the context is exceeded: compact tighter. False = give up."""

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from proxy.auth import authenticate_admin
 from proxy.policies.spec import Config, Policy
-from proxy.state import CONFIG
+from proxy.state import CONFIG, CONTROL
 
 routes = web.RouteTableDef()
 
@@ -28,6 +28,7 @@ async def show_policies(request: web.Request) -> web.Response:
             "warnings": list(config.warnings),
             "models": _models(config),
             "policies": [_policy(p) for p in config.policies],
+            "circuits": request.app[CONTROL].describe(),
         }
     )
 

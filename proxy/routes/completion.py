@@ -1,14 +1,14 @@
-"""Serving one chat completion upstream: the call, the overflow retry, the recall rounds.
+"""Serving one chat completion upstream: the model calls and the recall rounds.
 
-Control nests as DESIGN.md draws it: (later: fallback ⊃ retry ⊃) fit-to-context ⊃ upstream
-call. A context overflow is compacted tighter and retried once; a model that calls the proxy's
-recall tool gets its answer and is called again, a bounded number of rounds.
+Each model call goes through control (proxy/control): fallback ⊃ retry ⊃ fit-to-context ⊃
+upstream call. A stream is retried only until it opens: once bytes reached the client, a
+failure ends the stream with an error event. A model that calls the proxy's recall tool gets
+its answer and is called again, a bounded number of rounds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +16,12 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import ProxyError
-from proxy.exchange import Exchange, Usage
+from proxy.exchange import Exchange
 from proxy.middleware import CLIENT_GONE
 from proxy.pipeline import recall
 from proxy.pipeline.base import record
-from proxy.pipeline.overflow import is_context_overflow
 from proxy.routes.relay import Relay
-from proxy.state import REWRITER, STORE, UPSTREAMS
+from proxy.state import CONTROL, REWRITER, STORE
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
 
 Headers = Callable[[], dict[str, str]]
@@ -81,7 +80,12 @@ async def stream(request: web.Request, ex: Exchange, headers: Headers) -> web.St
     except ProxyError as error:
         if not response.prepared:
             raise
-        await _write_error_event(ex, response, error)
+        await _write_error_event(ex, response, error.message, error.body(ex.request_id))
+    except UpstreamHTTPError as error:  # a later recall round failed
+        if not response.prepared:
+            raise
+        said = f"upstream answered HTTP {error.status} after the stream began"
+        await _write_error_event(ex, response, said, passthrough_body(error, ex.request_id))
     except ConnectionResetError:
         request[CLIENT_GONE] = True
         return response
@@ -93,24 +97,8 @@ async def stream(request: web.Request, ex: Exchange, headers: Headers) -> web.St
 
 
 async def _call(request: web.Request, ex: Exchange, *, stream: bool) -> Any:
-    """One upstream call; after a context overflow, compact tighter and try once more."""
-    assert ex.deployment is not None
-    upstream = request.app[UPSTREAMS].for_deployment(ex.deployment)
-    for attempt in (1, 2):
-        waited = time.perf_counter()
-        try:
-            if stream:
-                return await upstream.open_stream(ex.deployment, ex.body, ex.request_id)
-            reply = await upstream.complete(ex.deployment, ex.body, ex.request_id)
-            ex.add_usage(Usage.from_openai(reply.data.get("usage")))
-            return reply
-        except UpstreamHTTPError as error:
-            overflowed = attempt == 1 and is_context_overflow(error.status, error.body)
-            if not overflowed or not await request.app[REWRITER].after_overflow(ex):
-                raise
-        finally:
-            ex.upstream_wait += time.perf_counter() - waited
-    raise AssertionError("unreachable: the second attempt returns or raises")
+    """One model call, under control: fallback ⊃ retry ⊃ fit-to-context ⊃ upstream call."""
+    return await request.app[CONTROL].call(ex, stream=stream)
 
 
 async def _answer_recall(
@@ -148,11 +136,39 @@ def _without_recall(reply: UpstreamReply, theirs: list[dict[str, Any]]) -> Upstr
     return UpstreamReply(reply.data, orjson.dumps(reply.data), reply.headers)
 
 
-async def _write_error_event(ex: Exchange, response: web.StreamResponse, error: ProxyError) -> None:
+async def _write_error_event(
+    ex: Exchange, response: web.StreamResponse, message: str, body: Any
+) -> None:
     """Bytes already reached the client: end the stream with an error event it can read."""
-    ex.note("stream", "error", message=error.message)
+    ex.note("stream", "error", message=message)
     with contextlib.suppress(ConnectionResetError):
-        await response.write(b"data: " + orjson.dumps(error.body(ex.request_id)) + b"\n\n")
+        data = body if isinstance(body, bytes) else orjson.dumps(body)
+        await response.write(b"data: " + data + b"\n\n")
+
+
+def passthrough_body(error: UpstreamHTTPError, request_id: str) -> bytes:
+    """A provider's error as the client gets it: its JSON unchanged, or (non-JSON) wrapped in
+    an OpenAI-style body; with what recovery tried (error.extra) added to the error object."""
+    try:
+        parsed = orjson.loads(error.body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    else:
+        if not error.extra:
+            return error.body
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("error"), dict):
+        text = error.body[:500].decode("utf-8", "replace").strip() or "(empty body)"
+        parsed = {
+            "error": {
+                "message": f"upstream answered HTTP {error.status}: {text}",
+                "type": "upstream_error",
+                "param": None,
+                "code": "upstream_http_error",
+                "request_id": request_id,
+            }
+        }
+    parsed["error"].update(error.extra)
+    return orjson.dumps(parsed)
 
 
 def server_timing(ex: Exchange) -> str:

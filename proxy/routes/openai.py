@@ -15,7 +15,7 @@ from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.routes import completion
 from proxy.routes.chat_request import parse_chat_request, read_body
 from proxy.session import parent_session_id, session_id
-from proxy.state import CATALOG, CONFIG, METRICS, REWRITER, UPSTREAMS
+from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
@@ -30,20 +30,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, config.server.max_body_bytes)
     ex = _open_exchange(request, config, key, parse_chat_request(raw))
     ex.body_bytes = len(raw)
-    ex.deployment = request.app[UPSTREAMS].pick(config.deployments[ex.alias])
+    control = request.app[CONTROL]
+    try:
+        control.admit(ex)
+    except ProxyError as error:
+        error.headers.update(_headers(ex))
+        raise
+    control.route(ex)
     await request.app[REWRITER].before_call(ex)
+    ok = False
     try:
         if ex.stream:
-            return await completion.stream(request, ex, lambda: _headers(ex))
-        return await completion.complete(request, ex, lambda: _headers(ex))
-    except UpstreamHTTPError as error:
-        _count_error(request, ex, f"http_{error.status}")
-        return _passthrough_error(error, _headers(ex))
+            response = await completion.stream(request, ex, lambda: _headers(ex))
+        else:
+            response = await completion.complete(request, ex, lambda: _headers(ex))
+        ok = True
+        return response
+    except UpstreamHTTPError as error:  # what control gave up on: counted there
+        return _passthrough_error(error, ex)
     except ProxyError as error:
-        _count_error(request, ex, error.code or error.type)
+        if not error.extra:  # control counts (and marks) its own; this failed in the relay
+            _count_error(request, ex, error.code or error.type)
         error.headers.update(_headers(ex))
         raise
     finally:
+        control.settle(ex, ok)
         _account(request, ex)
 
 
@@ -120,28 +131,14 @@ def applied_header(ex: Exchange) -> str:
     return ", ".join(parts)
 
 
-def _passthrough_error(error: UpstreamHTTPError, headers: dict[str, str]) -> web.Response:
-    """Provider errors pass through unchanged when they are JSON; anything else is wrapped."""
-    body = error.body
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError:
-        text = body[:500].decode("utf-8", "replace").strip() or "(empty body)"
-        body = orjson.dumps(
-            {
-                "error": {
-                    "message": f"upstream answered HTTP {error.status}: {text}",
-                    "type": "upstream_error",
-                    "param": None,
-                    "code": "upstream_http_error",
-                }
-            }
-        )
+def _passthrough_error(error: UpstreamHTTPError, ex: Exchange) -> web.Response:
+    """Provider errors pass through unchanged when they are JSON (anything else is wrapped),
+    plus what recovery tried when it tried anything (completion.passthrough_body)."""
     return web.Response(
         status=error.status,
-        body=body,
+        body=completion.passthrough_body(error, ex.request_id),
         content_type="application/json",
-        headers={**error.headers, **headers},
+        headers={**error.headers, **_headers(ex)},
     )
 
 

@@ -51,6 +51,9 @@ class UpstreamHTTPError(Exception):
         self.status = status
         self.body = body
         self.headers = dict(headers)
+        # Fields the proxy adds to the body's error object (what recovery tried); none when
+        # the provider's answer passes through unchanged.
+        self.extra: dict[str, object] = {}
 
 
 class Upstream(Protocol):

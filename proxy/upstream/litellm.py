@@ -19,7 +19,7 @@ import orjson
 
 from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
 from proxy.policies.spec import Deployment
-from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
+from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
 from proxy.upstream.openai_compat import redact
 
 log = logging.getLogger("agentproxy.litellm")
@@ -139,7 +139,11 @@ class LiteLLMUpstream:
                     "code": code,
                 }
             }
-            return UpstreamHTTPError(status, orjson.dumps(body), {})
+            # The provider's rate-limit hints (Retry-After), when litellm kept its headers.
+            headers = getattr(exc, "litellm_response_headers", None)
+            return UpstreamHTTPError(
+                status, orjson.dumps(body), forwarded_headers(headers) if headers else {}
+            )
         return UpstreamBadResponse(f"the upstream for '{name}' failed: {message}")
 
 

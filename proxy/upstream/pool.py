@@ -17,12 +17,23 @@ class Upstreams:
         self.litellm = LiteLLMUpstream()
         self._turns: dict[str, itertools.count[int]] = {}
 
-    def pick(self, deployments: tuple[Deployment, ...]) -> Deployment:
-        """Round-robin over an alias' deployments."""
+    def pick(
+        self,
+        deployments: tuple[Deployment, ...],
+        usable: Callable[[Deployment], bool] | None = None,
+    ) -> Deployment:
+        """Round-robin over an alias' deployments, skipping those `usable` rejects (open
+        circuits); when it rejects them all, the plain round-robin choice."""
         if len(deployments) == 1:
             return deployments[0]
         turn = self._turns.setdefault(deployments[0].alias, itertools.count())
-        return deployments[next(turn) % len(deployments)]
+        start = next(turn)
+        if usable is not None:
+            for offset in range(len(deployments)):
+                candidate = deployments[(start + offset) % len(deployments)]
+                if usable(candidate):
+                    return candidate
+        return deployments[start % len(deployments)]
 
     def for_deployment(self, deployment: Deployment) -> Upstream:
         return self.fast if deployment.fast_path else self.litellm

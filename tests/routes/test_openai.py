@@ -164,9 +164,10 @@ async def test_upstream_echoing_the_provider_key_is_redacted(
 @pytest.mark.parametrize(
     ("fault", "status", "code"),
     [
-        (Fault(reset=True), 502, "upstream_unreachable"),
-        (Fault(malformed=True), 502, "upstream_bad_response"),
-        (Fault(status=503, body="<html>busy</html>"), 503, "upstream_http_error"),
+        # Every attempt fails (3 by default): one failure would be retried.
+        (Fault(reset=True, times=3), 502, "upstream_unreachable"),
+        (Fault(malformed=True, times=3), 502, "upstream_bad_response"),
+        (Fault(status=503, body="<html>busy</html>", times=3), 503, "upstream_http_error"),
     ],
 )
 async def test_upstream_failures_are_clear_errors(
@@ -195,7 +196,7 @@ async def test_upstream_timeout_is_504_naming_the_setting(
     text = sim_config(str(sim_server.make_url("")).rstrip("/"))
     path.write_text(text.replace("api_key: sk", "timeout: 0.3\n      api_key: sk"))
     proxy = await start_proxy(path)
-    sim.inject(Fault(delay_s=2))
+    sim.inject(Fault(delay_s=2, times=3))
     with pytest.raises(openai.APIStatusError) as caught:
         await client(proxy, max_retries=0).chat.completions.create(
             model="sim", messages=[{"role": "user", "content": "x"}]
@@ -239,13 +240,15 @@ async def test_models_lists_configured_aliases(proxy: TestServer) -> None:
 async def test_stream_error_status_before_first_byte_is_a_plain_error(
     proxy: TestServer, sim: Simulator
 ) -> None:
-    sim.inject(Fault(status=503, retry_after=2))
+    # Longer than retry.retry_after_cap_s (60 s): not retried, passed on with its Retry-After.
+    sim.inject(Fault(status=503, retry_after=120))
     with pytest.raises(openai.APIStatusError) as caught:
         await client(proxy, max_retries=0).chat.completions.create(
             model="sim", messages=[{"role": "user", "content": "x"}], stream=True
         )
     assert caught.value.status_code == 503
-    assert caught.value.response.headers["retry-after"] == "2"
+    assert caught.value.response.headers["retry-after"] == "120"
+    assert len(sim.requests) == 1
 
 
 async def test_garbled_stream_event_is_a_clear_error(proxy: TestServer, sim: Simulator) -> None:

@@ -75,10 +75,14 @@ async def test_provider_errors_keep_their_status_and_no_retries(
     claude_proxy: tuple[TestServer, Simulator],
 ) -> None:
     proxy, sim = claude_proxy
-    sim.inject(Fault(status=429, retry_after=1))
+    sim.inject(Fault(status=429, retry_after_ms=20, times=3))
     client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key="unused", max_retries=0)
-    with pytest.raises(openai.RateLimitError):
+    with pytest.raises(openai.RateLimitError) as caught:
         await client.chat.completions.create(
             model="claude", messages=[{"role": "user", "content": "x"}]
         )
-    assert len(sim.requests) == 1  # litellm did not retry on its own
+    # The proxy's loop made its 3 attempts, waiting as the provider asked; litellm made no
+    # retries of its own (else the faults would run out and an attempt would succeed).
+    assert len(sim.requests) == 3
+    assert caught.value.response.headers["retry-after-ms"] == "20"
+    assert caught.value.body["attempts"] == 3  # type: ignore[index]

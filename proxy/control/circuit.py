@@ -1,0 +1,150 @@
+"""Circuit breakers per deployment: in memory, one object per application.
+
+    closed ──`circuit.failures` consecutive transient failures──▶ open
+    open ──`cooldown_s` later, the next caller takes the one probe──▶ half_open
+    half_open ──the probe succeeds──▶ closed      half_open ──the probe fails──▶ open
+
+While the probe is out, every other caller finds the deployment open; a probe that never
+finishes (its client left) hands the probe to the next caller. Only transient failures count:
+a provider answering 400 is up. A deployment is named `alias#index` (its place among the
+alias' deployments), which keeps metric labels bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.metrics import Metrics
+from proxy.policies.spec import CircuitSpec, Deployment
+
+State = Literal["closed", "half_open", "open"]
+GAUGE = {"closed": 0, "half_open": 1, "open": 2}
+
+
+@dataclass(slots=True)
+class Breaker:
+    state: State = "closed"
+    failures: int = 0  # consecutive transient failures
+    retry_at: float = 0.0  # when open: the clock time the probe may go
+    probing: bool = False  # when half-open: the probe is out
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """Leave to call one deployment once; its outcome must be reported."""
+
+    key: str
+    probe: bool = False
+
+
+def deployment_key(deployment: Deployment, group: tuple[Deployment, ...]) -> str:
+    """`alias#index`: the deployment's place among its alias' deployments."""
+    index = next((i for i, d in enumerate(group) if d is deployment), 0)
+    return f"{deployment.alias}#{index}"
+
+
+class Circuits:
+    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self._breakers: dict[str, Breaker] = {}
+        # id(deployment) -> (deployment, key): every call looks its deployment's key up.
+        self._keys: dict[int, tuple[Deployment, str]] = {}
+
+    def key(self, deployment: Deployment, group: tuple[Deployment, ...]) -> str:
+        """deployment_key, cached (configs are immutable; a reload brings new objects)."""
+        cached = self._keys.get(id(deployment))
+        if cached is not None and cached[0] is deployment:
+            return cached[1]
+        if len(self._keys) >= 4096:  # deployments of configs long replaced
+            self._keys.clear()
+        key = deployment_key(deployment, group)
+        self._keys[id(deployment)] = (deployment, key)
+        return key
+
+    def usable(self, key: str) -> bool:
+        """Would `enter` let a call through now? (No side effects: for routing.)"""
+        breaker = self._breakers.get(key)
+        if breaker is None or breaker.state == "closed":
+            return True
+        if breaker.state == "open":
+            return self.clock() >= breaker.retry_at
+        return not breaker.probing
+
+    def enter(self, key: str) -> Permit | None:
+        """A permit to call the deployment, or None while its circuit is open."""
+        breaker = self._breakers.get(key)
+        if breaker is None or breaker.state == "closed":
+            return Permit(key)
+        if breaker.state == "open":
+            if self.clock() < breaker.retry_at:
+                return None
+            self._move(key, breaker, "half_open")
+        if breaker.probing:
+            return None  # someone else's probe is out: open for everyone else
+        breaker.probing = True
+        return Permit(key, probe=True)
+
+    def succeeded(self, permit: Permit) -> None:
+        breaker = self._breakers.get(permit.key)
+        if breaker is None:
+            return
+        breaker.failures = 0
+        if permit.probe:
+            breaker.probing = False
+            self._move(permit.key, breaker, "closed")
+
+    def failed(self, permit: Permit, spec: CircuitSpec) -> None:
+        """A transient failure of a call made under `permit`."""
+        breaker = self._breakers.get(permit.key)
+        if breaker is None:
+            breaker = self._breakers[permit.key] = Breaker()
+            self.metrics.child(self.metrics.circuit_state, permit.key).set(0)
+        if permit.probe:
+            breaker.probing = False
+            self._open(permit.key, breaker, spec)
+        elif breaker.state == "closed":
+            breaker.failures += 1
+            if breaker.failures >= spec.failures:
+                self._open(permit.key, breaker, spec)
+
+    def released(self, permit: Permit) -> None:
+        """The call ended without a verdict (cancelled, or a proxy bug): free the probe."""
+        breaker = self._breakers.get(permit.key)
+        if permit.probe and breaker is not None:
+            breaker.probing = False
+
+    def retry_in(self, key: str) -> float:
+        """Seconds until the deployment takes a call again (0 if it would now)."""
+        breaker = self._breakers.get(key)
+        if breaker is None or breaker.state != "open":
+            return 0.0
+        return max(0.0, breaker.retry_at - self.clock())
+
+    def failures(self, key: str) -> int:
+        breaker = self._breakers.get(key)
+        return breaker.failures if breaker is not None else 0
+
+    def describe(self) -> dict[str, Any]:
+        """Every deployment that ever failed, for GET /admin/policies."""
+        return {
+            key: {
+                "state": breaker.state,
+                "consecutive_failures": breaker.failures,
+                "retry_in_s": round(self.retry_in(key), 3) if breaker.state == "open" else None,
+                "probe_in_flight": breaker.probing,
+            }
+            for key, breaker in sorted(self._breakers.items())
+        }
+
+    def _open(self, key: str, breaker: Breaker, spec: CircuitSpec) -> None:
+        breaker.retry_at = self.clock() + spec.cooldown_s
+        self._move(key, breaker, "open")
+
+    def _move(self, key: str, breaker: Breaker, state: State) -> None:
+        breaker.state = state
+        self.metrics.child(self.metrics.circuit_state, key).set(GAUGE[state])
+        self.metrics.child(self.metrics.circuit_transitions, key, state).inc()

@@ -1,0 +1,59 @@
+"""One table maps every upstream outcome to a class; a policy may override it per status.
+
+- transient: worth retrying (408, 429, 500, 502, 503, 504, 529 and other 5xx; connection
+  refused or reset, read timeout, a garbled body; every deployment's circuit open)
+- overflow: the provider says the context is exceeded (handed to reactive compaction)
+- logical: retrying cannot help (400, 401, 403, 404, 422 and every other 4xx; 501, 505)
+- fatal: the proxy's own resources are exhausted (memory, file descriptors, disk)
+
+Anything else raised on the way is a bug in the proxy: no class, never retried.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Mapping
+
+from proxy.control.outcome import CircuitOpen
+from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.pipeline.overflow import is_context_overflow
+from proxy.policies.spec import ErrorClass
+from proxy.upstream.base import UpstreamHTTPError
+
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+LOGICAL_5XX = frozenset({501, 505})  # not implemented, version not supported
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ENOSPC})
+
+NO_OVERRIDES: Mapping[int, ErrorClass] = {}
+
+
+def classify(
+    error: BaseException, overrides: Mapping[int, ErrorClass] = NO_OVERRIDES
+) -> ErrorClass | None:
+    """The class of a failed upstream call; None for an exception that is not an outcome of
+    one (a bug: it is never retried and reaches the client as a 500)."""
+    if isinstance(error, UpstreamHTTPError):
+        return classify_status(error.status, error.body, overrides)
+    # UpstreamBadResponse (garbled) is an UpstreamUnreachable.
+    if isinstance(error, UpstreamUnreachable | UpstreamTimeout | CircuitOpen):
+        return "transient"
+    if isinstance(error, MemoryError):
+        return "fatal"
+    if isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS:
+        return "fatal"
+    return None
+
+
+def classify_status(status: int, body: bytes, overrides: Mapping[int, ErrorClass]) -> ErrorClass:
+    """A provider's "context exceeded" is recognised by its text first, whatever its status;
+    then the policy's `retry.classify`, then the table."""
+    if is_context_overflow(status, body):
+        return "overflow"
+    override = overrides.get(status)
+    if override is not None:
+        return override
+    if status in TRANSIENT_STATUSES:
+        return "transient"
+    if status >= 500 and status not in LOGICAL_5XX:
+        return "transient"
+    return "logical"

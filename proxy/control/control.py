@@ -1,0 +1,288 @@
+"""Control for one model call of a request: fallback ⊃ retry ⊃ fit-to-context ⊃ upstream call.
+
+    with_fallbacks       the alias, then its fallbacks in order, each re-fitted (fallback.py)
+      with_retries       the one retry loop, transient failures only (retry.py)
+        _attempt         a deployment whose circuit lets the call through (circuit.py)
+          _fit_and_call  on "context exceeded": compact tighter, call once more
+            _call        one upstream call, under the attempt timeout and the deadline
+
+Everything that happens is counted (metrics), noted (x-agentproxy-applied, event log) and, when
+it all fails, told in the error (outcome.py). Costs nothing on the way to a first success but
+a circuit lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from proxy.control.backoff import Timing
+from proxy.control.circuit import Circuits, Permit
+from proxy.control.classify import classify
+from proxy.control.fallback import with_fallbacks
+from proxy.control.outcome import CircuitOpen, decorate
+from proxy.control.retry import with_retries
+from proxy.control.sessions import SessionCircuits
+from proxy.errors import ProxyError, UpstreamTimeout
+from proxy.exchange import Exchange, Usage
+from proxy.metrics import Metrics
+from proxy.pipeline.rewriter import Rewriter
+from proxy.policies.spec import Deployment, ErrorClass
+from proxy.upstream.base import Upstream, UpstreamHTTPError
+
+
+class Router(Protocol):
+    def pick(
+        self,
+        deployments: tuple[Deployment, ...],
+        usable: Callable[[Deployment], bool] | None = None,
+    ) -> Deployment: ...
+
+    def for_deployment(self, deployment: Deployment) -> Upstream: ...
+
+
+class Control:
+    def __init__(
+        self, router: Router, rewriter: Rewriter, metrics: Metrics, timing: Timing | None = None
+    ) -> None:
+        self.router = router
+        self.rewriter = rewriter
+        self.metrics = metrics
+        self.timing = timing or Timing()
+        self.circuits = Circuits(metrics, self.timing.clock)
+        self.sessions = SessionCircuits()
+
+    # --- around the request ------------------------------------------------------------------
+
+    def route(self, ex: Exchange) -> None:
+        """The deployment of `ex.alias` to fit the history to and call: round-robin, skipping
+        deployments whose circuit is open."""
+        ex.deployment = self._pick(ex, ex.alias)
+
+    def admit(self, ex: Exchange) -> None:
+        """Refuse a failing session's unchanged request (a structured 429) before any work."""
+        self.sessions.check(ex)
+
+    def settle(self, ex: Exchange, ok: bool) -> None:
+        self.sessions.settle(ex, ok)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "deployments": self.circuits.describe(),
+            "sessions_failing": self.sessions.failing(),
+        }
+
+    # --- one model call -----------------------------------------------------------------------
+
+    async def call(self, ex: Exchange, *, stream: bool) -> Any:
+        """An UpstreamReply (or, with `stream`, an opened UpstreamStream) from `ex.alias` or one
+        of its fallbacks; a failure comes out marked for the client (outcome.decorate)."""
+        recovery = ex.recovery
+        deadline_s = ex.policy.retry.deadline_s
+        if deadline_s is not None and recovery.deadline is None:
+            spent = time.perf_counter() - ex.started  # the deadline covers the whole request
+            recovery.deadline = self.timing.clock() + deadline_s - spent
+        try:
+            return await with_fallbacks(
+                ex,
+                lambda: self._with_retries(ex, stream),
+                lambda alias, reason: self._switch(ex, alias, reason),
+                usable=lambda alias: self._alias_usable(ex, alias),
+                time_left=lambda: self._has_time(ex),
+            )
+        except Exception as error:
+            if classify(error, ex.policy.retry.classify) is not None:
+                decorate(error, ex)
+            raise
+
+    async def _with_retries(self, ex: Exchange, stream: bool) -> Any:
+        alias = ex.alias
+        retried = 0
+
+        def on_retry(kind: ErrorClass, delay: float) -> None:
+            nonlocal retried
+            retried += 1
+            self.metrics.child(self.metrics.retries, alias, kind).inc()
+            ex.upstream_wait += delay  # waiting for the upstream, not the proxy's own time
+
+        try:
+            return await with_retries(
+                lambda number: self._attempt(ex, stream, number),
+                ex.policy.retry,
+                ex.recovery,
+                self.timing,
+                attempts=1 if ex.dry_run else None,
+                on_retry=on_retry,
+            )
+        except Exception:
+            transient = ex.recovery.last_class == "transient"
+            if ex.dry_run and transient and ex.policy.retry.attempts > 1:
+                self._visible(ex, "retry", "would_retry", model=alias)
+            raise
+        finally:
+            if retried:
+                self._visible(ex, "retry", "retried", count=retried, model=alias)
+
+    async def _switch(self, ex: Exchange, alias: str, reason: ErrorClass) -> None:
+        """Fall back: `alias` becomes the target, and the client's history is fitted to it."""
+        failed = ex.alias
+        ex.alias = alias
+        ex.deployment = self._pick(ex, alias)
+        ex.recovery.steps.append(f"fallback to {alias}")
+        self.metrics.child(self.metrics.fallbacks, failed, alias, reason).inc()
+        self._visible(ex, "fallback", "fell_back", model=failed, to=alias, reason=reason)
+        await self.rewriter.refit(ex)
+
+    async def _attempt(self, ex: Exchange, stream: bool, number: int) -> Any:
+        if number > 1:
+            ex.deployment = self._pick(ex, ex.alias)  # retries spread over the deployments
+        permit = self._permit(ex)
+        try:
+            result = await self._fit_and_call(ex, stream)
+        except Exception as error:
+            if permit is not None:
+                self._report(ex, permit, classify(error, ex.policy.retry.classify))
+            raise
+        except BaseException:  # cancelled: no verdict on the deployment
+            if permit is not None:
+                self.circuits.released(permit)
+            raise
+        if permit is not None:
+            self.circuits.succeeded(permit)
+        return result
+
+    async def _fit_and_call(self, ex: Exchange, stream: bool) -> Any:
+        """After "context exceeded", compact tighter and call once more."""
+        for call in (1, 2):
+            try:
+                return await self._call(ex, stream)
+            except UpstreamHTTPError as error:
+                overflow = classify(error, ex.policy.retry.classify) == "overflow"
+                if call == 2 or not overflow or not await self.rewriter.after_overflow(ex):
+                    raise
+                ex.recovery.steps.append("compaction")
+        raise AssertionError("unreachable: the second call returns or raises")
+
+    async def _call(self, ex: Exchange, stream: bool) -> Any:
+        deployment = ex.deployment
+        assert deployment is not None
+        limit, which = self._time_limit(ex)
+        if limit is not None and limit <= 0:
+            raise self._timed_out(ex, which)
+        upstream = self.router.for_deployment(deployment)
+        ex.recovery.calls += 1
+        waited = time.perf_counter()
+        try:
+            if limit is None:  # the common case: no timer to set
+                return await self._send(ex, upstream, deployment, stream)
+            try:
+                async with asyncio.timeout(limit) as scope:
+                    return await self._send(ex, upstream, deployment, stream)
+            except TimeoutError:
+                if not scope.expired():
+                    raise
+                raise self._timed_out(ex, which) from None
+        except UpstreamHTTPError as error:
+            self._failed(ex, f"http_{error.status}", error.status)
+            raise
+        except ProxyError as error:
+            self._failed(ex, error.code or error.type, None)
+            raise
+        finally:
+            ex.upstream_wait += time.perf_counter() - waited
+
+    @staticmethod
+    async def _send(ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool) -> Any:
+        if stream:
+            return await upstream.open_stream(deployment, ex.body, ex.request_id)
+        reply = await upstream.complete(deployment, ex.body, ex.request_id)
+        ex.add_usage(Usage.from_openai(reply.data.get("usage")))
+        return reply
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _pick(self, ex: Exchange, alias: str) -> Deployment:
+        group = ex.config.deployments[alias]
+        if len(group) == 1 or not ex.policy.circuit.enabled:
+            return self.router.pick(group)
+        return self.router.pick(group, lambda d: self.circuits.usable(self.circuits.key(d, group)))
+
+    def _alias_usable(self, ex: Exchange, alias: str) -> bool:
+        if not ex.policy.circuit.enabled:
+            return True
+        group = ex.config.deployments[alias]
+        return any(self.circuits.usable(self.circuits.key(d, group)) for d in group)
+
+    def _permit(self, ex: Exchange) -> Permit | None:
+        """Leave to call ex.deployment, or another deployment of the alias if its circuit is
+        open (ex.deployment then changes); CircuitOpen when every one is open."""
+        if not ex.policy.circuit.enabled:
+            return None
+        first = ex.deployment
+        assert first is not None
+        group = ex.config.deployments[ex.alias]
+        permit = self.circuits.enter(self.circuits.key(first, group))
+        if permit is not None:
+            return permit
+        for other in group:
+            if other is not first and (
+                permit := self.circuits.enter(self.circuits.key(other, group))
+            ):
+                ex.deployment = other
+                return permit
+        key = self.circuits.key(first, group)
+        if ex.dry_run:
+            self._visible(ex, "circuit", "would_skip", deployment=key)
+            return None
+        retry_in = min(self.circuits.retry_in(self.circuits.key(d, group)) for d in group)
+        self.metrics.child(self.metrics.upstream_errors, ex.alias, "circuit_open").inc()
+        ex.recovery.last_status = None
+        raise CircuitOpen(ex.alias, self.circuits.failures(key), retry_in)
+
+    def _report(self, ex: Exchange, permit: Permit, kind: ErrorClass | None) -> None:
+        if kind == "transient":
+            self.circuits.failed(permit, ex.policy.circuit)
+        elif kind in ("logical", "overflow"):
+            self.circuits.succeeded(permit)  # the provider answered: it is up
+        else:
+            self.circuits.released(permit)
+
+    def _failed(self, ex: Exchange, reason: str, status: int | None) -> None:
+        ex.recovery.last_status = status
+        self.metrics.child(self.metrics.upstream_errors, ex.alias, reason).inc()
+
+    def _time_left(self, ex: Exchange) -> float | None:
+        deadline = ex.recovery.deadline
+        return None if deadline is None else deadline - self.timing.clock()
+
+    def _has_time(self, ex: Exchange) -> bool:
+        left = self._time_left(ex)
+        return left is None or left > 0
+
+    def _time_limit(self, ex: Exchange) -> tuple[float | None, str]:
+        """Time allowed for the next upstream call, and which setting limits it."""
+        limit = ex.policy.retry.attempt_timeout_s
+        left = self._time_left(ex)
+        if left is not None and (limit is None or left < limit):
+            return left, "deadline_s"
+        return limit, "attempt_timeout_s"
+
+    def _timed_out(self, ex: Exchange, which: str) -> UpstreamTimeout:
+        retry = ex.policy.retry
+        if which == "deadline_s":
+            return UpstreamTimeout(
+                f"the request's deadline, retry.deadline_s ({retry.deadline_s:g}s) of policy "
+                f"'{ex.policy.name}', ran out waiting on the upstream for '{ex.alias}'; raise it "
+                "to allow more time"
+            )
+        return UpstreamTimeout(
+            f"the upstream for '{ex.alias}' did not answer within retry.attempt_timeout_s "
+            f"({retry.attempt_timeout_s:g}s) of policy '{ex.policy.name}'; raise it if this "
+            "model needs longer"
+        )
+
+    def _visible(self, ex: Exchange, stage: str, action: str, **fields: Any) -> None:
+        ex.note(stage, action, **fields)
+        self.rewriter.ctx.events.write(ex, stage, action, fields)

@@ -1,0 +1,79 @@
+"""The errors control raises itself, and what every failure it hands back carries.
+
+Every failure that leaves control has `x-should-retry: false` (the openai and anthropic SDKs
+then do not retry what the proxy already retried) and, in its body's error object: `class`,
+`attempts` (upstream calls made), `upstream_status` (of the last one), `recoveries` (what was
+tried, in order) and `guidance` when there is some. One exception: a provider's error on the
+very first call, with nothing tried, passes through with its body unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+from proxy.errors import ProxyError
+from proxy.exchange import Exchange
+from proxy.upstream.base import UpstreamHTTPError
+
+NO_RETRY = {"x-should-retry": "false"}
+
+
+class CircuitOpen(ProxyError):
+    """Every deployment of an alias is cooling down: the alias fails without an upstream call
+    (and its fallback, if any, is tried)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "circuit_open"
+
+    def __init__(self, alias: str, failures: int, retry_in_s: float) -> None:
+        wait = max(retry_in_s, 0.0)
+        super().__init__(
+            f"every deployment of '{alias}' is cooling down after {failures} consecutive "
+            f"failures (circuit open); the next probe goes through in {wait:.1f}s",
+            headers={**NO_RETRY, "retry-after": str(max(1, math.ceil(wait)))},
+        )
+        self.retry_in_s = wait
+
+
+class SessionCircuitOpen(ProxyError):
+    """A session whose calls kept failing sent the same request again."""
+
+    status = 429
+    type = "session_circuit_open"
+    code = "session_circuit_open"
+
+    def __init__(self, session: str, failures: int, last_status: int | None) -> None:
+        last = f" (the last one HTTP {last_status})" if last_status else ""
+        super().__init__(
+            f"session '{session}' failed {failures} times in a row{last} and sent the same "
+            "request again; the proxy will not forward it until the request changes: fix what "
+            "the previous error said, or send a different last message",
+            headers=dict(NO_RETRY),
+        )
+        self.extra.update(failures=failures, upstream_status=last_status)
+
+
+def failure_fields(ex: Exchange) -> dict[str, object]:
+    recovery = ex.recovery
+    fields: dict[str, object] = {
+        "class": recovery.last_class,
+        "attempts": recovery.calls,
+        "upstream_status": recovery.last_status,
+        "recoveries": recovery.recoveries(),
+    }
+    if recovery.guidance:
+        fields["guidance"] = recovery.guidance
+    return fields
+
+
+def decorate(error: BaseException, ex: Exchange) -> None:
+    """Mark a failure control gives up on, for the client and its SDK."""
+    if isinstance(error, ProxyError):
+        error.headers.update(NO_RETRY)
+        error.extra.update(failure_fields(ex))
+    elif isinstance(error, UpstreamHTTPError):
+        error.headers.update(NO_RETRY)
+        recovery = ex.recovery
+        if recovery.calls > 1 or recovery.steps or recovery.guidance:
+            error.extra.update(failure_fields(ex), request_id=ex.request_id)
