@@ -23,10 +23,11 @@ class Rewriter:
         ctx.summarize = _timed(ctx.summarize, ctx.metrics)
         self.ctx = ctx
         self.compaction = CompactionStage()
-        # Budgets run last: they judge the request as it will be sent.
+        # Guards run after the rewrites: a loop note appended at the end then costs the
+        # incremental stages nothing, and budgets judge the request as it will be sent.
         self.budgets = BudgetStage()
         self.chain = Chain(
-            [LoopStage(), RepairStage(), OffloadStage(), self.compaction, self.budgets]
+            [RepairStage(), OffloadStage(), self.compaction, LoopStage(), self.budgets]
         )
 
     async def before_call(self, ex: Exchange) -> None:
