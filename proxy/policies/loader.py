@@ -564,6 +564,7 @@ def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Repo
         circuit=_section(CircuitSpec, raw.get("circuit")),
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
+        degraded=raw.get("degraded", False),
     )
 
 

@@ -269,6 +269,9 @@ class Policy:
     circuit: CircuitSpec = CircuitSpec()
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()
+    # When every recovery failed, answer with a normal completion that explains the outage
+    # (marked x-agentproxy-degraded) so an agent loop continues instead of crashing.
+    degraded: bool = False
 
     def fallbacks_for(self, alias: str) -> FallbackSpec | None:
         return next((f for f in self.fallbacks if f.source == alias), None)

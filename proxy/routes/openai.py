@@ -12,7 +12,7 @@ from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
 from proxy.middleware import MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
-from proxy.routes import completion
+from proxy.routes import completion, degraded
 from proxy.routes.chat_request import parse_chat_request, read_body
 from proxy.session import parent_session_id, session_id
 from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER
@@ -31,13 +31,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ex = _open_exchange(request, config, key, parse_chat_request(raw))
     ex.body_bytes = len(raw)
     control = request.app[CONTROL]
-    try:
+    try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
         control.admit(ex)
+        control.route(ex)
+        await request.app[REWRITER].before_call(ex)
     except ProxyError as error:
         error.headers.update(_headers(ex))
         raise
-    control.route(ex)
-    await request.app[REWRITER].before_call(ex)
     ok = False
     try:
         if ex.stream:
@@ -47,10 +47,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         ok = True
         return response
     except UpstreamHTTPError as error:  # what control gave up on: counted there
+        if ex.policy.degraded and degraded.degradable(error):
+            return _degrade(request, ex, error)
         return _passthrough_error(error, ex)
     except ProxyError as error:
         if not error.extra:  # control counts (and marks) its own; this failed in the relay
             _count_error(request, ex, error.code or error.type)
+        if ex.policy.degraded and degraded.degradable(error):
+            return _degrade(request, ex, error)
         error.headers.update(_headers(ex))
         raise
     finally:
@@ -140,6 +144,12 @@ def _passthrough_error(error: UpstreamHTTPError, ex: Exchange) -> web.Response:
         content_type="application/json",
         headers={**error.headers, **_headers(ex)},
     )
+
+
+def _degrade(request: web.Request, ex: Exchange, error: Exception) -> web.Response:
+    metrics = request.app[METRICS]
+    metrics.child(metrics.rewrites, "degraded", "answered").inc()
+    return degraded.answer(ex, error, _headers(ex))
 
 
 def _count_error(request: web.Request, ex: Exchange, reason: str) -> None:

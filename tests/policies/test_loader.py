@@ -1071,3 +1071,10 @@ def test_budgets_load_and_wall_time_needs_a_lifetime_window(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert "policies[0].budgets[0].limits" in str(caught.value)
+
+
+def test_degraded_mode_is_a_policy_switch(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "policies:\n  - {name: soft, degraded: true}\n  - {name: hard}\n")
+    soft, hard = load_config(path).policies
+    assert soft.degraded is True and hard.degraded is False
