@@ -35,7 +35,12 @@ class OpenAICompatUpstream:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
+                connector=connector,
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+                # One session serves every client: provider cookies must not carry from one
+                # tenant's call to the next (and the jar costs ~10% of a request's CPU).
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
