@@ -168,8 +168,8 @@ def _account(request: web.Request, ex: Exchange) -> None:
         cost = request.app[CATALOG].cost(ex.deployment, ex.usage) if ex.deployment else None
         if cost:
             metrics.child(metrics.cost, ex.alias).inc(cost)
-    # A request counts as one model call for budgets once it reached an upstream.
-    request.app[REWRITER].after_call(ex, cost, calls=1 if ex.upstream_wait > 0 else 0)
+    # Every upstream call counts for budgets: retries, fallbacks and recall rounds included.
+    request.app[REWRITER].after_call(ex, cost, calls=ex.recovery.calls)
 
 
 @routes.get("/v1/models")

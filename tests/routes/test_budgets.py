@@ -60,3 +60,29 @@ async def test_subagents_spend_from_their_parent_and_soft_limits_warn(
             messages=[{"role": "user", "content": "and me?"}],
             extra_headers={"x-agentproxy-session": "lead"},
         )
+
+
+async def test_retries_count_as_model_calls(proxy_for: SimProxyFactory) -> None:
+    from proxy.testing.simulator import Fault
+
+    sim = Simulator()
+    proxy = await proxy_for(
+        sim,
+        """
+policies:
+  - name: metered
+    retry: {base_s: 0.01}
+    budgets: [{name: calls, limits: {calls: 2}}]
+""",
+    )
+    sim.inject(Fault(status=503))
+    client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key="unused", max_retries=0)
+    headers = {"x-agentproxy-session": "retrying"}
+    await client.chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+    )
+    assert len(sim.requests) == 2  # one retry
+    with pytest.raises(openai.RateLimitError):
+        await client.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "again"}], extra_headers=headers
+        )
