@@ -22,15 +22,17 @@ log = logging.getLogger("agentproxy.pipeline")
 
 
 class Chain:
-    def __init__(self, stages: Sequence[Stage], memo_messages: int = 2_000_000) -> None:
+    def __init__(self, stages: Sequence[Stage], memo_bytes: int = 256 * 1024 * 1024) -> None:
         self.stages = tuple(stages)
-        # Each session's last input, bounded by the messages held in all.
-        self._last: LRUCache[str, list[Message]] = LRUCache(memo_messages, getsizeof=len)
+        # Each session's last input (with its body size), bounded by the request bytes held.
+        self._last: LRUCache[str, tuple[int, list[Message]]] = LRUCache(
+            memo_bytes, getsizeof=lambda entry: max(1, entry[0])
+        )
 
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""
         original: list[Message] = ex.messages
-        ex.stable_prefix = self._stable_prefix(ex.session, original)
+        ex.stable_prefix = self._stable_prefix(ex, original)
         messages = original
         for stage in self.stages:
             if stage.enabled(ex.policy):
@@ -39,13 +41,15 @@ class Chain:
             ex.body["messages"] = messages
         return messages if not ex.dry_run else original
 
-    def _stable_prefix(self, session: str, messages: list[Message]) -> int:
+    def _stable_prefix(self, ex: Exchange, messages: list[Message]) -> int:
         """Turn N+1 is turn N plus new messages: one C-level `==` over the shared part tells
         every stage how much of the history it has already seen."""
-        last = self._last.get(session)
+        entry = self._last.get(ex.session)
+        last = entry[1] if entry is not None else None
         shared = len(last) if last is not None and last == messages[: len(last)] else 0
-        if len(messages) <= self._last.maxsize:
-            self._last[session] = list(messages)
+        size = ex.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
+        if size <= self._last.maxsize:
+            self._last[ex.session] = (size, list(messages))
         return shared
 
     async def _run(

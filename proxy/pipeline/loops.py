@@ -262,9 +262,18 @@ def _call(raw: Any, index: int) -> Call | None:
     return Call(name, arguments, call_hash(name, arguments), raw.get("id"), index)
 
 
-# The agent re-sends every old call each turn: a cache hit replaces a parse and a hash.
-@functools.lru_cache(maxsize=65_536)
+# The agent re-sends every old call each turn: a cache hit replaces a parse and a hash. Only
+# short arguments are kept, so the cache stays small; long ones are hashed again.
+CACHED_ARGUMENT_CHARS = 4096
+
+
 def call_hash(name: str, arguments: str) -> int:
+    if len(arguments) <= CACHED_ARGUMENT_CHARS:
+        return _call_hash_cached(name, arguments)
+    return _call_hash(name, arguments)
+
+
+def _call_hash(name: str, arguments: str) -> int:
     """Tool name + canonical JSON of the arguments (key order and spacing ignored); arguments
     that do not parse hash as written; empty arguments are `{}`, as frameworks read them."""
     if not arguments or arguments.isspace():
@@ -275,6 +284,9 @@ def call_hash(name: str, arguments: str) -> int:
         except orjson.JSONDecodeError:
             canonical = arguments.encode("utf-8", "surrogatepass")
     return xxhash.xxh3_64_intdigest(name.encode("utf-8", "surrogatepass") + b"\x00" + canonical)
+
+
+_call_hash_cached = functools.lru_cache(maxsize=16_384)(_call_hash)
 
 
 def _cycle_length(hashes: list[int], period: int) -> int:

@@ -110,14 +110,26 @@ def _is_clean(messages: list[Message], start: int = 0) -> bool:
 
 
 # The agent re-sends every old call each turn: a cache hit (one C-speed string hash) replaces
-# a JSON parse per call per turn.
-@functools.lru_cache(maxsize=65_536)
+# a JSON parse per call per turn. Only short arguments are kept, so the cache stays small
+# (at most 16,384 x 4 KiB); long ones (file bodies) are few and simply parsed again.
+CACHED_ARGUMENT_CHARS = 4096
+
+
 def _parses(arguments: str) -> bool:
+    if len(arguments) <= CACHED_ARGUMENT_CHARS:
+        return _parses_cached(arguments)
+    return _parses_now(arguments)
+
+
+def _parses_now(arguments: str) -> bool:
     try:
         orjson.loads(arguments)
     except ValueError:  # orjson's error is a ValueError
         return False
     return True
+
+
+_parses_cached = functools.lru_cache(maxsize=16_384)(_parses_now)
 
 
 def repair(

@@ -111,3 +111,26 @@ async def test_offload_keeps_every_role_and_id_in_place() -> None:
         assert outline == [
             (m.get("role"), m.get("tool_call_id"), m.get("tool_calls")) for m in history
         ]
+
+
+async def test_memory_held_for_warm_turns_is_bounded_by_bytes() -> None:
+    chain, ctx = Chain([RepairStage()], memo_bytes=10_000), context()
+    history = [user("a"), call("c1"), result("c1")]
+    small = exchange(copy.deepcopy(history), policy=POLICY, session="small")
+    small.body_bytes = 500
+    await chain.rewrite(small, ctx)
+    huge = exchange(copy.deepcopy(history), policy=POLICY, session="huge")
+    huge.body_bytes = 50_000  # over the whole memo: not kept
+    await chain.rewrite(huge, ctx)
+    again = exchange(copy.deepcopy([*history, user("b")]), policy=POLICY, session="huge")
+    again.body_bytes = 50_000
+    await chain.rewrite(again, ctx)
+    assert again.stable_prefix == 0
+
+
+def test_long_arguments_are_not_cached() -> None:
+    from proxy.pipeline import repair
+
+    before = repair._parses_cached.cache_info().currsize
+    assert repair._parses('{"content": "' + "x" * 10_000 + '"}')
+    assert repair._parses_cached.cache_info().currsize == before
