@@ -24,7 +24,7 @@ from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.routes import admin, archive, health, openai
 from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER, STORE, UPSTREAMS
-from proxy.store.local import LocalStore
+from proxy.store.backends import open_backends
 from proxy.upstream.pool import Upstreams
 
 log = logging.getLogger("agentproxy")
@@ -48,12 +48,14 @@ def build_app(
     app[UPSTREAMS] = upstreams
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
-    store = app[STORE] = LocalStore(settings.path)
+    store, state = open_backends(settings, metrics)
+    app[STORE] = store
     events = EventLog(settings.event_log_path)
+    summarize = make_summarizer(upstreams)
     rewriter = app[REWRITER] = Rewriter(
-        StageContext(store, catalog, metrics, events, summarize=make_summarizer(upstreams))
+        StageContext(store, catalog, metrics, events, summarize=summarize, state=state)
     )
-    app[CONTROL] = Control(upstreams, rewriter, metrics)
+    control = app[CONTROL] = Control(upstreams, rewriter, metrics)
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
@@ -65,6 +67,7 @@ def build_app(
         catalog.load_in_background()
         warn_if_open(holder.current)
         watcher = asyncio.create_task(holder.watch()) if watch else None
+        circuits = asyncio.create_task(control.circuits.follow()) if store.shared else None
         if handle_sighup:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(
@@ -77,9 +80,14 @@ def build_app(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+        if circuits is not None:
+            circuits.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await circuits
         await upstreams.close()
         await catalog.close()
         await store.close()
+        await state.close()
         events.close()
 
     app.cleanup_ctx.append(lifecycle)

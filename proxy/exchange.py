@@ -44,6 +44,7 @@ class Recovery:
     last_class: ErrorClass | None = None  # class of the last failure
     deadline: float | None = None  # when retry.deadline_s runs out, on the control's clock
     guidance: str | None = None  # why recovery stopped, when that is worth saying
+    session_failing: bool = False  # the session's circuit had failures when the request came
 
     def recoveries(self) -> list[str]:
         """The steps, consecutive retries counted: ["retry x2", "fallback to b", "compaction"]."""
@@ -79,6 +80,7 @@ class Exchange:
     # How many leading messages are equal to the previous turn's in this session (set by the
     # rewrite chain): stages redo work only past this point.
     stable_prefix: int = 0
+    tokens_saved: int = 0  # estimated prompt tokens the stages removed from this request
     stream: bool = False
     client_wants_usage: bool = False
     deployment: Deployment | None = None

@@ -1,7 +1,9 @@
 """Every Prometheus object the proxy exports, in one registry per application.
 
-Labels are bounded: route, configured model alias (or "unknown"), status code, result. Never a
-session id, key value or message text.
+Labels are bounded: route, configured model alias (or "unknown"), status code, stage, guard,
+action, budget and limit names from the config, result. Never a session id, key value or message
+text. Label sets a dashboard or alert asks for are created at zero up front, so a query returns
+0 rather than nothing before the first event. The README's metrics table lists every series.
 """
 
 from __future__ import annotations
@@ -11,12 +13,27 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
+from proxy import __version__
+
 # Proxy overhead lives well under a millisecond; upstream calls can take minutes.
 OVERHEAD_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
 )  # fmt: skip
+# Store round trips: an LRU hit or a local Redis is sub-millisecond, an fsync'd write ~2 ms.
+STORE_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5,
+)  # fmt: skip
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+)  # fmt: skip
+
+
+# Guards: their decisions are counted in agentproxy_decisions_total, not as rewrites.
+GUARDS = frozenset({"loops", "budget", "session_circuit", "degraded"})
+DECISIONS = (
+    ("loops", "warn"), ("loops", "no_tools"), ("loops", "block"), ("loops", "recovered"),
+    ("budget", "soft_limit"), ("budget", "refused"), ("budget", "unchecked"),
+    ("session_circuit", "refused"), ("degraded", "answered"),
 )  # fmt: skip
 
 
@@ -76,6 +93,20 @@ class Metrics:
             ["stage", "action"],
             registry=r,
         )
+        self.decisions = Counter(
+            "agentproxy_decisions",
+            "Guard decisions (loop detection, budgets, session circuits, degraded answers), "
+            "by guard and action.",
+            ["guard", "action"],
+            registry=r,
+        )
+        self.context_tokens = Counter(
+            "agentproxy_context_tokens",
+            "Estimated prompt tokens of chat requests as received from clients and as sent "
+            "upstream after rewriting (received minus what the stages removed).",
+            ["phase"],
+            registry=r,
+        )
         self.tokens_saved = Counter(
             "agentproxy_tokens_saved",
             "Estimated prompt tokens removed from requests by rewriting, by stage.",
@@ -87,6 +118,46 @@ class Metrics:
             "Time per summarizer call, by result (ok, failed).",
             ["result"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_duration = Histogram(
+            "agentproxy_store_duration_seconds",
+            "Time per store operation, by backend and operation.",
+            ["backend", "operation"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "agentproxy_store_errors",
+            "Store or shared-state operations that failed (the request went on without them).",
+            ["backend", "operation"],
+            registry=r,
+        )
+        self.store_writes = Counter(
+            "agentproxy_store_writes",
+            "Blobs and checkpoints handed to the store, by kind (tool_result, tool_arguments, "
+            "history, checkpoint).",
+            ["kind"],
+            registry=r,
+        )
+        self.store_written_bytes = Counter(
+            "agentproxy_store_written_bytes",
+            "Bytes handed to the store, by kind: offloaded tool payloads, archived history, "
+            "checkpoints.",
+            ["kind"],
+            registry=r,
+        )
+        self.budget_used_ratio = Gauge(
+            "agentproxy_budget_used_ratio",
+            "Highest fraction of a budget's limit used by any one subject (session, key, team) "
+            "charged in the current window.",
+            ["budget", "limit"],
+            registry=r,
+        )
+        self.budget_limit = Gauge(
+            "agentproxy_budget_limit",
+            "A budget's configured limit, in the limit's own unit.",
+            ["budget", "limit"],
             registry=r,
         )
         self.retries = Counter(
@@ -139,8 +210,28 @@ class Metrics:
             "1 if the last reload attempt succeeded, else 0.",
             registry=r,
         )
+        self.build_info = Gauge(
+            "agentproxy_build_info",
+            "The running proxy's version (value is always 1).",
+            ["version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__).set(1)
+        self._zero_up_front()
+
+    def _zero_up_front(self) -> None:
         for result in ("success", "failure"):
             self.config_reloads.labels(result)
+        for stage in ("repair", "offload", "compaction", "loops", "budget"):
+            for action in ("rejected_invalid", "stage_failed"):
+                self.rewrites.labels(stage, action)
+        for guard, action in DECISIONS:
+            self.decisions.labels(guard, action)
+        for phase in ("received", "sent"):
+            self.context_tokens.labels(phase)
+        for kind in ("tool_result", "tool_arguments", "history", "checkpoint"):
+            self.store_writes.labels(kind)
+            self.store_written_bytes.labels(kind)
 
     def child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: label sets are bounded and every request pays

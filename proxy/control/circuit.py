@@ -1,4 +1,5 @@
-"""Circuit breakers per deployment: in memory, one object per application.
+"""Circuit breakers per deployment: in memory, one object per application; with a shared
+state store (Redis) an opened circuit is published and every replica opens it too (`follow`).
 
     closed ──`circuit.failures` consecutive transient failures──▶ open
     open ──`cooldown_s` later, the next caller takes the one probe──▶ half_open
@@ -12,6 +13,9 @@ alias' deployments), which keeps metric labels bounded.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,9 +23,15 @@ from typing import Any, Literal
 
 from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Deployment
+from proxy.store.base import StoreError
+from proxy.store.state import StateStore
+
+log = logging.getLogger("agentproxy.control")
 
 State = Literal["closed", "half_open", "open"]
 GAUGE = {"closed": 0, "half_open": 1, "open": 2}
+SPACE = "circuits"  # published open circuits: field = deployment key, value = reopen time
+FOLLOW_INTERVAL_S = 1.0
 
 
 @dataclass(slots=True)
@@ -47,9 +57,16 @@ def deployment_key(deployment: Deployment, group: tuple[Deployment, ...]) -> str
 
 
 class Circuits:
-    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+        state: StateStore | None = None,
+    ) -> None:
         self.metrics = metrics
         self.clock = clock
+        self.state = state  # shared with other replicas, when not in process memory
+        self._publishing: set[asyncio.Task[None]] = set()
         self._breakers: dict[str, Breaker] = {}
         # id(deployment) -> (deployment, key): every call looks its deployment's key up.
         self._keys: dict[int, tuple[Deployment, str]] = {}
@@ -140,9 +157,39 @@ class Circuits:
             for key, breaker in sorted(self._breakers.items())
         }
 
+    async def follow(self, interval_s: float = FOLLOW_INTERVAL_S) -> None:
+        """Open the circuits other replicas opened (runs for the app's life)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            with contextlib.suppress(StoreError):  # counted by the store; try again later
+                self.learn(await self.state.published(SPACE) if self.state else {})
+
+    def learn(self, opened: dict[str, float]) -> None:
+        """`opened`: deployment key -> wall-clock time its circuit may take a probe again."""
+        now_wall, now = time.time(), self.clock()
+        for key, until in opened.items():
+            breaker = self._breakers.get(key)
+            if breaker is None:
+                breaker = self._breakers[key] = Breaker()
+            retry_at = now + (until - now_wall)
+            if breaker.state == "closed" and retry_at > now:
+                breaker.retry_at = retry_at
+                self._move(key, breaker, "open")
+
     def _open(self, key: str, breaker: Breaker, spec: CircuitSpec) -> None:
         breaker.retry_at = self.clock() + spec.cooldown_s
         self._move(key, breaker, "open")
+        if self.state is not None and self.state.backend != "memory":
+            task = asyncio.ensure_future(self._publish(key, spec.cooldown_s))
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, key: str, cooldown_s: float) -> None:
+        assert self.state is not None
+        try:
+            await self.state.publish(SPACE, key, time.time() + cooldown_s, cooldown_s)
+        except StoreError as exc:
+            log.warning("circuit %s opened here only: %s", key, exc)
 
     def _move(self, key: str, breaker: Breaker, state: State) -> None:
         breaker.state = state

@@ -51,8 +51,9 @@ class Control:
         self.rewriter = rewriter
         self.metrics = metrics
         self.timing = timing or Timing()
-        self.circuits = Circuits(metrics, self.timing.clock)
-        self.sessions = SessionCircuits()
+        state = rewriter.ctx.state
+        self.circuits = Circuits(metrics, self.timing.clock, state)
+        self.sessions = SessionCircuits(state, metrics)
 
     # --- around the request ------------------------------------------------------------------
 
@@ -61,18 +62,15 @@ class Control:
         deployments whose circuit is open."""
         ex.deployment = self._pick(ex, ex.alias)
 
-    def admit(self, ex: Exchange) -> None:
+    async def admit(self, ex: Exchange) -> None:
         """Refuse a failing session's unchanged request (a structured 429) before any work."""
-        self.sessions.check(ex)
+        await self.sessions.check(ex)
 
-    def settle(self, ex: Exchange, ok: bool) -> None:
-        self.sessions.settle(ex, ok)
+    async def settle(self, ex: Exchange, ok: bool) -> None:
+        await self.sessions.settle(ex, ok)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "deployments": self.circuits.describe(),
-            "sessions_failing": self.sessions.failing(),
-        }
+        return {"deployments": self.circuits.describe()}
 
     # --- one model call -----------------------------------------------------------------------
 

@@ -8,16 +8,17 @@ provider's pairing rules and keeps the previous list if the stage broke them or 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.metrics import Metrics
+from proxy.metrics import GUARDS, Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.spec import Policy
 from proxy.store.base import Store
+from proxy.store.state import MemoryState, StateStore
 
 # Writes a summary of `messages` for the exchange's session; raises on failure or timeout.
 Summarizer = Callable[[Exchange, list[Message]], Awaitable[str]]
@@ -30,6 +31,7 @@ class StageContext:
     metrics: Metrics
     events: EventLog
     summarize: Summarizer
+    state: StateStore = field(default_factory=MemoryState)  # what guards keep between turns
 
 
 class Stage(Protocol):
@@ -50,8 +52,10 @@ def record(ex: Exchange, ctx: StageContext, stage: str, action: str, **fields: A
     """Make a rewrite visible: a note for the headers, a metric, and an event log line."""
     ex.note(stage, action, **fields)
     metrics = ctx.metrics
-    metrics.child(metrics.rewrites, stage, action).inc()
+    counter = metrics.decisions if stage in GUARDS else metrics.rewrites
+    metrics.child(counter, stage, action).inc()
     before, after = fields.get("tokens_before"), fields.get("tokens_after")
     if isinstance(before, int) and isinstance(after, int) and before > after:
         metrics.child(metrics.tokens_saved, stage).inc(before - after)
+        ex.tokens_saved += before - after
     ctx.events.write(ex, stage, action, fields)

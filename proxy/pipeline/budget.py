@@ -2,23 +2,26 @@
 
 Before a call the guard refuses a request whose scope is already over a limit, or would be
 with this request's estimated prompt plus its max_tokens; past the soft limit it warns (and can
-ask the model to wrap up). After the call the real usage is charged. Spend lives in memory per
-(budget, scope, window); a subagent's spend also counts against its parent session.
+ask the model to wrap up). After the call the real usage is charged. Spend lives in the state
+store per (budget, scope, window); a subagent's spend also counts against its parent session.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-
-from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import BudgetSpec, Policy
+from proxy.store.base import StoreError
+
+log = logging.getLogger("agentproxy.pipeline")
+SPACE = "budget"
 
 WINDOW_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
 WRAP_UP = (
@@ -47,10 +50,20 @@ class BudgetExceeded(ProxyError):
 @dataclass(slots=True)
 class Spend:
     first_at: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: float = 0
+    completion_tokens: float = 0
     cost_usd: float = 0.0
-    calls: int = 0
+    calls: float = 0
+
+    @classmethod
+    def of(cls, counters: dict[str, float], now: float) -> Spend:
+        return cls(
+            first_at=counters.get("first_at", now),
+            prompt_tokens=counters.get("prompt_tokens", 0),
+            completion_tokens=counters.get("completion_tokens", 0),
+            cost_usd=counters.get("cost_usd", 0.0),
+            calls=counters.get("calls", 0),
+        )
 
     def value(self, limit: str, now: float) -> float:
         if limit == "tokens":
@@ -60,14 +73,23 @@ class Spend:
         return float(getattr(self, limit))
 
 
+class BudgetUnavailable(ProxyError):
+    status = 503
+    type = "budget_unavailable"
+    code = "budget_unavailable"
+
+
 class BudgetStage:
-    """The guard (a chain stage, run last so it sees the compacted request) and the ledger."""
+    """The guard (a chain stage, run last so it sees the compacted request) and the ledger.
+    Spend lives in the state store (ctx.state): in memory, or in Redis shared by replicas,
+    one counter set per (budget, scope, window), added to atomically."""
 
     name = "budget"
     preserves_pairing = True  # it only ever appends a user note
 
-    def __init__(self, entries: int = 200_000) -> None:
-        self._spend: LRUCache[tuple[str, str, str, int], Spend] = LRUCache(entries)
+    def __init__(self) -> None:
+        # Per (budget, limit): the window start and the highest fraction used in it.
+        self._highest: dict[tuple[str, str], tuple[int, float]] = {}
 
     def enabled(self, policy: Policy) -> bool:
         return bool(policy.budgets)
@@ -81,7 +103,9 @@ class BudgetStage:
         notes: list[Message] = []
         for spec in ex.policy.budgets:
             for scope_id in self._scope_ids(ex, spec):
-                spend = self._spend.get(self._key(spec, scope_id, now)) or Spend(first_at=now)
+                spend = await self._spend(ex, ctx, spec, scope_id, now)
+                if spend is None:
+                    continue
                 for limit, cap in spec.limits.items():
                     used = spend.value(limit, now)
                     ahead = _ahead(limit, prompt, completion)
@@ -98,19 +122,62 @@ class BudgetStage:
             return None
         return [*messages, notes[0]]  # one note is enough, however many limits are near
 
-    def charge(self, ex: Exchange, usage: Usage | None, cost: float | None, calls: int) -> None:
+    async def _spend(
+        self, ex: Exchange, ctx: StageContext, spec: BudgetSpec, scope_id: str, now: float
+    ) -> Spend | None:
+        """The scope's spend so far; None when it cannot be read and the policy allows that."""
+        try:
+            return Spend.of(await ctx.state.counters(SPACE, self._key(spec, scope_id, now)), now)
+        except StoreError as exc:
+            if spec.on_store_error == "refuse":
+                record(ex, ctx, self.name, "refused", budget=spec.name, reason="store_down")
+                raise BudgetUnavailable(
+                    f"budget '{spec.name}' cannot be checked: its spend is unreadable ({exc}); "
+                    "the policy says on_store_error: refuse"
+                ) from exc
+            record(ex, ctx, self.name, "unchecked", budget=spec.name, error=str(exc))
+            return None
+
+    async def charge(
+        self,
+        ex: Exchange,
+        ctx: StageContext,
+        usage: Usage | None,
+        cost: float | None,
+        calls: int,
+    ) -> None:
         """After the call: what it really cost, counted once per scope (parent included)."""
         now = time.time()
+        amounts = {"calls": float(calls), "cost_usd": cost or 0.0}
+        if usage is not None:
+            amounts["prompt_tokens"] = usage.prompt_tokens
+            amounts["completion_tokens"] = usage.completion_tokens
         for spec in ex.policy.budgets:
+            seconds = WINDOW_SECONDS.get(spec.window)
+            ttl = 2 * seconds if seconds else None  # a window's counters outlive it a little
             for scope_id in self._scope_ids(ex, spec):
                 key = self._key(spec, scope_id, now)
-                spend = self._spend.get(key) or Spend(first_at=now)
-                if usage is not None:
-                    spend.prompt_tokens += usage.prompt_tokens
-                    spend.completion_tokens += usage.completion_tokens
-                spend.cost_usd += cost or 0.0
-                spend.calls += calls
-                self._spend[key] = spend
+                try:
+                    counters = await ctx.state.add(
+                        SPACE, key, amounts, first={"first_at": now}, ttl_s=ttl
+                    )
+                except StoreError as exc:
+                    log.warning("budget %s not charged for %s: %s", spec.name, ex.request_id, exc)
+                    continue
+                self._show(ctx, spec, Spend.of(counters, now), now)
+
+    def _show(self, ctx: StageContext, spec: BudgetSpec, spend: Spend, now: float) -> None:
+        """The gauges: each limit, and the fullest subject of the current window."""
+        metrics = ctx.metrics
+        seconds = WINDOW_SECONDS.get(spec.window)
+        window = int(now // seconds) if seconds else 0
+        for limit, cap in spec.limits.items():
+            metrics.child(metrics.budget_limit, spec.name, limit).set(cap)
+            ratio = spend.value(limit, now) / cap if cap else 0.0
+            started, highest = self._highest.get((spec.name, limit), (window, 0.0))
+            if started != window or ratio > highest:
+                self._highest[(spec.name, limit)] = (window, ratio)
+                metrics.child(metrics.budget_used_ratio, spec.name, limit).set(ratio)
 
     def _refuse(
         self,
@@ -168,10 +235,10 @@ class BudgetStage:
         return ["*"]
 
     @staticmethod
-    def _key(spec: BudgetSpec, scope_id: str, now: float) -> tuple[str, str, str, int]:
+    def _key(spec: BudgetSpec, scope_id: str, now: float) -> str:
         seconds = WINDOW_SECONDS.get(spec.window)
         start = int(now // seconds * seconds) if seconds else 0
-        return (spec.name, spec.scope, scope_id, start)
+        return f"{spec.name}|{spec.scope}|{scope_id}|{start}"
 
     @staticmethod
     def _resets_at(spec: BudgetSpec, now: float) -> float | None:

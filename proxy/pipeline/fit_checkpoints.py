@@ -129,7 +129,7 @@ class CheckpointIndex:
         return self._states.get(session)
 
     async def state(self, store: Store, session: str) -> SessionState:
-        state = self._states.get(session)
+        state = self._states.get(session) if not store.shared else None
         if state is not None:
             return state
         try:
@@ -138,6 +138,8 @@ class CheckpointIndex:
         except Exception as exc:  # unreadable index: compact from scratch, retry next turn
             log.warning("compaction index of session %s unreadable: %s", session, exc)
             return SessionState()
+        if store.shared:  # another replica may add a checkpoint before our next turn
+            return state
         return self._states.setdefault(session, state)
 
     async def save(self, store: Store, session: str, state: SessionState) -> None:

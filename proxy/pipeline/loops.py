@@ -11,7 +11,8 @@ model, `no_tools` also sends `tool_choice: none` so the model must answer in wor
 refuses the request with a `loop_detected` error. A detection of another loop, or a step that is
 no longer stuck, starts the ladder again. Re-sending the very same history (a client retry)
 repeats the decision instead of climbing. Cheap: only the tail of the history is read, and call
-hashes are cached.
+hashes are cached. The ladder's level lives in the state store (shared by replicas); when it
+cannot be read the detection counts as the first.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 import xxhash
-from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
+from proxy.store.base import StoreError
 
 REPEAT_NOTE = (
     "[agentproxy] You have called {name} with the same arguments {k} times in your last {n} "
@@ -116,19 +117,29 @@ class Loop:
         )
 
 
+SPACE = "loops"
+LEVEL_TTL_S = 86_400.0  # a session quiet for a day starts its ladder afresh
+
+
 @dataclass(frozen=True, slots=True)
 class _Level:
+    """Per session: the loop it is stuck in and how many steps it has been detected."""
+
     hash: int
     detections: int
     step: tuple[str | None, int]
 
+    def to_bytes(self) -> bytes:
+        return orjson.dumps([self.hash, self.detections, *self.step])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> _Level:
+        loop_hash, detections, call_id, message = orjson.loads(data)
+        return cls(loop_hash, detections, (call_id, message))
+
 
 class LoopStage:
     name = "loops"
-
-    def __init__(self, sessions: int = 65_536) -> None:
-        # Per session: the loop it is stuck in and how many steps it has been detected.
-        self._levels: LRUCache[str, _Level] = LRUCache(sessions)
 
     def enabled(self, policy: Policy) -> bool:
         return policy.loops.enabled
@@ -141,11 +152,14 @@ class LoopStage:
         if calls is None:
             return None  # no step of a loop just happened: nothing to judge, level kept
         loop = find_loop(calls, spec)
+        prior = await _read(ctx, ex.session)
         if loop is None:
-            if (left := self._levels.pop(ex.session, None)) is not None:
-                record(ex, ctx, self.name, "recovered", level=left.detections)
+            if prior is not None:
+                await _write(ctx, ex.session, None)
+                record(ex, ctx, self.name, "recovered", level=prior.detections)
             return None
-        level = self._climb(ex.session, loop)
+        level = _climb(prior, loop)
+        await _write(ctx, ex.session, _Level(loop.hash, level, loop.step))
         action = spec.ladder[min(level, len(spec.ladder)) - 1]
         fields = {
             "tool": loop.tool,
@@ -158,17 +172,32 @@ class LoopStage:
         record(ex, ctx, self.name, action, **fields)
         return _apply(action, ex, messages, loop, fields)
 
-    def _climb(self, session: str, loop: Loop) -> int:
-        """The session's detections of this loop, this one included."""
-        prior = self._levels.get(session)
-        if prior is None or prior.hash != loop.hash:
-            level = 1
-        elif prior.step == loop.step:
-            level = prior.detections  # the same history again (a retry): the same decision
+
+def _climb(prior: _Level | None, loop: Loop) -> int:
+    """The session's detections of this loop, this one included."""
+    if prior is None or prior.hash != loop.hash:
+        return 1
+    if prior.step == loop.step:
+        return prior.detections  # the same history again (a retry): the same decision
+    return prior.detections + 1
+
+
+async def _read(ctx: StageContext, session: str) -> _Level | None:
+    try:
+        data = await ctx.state.get(SPACE, session)
+    except StoreError:
+        return None  # stateless: as if this were the first detection
+    return _Level.from_bytes(data) if data else None
+
+
+async def _write(ctx: StageContext, session: str, level: _Level | None) -> None:
+    try:
+        if level is None:
+            await ctx.state.delete(SPACE, session)
         else:
-            level = prior.detections + 1
-        self._levels[session] = _Level(loop.hash, level, loop.step)
-        return level
+            await ctx.state.set(SPACE, session, level.to_bytes(), LEVEL_TTL_S)
+    except StoreError:
+        pass  # counted by the store; the next detection starts the ladder again
 
 
 def _apply(

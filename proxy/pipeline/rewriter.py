@@ -32,16 +32,27 @@ class Rewriter:
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""
-        if ex.original_messages is None:
+        first = ex.original_messages is None
+        if first:
             ex.original_messages = ex.messages  # stages never mutate it: no copy needed
         await self.chain.rewrite(ex, self.ctx)
+        if first:
+            self._count_context(ex)
         if not ex.dry_run and recall.should_offer(ex):
             recall.offer(ex.body)
 
-    def after_call(self, ex: Exchange, cost: float | None, calls: int) -> None:
+    def _count_context(self, ex: Exchange) -> None:
+        """Prompt size in and out, estimated at four bytes of request JSON per token."""
+        metrics = self.ctx.metrics
+        received = ex.body_bytes // 4
+        metrics.child(metrics.context_tokens, "received").inc(received)
+        sent = received if ex.dry_run else max(0, received - ex.tokens_saved)
+        metrics.child(metrics.context_tokens, "sent").inc(sent)
+
+    async def after_call(self, ex: Exchange, cost: float | None, calls: int) -> None:
         """Charge what the request really used to its budgets."""
         if ex.policy.budgets and not ex.dry_run:
-            self.budgets.charge(ex, ex.usage, cost, calls)
+            await self.budgets.charge(ex, self.ctx, ex.usage, cost, calls)
 
     async def refit(self, ex: Exchange) -> None:
         """A fallback took over: the client's own history again, rewritten for the new

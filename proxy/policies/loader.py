@@ -379,11 +379,19 @@ def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
         loaded_at=time.time(),
         server=_server(merged.server),
         keys=keys,
-        store=StoreSettings(**merged.store),
+        store=_store(merged.store),
         deployments=deployments,
         policies=policies,
         warnings=tuple(str(warning) for warning in report.warnings),
     )
+
+
+def _store(values: dict[str, Any]) -> StoreSettings:
+    typed: dict[str, Any] = {
+        key: float(value) if key in ("timeout_s", "ttl_s") and value is not None else value
+        for key, value in values.items()
+    }
+    return StoreSettings(**typed)
 
 
 def _server(values: dict[str, Any]) -> ServerSettings:

@@ -107,9 +107,13 @@ class ServerSettings:
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
-    backend: Literal["local"] = "local"
-    path: str = ".agentproxy"
+    backend: Literal["local", "redis"] = "local"
+    path: str = ".agentproxy"  # the local store's directory, and the event log's default home
     event_log: str | None = None  # JSONL of every rewrite; default <path>/events.jsonl
+    url: str | None = None  # redis only
+    prefix: str = "agentproxy:"  # of every Redis key; replicas sharing state share it
+    timeout_s: float = 0.5  # one Redis operation; past it the request goes on without it
+    ttl_s: float | None = None  # a session's Redis state expires this long after its last write
 
     @property
     def event_log_path(self) -> str:
@@ -252,6 +256,7 @@ class BudgetSpec:
     limits: Mapping[str, float] = field(default_factory=dict)
     soft: float = 0.8
     wrap_up: bool = False
+    on_store_error: Literal["allow", "refuse"] = "allow"  # when spend cannot be read
 
 
 @dataclass(frozen=True, slots=True)

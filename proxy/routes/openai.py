@@ -32,7 +32,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ex.body_bytes = len(raw)
     control = request.app[CONTROL]
     try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
-        control.admit(ex)
+        await control.admit(ex)
         control.route(ex)
         await request.app[REWRITER].before_call(ex)
     except ProxyError as error:
@@ -58,8 +58,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         error.headers.update(_headers(ex))
         raise
     finally:
-        control.settle(ex, ok)
-        _account(request, ex)
+        await control.settle(ex, ok)
+        await _account(request, ex)
 
 
 def _open_exchange(
@@ -148,7 +148,7 @@ def _passthrough_error(error: UpstreamHTTPError, ex: Exchange) -> web.Response:
 
 def _degrade(request: web.Request, ex: Exchange, error: Exception) -> web.Response:
     metrics = request.app[METRICS]
-    metrics.child(metrics.rewrites, "degraded", "answered").inc()
+    metrics.child(metrics.decisions, "degraded", "answered").inc()
     return degraded.answer(ex, error, _headers(ex))
 
 
@@ -157,7 +157,7 @@ def _count_error(request: web.Request, ex: Exchange, reason: str) -> None:
     metrics.child(metrics.upstream_errors, ex.alias, reason).inc()
 
 
-def _account(request: web.Request, ex: Exchange) -> None:
+async def _account(request: web.Request, ex: Exchange) -> None:
     metrics = request.app[METRICS]
     metrics.child(metrics.overhead, "chat").observe(ex.overhead())
     metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
@@ -169,7 +169,7 @@ def _account(request: web.Request, ex: Exchange) -> None:
         if cost:
             metrics.child(metrics.cost, ex.alias).inc(cost)
     # Every upstream call counts for budgets: retries, fallbacks and recall rounds included.
-    request.app[REWRITER].after_call(ex, cost, calls=ex.recovery.calls)
+    await request.app[REWRITER].after_call(ex, cost, calls=ex.recovery.calls)
 
 
 @routes.get("/v1/models")

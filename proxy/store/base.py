@@ -52,6 +52,10 @@ def snippet(text: str, at: int, length: int) -> str:
 
 
 class Store(Protocol):
+    # True when other processes write it too: a mutable value (a checkpoint index) cached in
+    # memory may be stale, so it must be read again.
+    shared: bool
+
     async def put(self, info: BlobInfo, data: bytes) -> None:
         """Durable when it returns. Writing an existing ref again is a no-op."""
         ...

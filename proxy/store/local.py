@@ -55,6 +55,8 @@ def _cached_size(value: Cached) -> int:
 
 
 class LocalStore:
+    shared = False  # one process owns it
+
     def __init__(self, path: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.path = path
         self.file = str(Path(path) / "store.sqlite3")

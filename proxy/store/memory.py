@@ -6,6 +6,8 @@ from proxy.store.base import BlobInfo, snippet
 
 
 class MemoryStore:
+    shared = False  # one process owns it
+
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[BlobInfo, bytes]] = {}
         self._checkpoints: dict[tuple[str, str], bytes] = {}

@@ -7,7 +7,10 @@ import pytest
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.control.sessions import SessionCircuits
 from proxy.exchange import Exchange
+from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Policy
+from proxy.store.base import StoreError
+from proxy.store.state import MemoryState
 from tests.control.fakes import exchange
 
 POLICY = Policy(name="p", circuit=CircuitSpec(session_failures=2))
@@ -21,43 +24,66 @@ def request(text: str, policy: Policy = POLICY) -> Exchange:
     return ex
 
 
-def test_a_failing_session_is_refused_until_its_request_changes() -> None:
-    sessions = SessionCircuits()
+def circuits(state: Any = None) -> SessionCircuits:
+    return SessionCircuits(state or MemoryState(), Metrics())
+
+
+async def test_a_failing_session_is_refused_until_its_request_changes() -> None:
+    sessions = circuits()
     for _ in range(2):
         ex = request("same")
-        sessions.check(ex)
-        sessions.settle(ex, ok=False)
+        await sessions.check(ex)
+        await sessions.settle(ex, ok=False)
     with pytest.raises(SessionCircuitOpen) as caught:
-        sessions.check(request("same"))
+        await sessions.check(request("same"))
     error = caught.value
     assert error.status == 429 and error.headers["x-should-retry"] == "false"
     assert error.body("r")["error"]["upstream_status"] == 400  # type: ignore[index]
     changed = request("something else")
-    sessions.check(changed)  # goes through, as a probe
-    sessions.settle(changed, ok=False)
+    await sessions.check(changed)  # goes through, as a probe
+    await sessions.settle(changed, ok=False)
     with pytest.raises(SessionCircuitOpen):
-        sessions.check(request("something else"))
-    sessions.check(request("same"))  # no longer the last request
+        await sessions.check(request("something else"))
+    await sessions.check(request("same"))  # no longer the last request
 
 
-def test_success_closes_and_no_limit_means_no_breaker() -> None:
-    sessions = SessionCircuits()
+async def test_success_closes_and_no_limit_means_no_breaker() -> None:
+    state = MemoryState()
+    sessions = circuits(state)
     for ok in (False, True, False):
         ex = request("same")
-        sessions.check(ex)
-        sessions.settle(ex, ok=ok)
-    sessions.check(request("same"))  # one failure since the success
+        await sessions.check(ex)
+        await sessions.settle(ex, ok=ok)
+    await sessions.check(request("same"))  # one failure since the success
     unlimited = Policy(name="q")
     for _ in range(5):
-        sessions.settle(request("same", unlimited), ok=False)
-    sessions.check(request("same", unlimited))
-    assert sessions.failing() == 1
+        await sessions.settle(request("same", unlimited), ok=False)
+    await sessions.check(request("same", unlimited))
+    assert await state.get("session_failures", "s1") is not None  # one failure is on record
 
 
-def test_dry_run_notes_instead_of_refusing() -> None:
-    sessions = SessionCircuits()
+async def test_dry_run_notes_instead_of_refusing() -> None:
+    sessions = circuits()
     dry = Policy(name="d", mode="dry_run", circuit=CircuitSpec(session_failures=1))
-    sessions.settle(request("same", dry), ok=False)
+    await sessions.settle(request("same", dry), ok=False)
     ex = request("same", dry)
-    sessions.check(ex)
+    await sessions.check(ex)
     assert [(n.stage, n.action) for n in ex.notes] == [("session_circuit", "would_refuse")]
+
+
+async def test_without_its_state_a_session_is_let_through() -> None:
+    sessions = circuits(Unreachable())
+    for _ in range(3):
+        ex = request("same")
+        await sessions.check(ex)  # no StoreError escapes: the request goes on
+        await sessions.settle(ex, ok=False)
+
+
+class Unreachable(MemoryState):
+    """A state store whose every operation fails, as Redis does while down."""
+
+    async def get(self, space: str, key: str) -> bytes | None:
+        raise StoreError("down")
+
+    async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
+        raise StoreError("down")

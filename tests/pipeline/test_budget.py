@@ -35,7 +35,7 @@ async def test_refuses_before_the_call_once_spent() -> None:
     for _ in range(2):
         ex = request(p)
         assert await stage.run(ex, ex.messages, ctx) is None
-        stage.charge(ex, Usage(10, 5), None, calls=1)
+        await stage.charge(ex, ctx, Usage(10, 5), None, calls=1)
     ex = request(p)
     with pytest.raises(BudgetExceeded) as caught:
         await stage.run(ex, ex.messages, ctx)
@@ -64,7 +64,7 @@ async def test_soft_limit_warns_and_asks_to_wrap_up() -> None:
     stage, ctx = BudgetStage(), context()
     p = policy(BudgetSpec(name="cost", limits={"cost_usd": 1.0}, soft=0.5, wrap_up=True))
     ex = request(p)
-    stage.charge(ex, Usage(1, 1), 0.6, calls=1)
+    await stage.charge(ex, ctx, Usage(1, 1), 0.6, calls=1)
     ex = request(p)
     out = await stage.run(ex, ex.messages, ctx)
     assert out is not None and "Wrap up" in out[-1]["content"] and "60%" in out[-1]["content"]
@@ -75,7 +75,7 @@ async def test_windows_reset_and_say_when() -> None:
     stage, ctx = BudgetStage(), context()
     p = policy(BudgetSpec(name="rate", window="minute", limits={"calls": 1}))
     ex = request(p)
-    stage.charge(ex, None, None, calls=1)
+    await stage.charge(ex, ctx, None, None, calls=1)
     with pytest.raises(BudgetExceeded) as caught:
         await stage.run(request(p), [USER], ctx)
     assert caught.value.details["resets_at"] % 60 == 0
@@ -87,7 +87,7 @@ async def test_a_subagent_spends_from_its_parent() -> None:
     p = policy(BudgetSpec(name="tree", limits={"calls": 2}))
     for child in ("child-1", "child-2"):
         ex = request(p, session=child, parent_session="parent")
-        stage.charge(ex, None, None, calls=1)
+        await stage.charge(ex, ctx, None, None, calls=1)
     parent = request(p, session="parent")
     with pytest.raises(BudgetExceeded):
         await stage.run(parent, parent.messages, ctx)
@@ -101,7 +101,7 @@ async def test_key_and_team_scopes() -> None:
     p = policy(BudgetSpec(name="team", scope="team", limits={"calls": 1}))
     alice = ApiKey(name="alice", digest=b"a", team="red")
     bob = ApiKey(name="bob", digest=b"b", team="red")
-    stage.charge(request(p, key=alice), None, None, calls=1)
+    await stage.charge(request(p, key=alice), ctx, None, None, calls=1)
     with pytest.raises(BudgetExceeded):
         ex = request(p, session="other", key=bob)
         await stage.run(ex, ex.messages, ctx)

@@ -310,7 +310,7 @@ def test_duplicate_names_across_files_point_at_both(tmp_path: Path) -> None:
 
 def test_errors_in_several_files_are_all_reported(tmp_path: Path) -> None:
     write(tmp_path, "a.yaml", "server: {port: 0}\n")
-    write(tmp_path, "b.yaml", "store: {backend: redis}\n")
+    write(tmp_path, "b.yaml", "store: {backend: s3}\n")
     write(tmp_path, "c.yaml", "model_list: [\n")
 
     issues = issues_of(tmp_path)
@@ -575,7 +575,7 @@ UNKNOWN_KEYS = {
         "keys.api_keys[0].budget",
         "unknown key 'budget'",
     ),
-    "store": ("store:\n  url: x\n", "store.url", "unknown key 'url'"),
+    "store": ("store:\n  bucket: x\n", "store.bucket", "unknown key 'bucket'"),
     "model_list entry": (
         "model_list:\n" + deployment_yaml("m", "openai/x") + "    modelinfo: {}\n",
         "model_list[0].modelinfo",

@@ -108,7 +108,7 @@ async def metrics_text(proxy: TestServer) -> str:
 
 
 def blocks_counted(metrics: str) -> float:
-    found = re.search(r'agentproxy_rewrites_total\{action="block",stage="loops"\} (\S+)', metrics)
+    found = re.search(r'agentproxy_decisions_total\{action="block",guard="loops"\} (\S+)', metrics)
     return float(found.group(1)) if found else 0.0
 
 

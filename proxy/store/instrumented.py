@@ -1,0 +1,126 @@
+"""Make every store and state operation visible: duration, failures, bytes written.
+
+Wraps whichever backend is configured, so the metrics mean the same for each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from proxy.metrics import Metrics
+from proxy.store.base import BlobInfo, Store
+from proxy.store.state import StateStore
+
+
+class _Timed:
+    def __init__(self, metrics: Metrics, backend: str) -> None:
+        self.metrics = metrics
+        self.backend = backend
+
+    @asynccontextmanager
+    async def _op(self, operation: str) -> AsyncIterator[None]:
+        m = self.metrics
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception:
+            m.child(m.store_errors, self.backend, operation).inc()
+            raise
+        finally:
+            m.child(m.store_duration, self.backend, operation).observe(
+                time.perf_counter() - started
+            )
+
+    def _written(self, kind: str, size: int) -> None:
+        m = self.metrics
+        m.child(m.store_writes, kind).inc()
+        m.child(m.store_written_bytes, kind).inc(size)
+
+
+class InstrumentedStore(_Timed):
+    def __init__(self, inner: Store, metrics: Metrics, backend: str) -> None:
+        super().__init__(metrics, backend)
+        self.inner = inner
+        # Other processes write the same store: values that can change must be read again.
+        self.shared: bool = getattr(inner, "shared", False)
+        for operation in ("put", "get", "put_checkpoint", "get_checkpoint"):
+            metrics.child(metrics.store_errors, backend, operation)
+
+    async def put(self, info: BlobInfo, data: bytes) -> None:
+        async with self._op("put"):
+            await self.inner.put(info, data)
+        self._written(info.kind, len(data))
+
+    async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
+        async with self._op("get"):
+            return await self.inner.get(ref)
+
+    async def blobs(self, session: str) -> list[BlobInfo]:
+        async with self._op("list"):
+            return await self.inner.blobs(session)
+
+    async def search(self, session: str, phrase: str, limit: int = 5) -> list[tuple[BlobInfo, str]]:
+        async with self._op("search"):
+            return await self.inner.search(session, phrase, limit)
+
+    async def get_checkpoint(self, session: str, key: str) -> bytes | None:
+        async with self._op("get_checkpoint"):
+            return await self.inner.get_checkpoint(session, key)
+
+    async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
+        async with self._op("put_checkpoint"):
+            await self.inner.put_checkpoint(session, key, data)
+        self._written("checkpoint", len(data))
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class InstrumentedState(_Timed):
+    def __init__(self, inner: StateStore, metrics: Metrics) -> None:
+        super().__init__(metrics, inner.backend)
+        self.inner = inner
+        self.backend = inner.backend
+        for operation in ("state_get", "state_set", "counters", "add"):
+            metrics.child(metrics.store_errors, inner.backend, operation)
+
+    async def get(self, space: str, key: str) -> bytes | None:
+        async with self._op("state_get"):
+            return await self.inner.get(space, key)
+
+    async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
+        async with self._op("state_set"):
+            await self.inner.set(space, key, value, ttl_s)
+
+    async def delete(self, space: str, key: str) -> None:
+        async with self._op("state_delete"):
+            await self.inner.delete(space, key)
+
+    async def counters(self, space: str, key: str) -> dict[str, float]:
+        async with self._op("counters"):
+            return await self.inner.counters(space, key)
+
+    async def add(
+        self,
+        space: str,
+        key: str,
+        amounts: Mapping[str, float],
+        *,
+        first: Mapping[str, float] | None = None,
+        ttl_s: float | None = None,
+    ) -> dict[str, float]:
+        async with self._op("add"):
+            return await self.inner.add(space, key, amounts, first=first, ttl_s=ttl_s)
+
+    async def publish(self, space: str, field: str, value: float, ttl_s: float) -> None:
+        async with self._op("publish"):
+            await self.inner.publish(space, field, value, ttl_s)
+
+    async def published(self, space: str) -> dict[str, float]:
+        async with self._op("published"):
+            return await self.inner.published(space)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,320 @@
+"""Redis: the store and the shared state of proxies running as several replicas.
+
+Every key starts with the configured prefix:
+
+    <p>blob:<ref>             hash {info, data}       an offloaded payload or archived history
+    <p>blobs:<session>        sorted set of refs      a session's blobs, by creation time
+    <p>ckpt:<session>         hash {key: data}        compaction checkpoints and their index
+    <p>state:<space>:<key>    string                  loop levels, failing sessions
+    <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
+    <p>pub:<space>            hash {field: "exp val"} open circuits every replica should know
+
+Blobs are content-addressed and immutable, so a blob read once is cached in process memory;
+checkpoint indexes change, so they are always read from Redis. When Redis does not answer
+within `timeout_s`, the operation fails with a StoreError and, for one second, so does every
+other without waiting: the request goes on without its state (callers degrade) instead of
+queueing behind a dead connection. Durability is Redis' own: run it with appendonly for blobs
+to survive a Redis restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from cachetools import LRUCache
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from proxy.policies.spec import StoreSettings
+from proxy.store.base import BlobInfo, StoreError, snippet
+
+T = TypeVar("T")
+log = logging.getLogger("agentproxy.store")
+
+PAUSE_AFTER_FAILURE_S = 1.0  # fail fast this long after Redis stopped answering
+ENV_PREFIX = "os.environ/"
+
+# Write a blob once: the first writer's info stays (refs are content addresses).
+_PUT_BLOB = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'info', ARGV[1], 'data', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+local ttl = tonumber(ARGV[5])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+return 1
+"""
+# Counters: ARGV = ttl_ms, number of amounts, amount pairs..., then set-if-absent pairs.
+_ADD = """
+local n = tonumber(ARGV[2])
+local i = 3
+for _ = 1, n do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+while i < #ARGV do
+  redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
+def resolve_url(url: str | None) -> str:
+    if not url:
+        raise StoreError("store.backend is redis but store.url is not set")
+    if url.startswith(ENV_PREFIX):
+        name = url.removeprefix(ENV_PREFIX)
+        value = os.environ.get(name)
+        if not value:
+            raise StoreError(f"store.url: environment variable {name!r} is not set")
+        return value
+    return url
+
+
+class RedisConnection:
+    """One client (a connection pool) shared by the store and the state, and the fail-fast
+    switch both go through."""
+
+    def __init__(self, settings: StoreSettings) -> None:
+        url = resolve_url(settings.url)
+        self.where = _redacted(url)
+        self.prefix = settings.prefix
+        self.timeout_s = settings.timeout_s
+        self.ttl_ms = int(settings.ttl_s * 1000) if settings.ttl_s else 0
+        # Typed Any: redis-py's stubs say "bytes | str" everywhere; with decode_responses off
+        # every reply is bytes.
+        self.client: Any = aioredis.Redis.from_url(
+            url,
+            socket_timeout=settings.timeout_s,
+            socket_connect_timeout=settings.timeout_s,
+            retry=Retry(NoBackoff(), 0),  # the proxy decides what a failure means
+            decode_responses=False,
+        )
+        self.put_blob: Any = self.client.register_script(_PUT_BLOB)
+        self.add: Any = self.client.register_script(_ADD)
+        self._paused_until = 0.0
+        self._down_since: float | None = None
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        now = time.monotonic()
+        if now < self._paused_until:
+            raise StoreError(f"redis {self.where}: {what} skipped, not answering")
+        try:
+            # Socket timeouts bound each command; this bounds a script or pipeline as a whole.
+            result = await asyncio.wait_for(operation(), self.timeout_s * 2)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
+            if self._down_since is None:
+                self._down_since = now
+                log.warning("redis %s not answering (%s): going on without it", self.where, exc)
+            raise StoreError(f"redis {self.where}: {what} failed: {exc}") from exc
+        if self._down_since is not None:
+            log.warning("redis %s answering again after %.1f s", self.where, now - self._down_since)
+            self._down_since = None
+        return result
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class RedisStore:
+    """The Store protocol over Redis; see the module docstring for the key layout."""
+
+    backend = "redis"
+    shared = True  # other processes write too: never trust a cached mutable value
+
+    def __init__(self, redis: RedisConnection, cache_bytes: int = 64 * 1024 * 1024) -> None:
+        self.redis = redis
+        self._cache: LRUCache[str, tuple[BlobInfo, bytes]] = LRUCache(
+            cache_bytes, getsizeof=lambda entry: len(entry[1]) + 256
+        )
+
+    async def put(self, info: BlobInfo, data: bytes) -> None:
+        r = self.redis
+        keys = [r.key("blob", info.ref), r.key("blobs", info.session)]
+        args = [_info_bytes(info), data, info.created_at, info.ref, r.ttl_ms]
+        await r.run("put", lambda: r.put_blob(keys=keys, args=args))
+        self._remember(info, data)
+
+    async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
+        cached = self._cache.get(ref)
+        if cached is not None:
+            return cached
+        r = self.redis
+        raw, data = await r.run("get", lambda: r.client.hmget(r.key("blob", ref), "info", "data"))
+        if raw is None or data is None:
+            return None
+        info = _info_of(raw)
+        self._remember(info, data)
+        return info, data
+
+    async def blobs(self, session: str) -> list[BlobInfo]:
+        return [info for info, _ in await self._session_blobs(session, "list", with_data=False)]
+
+    async def search(self, session: str, phrase: str, limit: int = 5) -> list[tuple[BlobInfo, str]]:
+        needle = phrase.lower()
+        found: list[tuple[BlobInfo, str]] = []
+        for info, data in await self._session_blobs(session, "search", with_data=True):
+            text = data.decode("utf-8", "replace")
+            at = text.lower().find(needle)
+            if at >= 0:
+                found.append((info, snippet(text, at, len(phrase))))
+                if len(found) >= limit:
+                    break
+        return found
+
+    async def get_checkpoint(self, session: str, key: str) -> bytes | None:
+        r = self.redis
+        data: bytes | None = await r.run(
+            "get_checkpoint", lambda: r.client.hget(r.key("ckpt", session), key)
+        )
+        return data
+
+    async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
+        r = self.redis
+        name = r.key("ckpt", session)
+
+        async def write() -> None:
+            async with r.client.pipeline(transaction=True) as pipe:
+                pipe.hset(name, key, data)
+                if r.ttl_ms:
+                    pipe.pexpire(name, r.ttl_ms)
+                await pipe.execute()
+
+        await r.run("put_checkpoint", write)
+
+    async def close(self) -> None:
+        self._cache.clear()
+
+    async def _session_blobs(
+        self, session: str, what: str, *, with_data: bool
+    ) -> list[tuple[BlobInfo, bytes]]:
+        r = self.redis
+
+        async def read() -> list[Any]:
+            refs = await r.client.zrange(r.key("blobs", session), 0, -1)
+            async with r.client.pipeline(transaction=False) as pipe:
+                for ref in refs:
+                    fields = ("info", "data") if with_data else ("info",)
+                    pipe.hmget(r.key("blob", ref.decode()), *fields)
+                rows: list[Any] = await pipe.execute()
+                return rows
+
+        out: list[tuple[BlobInfo, bytes]] = []
+        for row in await r.run(what, read):
+            if row[0] is not None:  # expired meanwhile
+                out.append((_info_of(row[0]), row[1] if with_data else b""))
+        return out
+
+    def _remember(self, info: BlobInfo, data: bytes) -> None:
+        if len(data) + 256 <= self._cache.maxsize:
+            self._cache[info.ref] = (info, data)
+
+
+class RedisState:
+    """The StateStore protocol over Redis; counters are added in one Lua call each."""
+
+    backend = "redis"
+
+    def __init__(self, redis: RedisConnection) -> None:
+        self.redis = redis
+
+    async def get(self, space: str, key: str) -> bytes | None:
+        r = self.redis
+        value: bytes | None = await r.run(
+            "state_get", lambda: r.client.get(r.key("state", space, key))
+        )
+        return value
+
+    async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
+        r = self.redis
+        ms = int(ttl_s * 1000) if ttl_s else None
+        await r.run("state_set", lambda: r.client.set(r.key("state", space, key), value, px=ms))
+
+    async def delete(self, space: str, key: str) -> None:
+        r = self.redis
+        await r.run("state_delete", lambda: r.client.delete(r.key("state", space, key)))
+
+    async def counters(self, space: str, key: str) -> dict[str, float]:
+        r = self.redis
+        raw = await r.run("counters", lambda: r.client.hgetall(r.key("count", space, key)))
+        return {name.decode(): float(value) for name, value in raw.items()}
+
+    async def add(
+        self,
+        space: str,
+        key: str,
+        amounts: Mapping[str, float],
+        *,
+        first: Mapping[str, float] | None = None,
+        ttl_s: float | None = None,
+    ) -> dict[str, float]:
+        r = self.redis
+        args: list[Any] = [int(ttl_s * 1000) if ttl_s else 0, len(amounts)]
+        for name, amount in amounts.items():
+            args += [name, repr(float(amount))]
+        for name, value in (first or {}).items():
+            args += [name, repr(float(value))]
+        keys = [r.key("count", space, key)]
+        flat = await r.run("add", lambda: r.add(keys=keys, args=args))
+        return {flat[i].decode(): float(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def publish(self, space: str, field: str, value: float, ttl_s: float) -> None:
+        r = self.redis
+        fact = f"{time.time() + ttl_s!r} {value!r}"
+        await r.run("publish", lambda: r.client.hset(r.key("pub", space), field, fact))
+
+    async def published(self, space: str) -> dict[str, float]:
+        r = self.redis
+        name = r.key("pub", space)
+        raw = await r.run("published", lambda: r.client.hgetall(name))
+        now = time.time()
+        valid: dict[str, float] = {}
+        stale: list[bytes] = []
+        for field, fact in raw.items():
+            expiry, value = (float(part) for part in fact.split())
+            if expiry >= now:
+                valid[field.decode()] = value
+            else:
+                stale.append(field)
+        if stale:  # tidy up; a failure here changes nothing
+            await r.run("published", lambda: r.client.hdel(name, *stale))
+        return valid
+
+    async def close(self) -> None:
+        await self.redis.close()
+
+
+def _info_bytes(info: BlobInfo) -> bytes:
+    return orjson.dumps(
+        [info.ref, info.session, info.kind, info.size, info.created_at, info.owner, info.meta]
+    )
+
+
+def _info_of(raw: bytes) -> BlobInfo:
+    ref, session, kind, size, created_at, owner, meta = orjson.loads(raw)
+    return BlobInfo(ref, session, kind, size, created_at, owner, meta)
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
