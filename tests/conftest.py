@@ -5,7 +5,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import textwrap
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,5 +116,33 @@ def proxy_for(aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path) ->
     return start
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def base_url(server: TestServer) -> str:
     return str(server.make_url("/v1"))
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A key prefix of this test's own on the machine's Redis; its keys are deleted after."""
+    import redis
+
+    prefix = f"agentproxy-test-{uuid.uuid4().hex[:12]}:"
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"these tests need Redis on {REDIS_URL}: {exc}")
+    yield prefix
+    keys = list(client.scan_iter(match=prefix + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()

@@ -3,7 +3,7 @@
 Every key starts with the configured prefix:
 
     <p>blob:<ref>             hash {info, data}       an offloaded payload or archived history
-    <p>blobs:<session>        sorted set of refs      a session's blobs, by creation time
+    <p>blobs:<session>        list of refs            a session's blobs, in write order
     <p>ckpt:<session>         hash {key: data}        compaction checkpoints and their index
     <p>state:<space>:<key>    string                  loop levels, failing sessions
     <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
@@ -46,8 +46,8 @@ ENV_PREFIX = "os.environ/"
 _PUT_BLOB = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'info', ARGV[1], 'data', ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-local ttl = tonumber(ARGV[5])
+redis.call('RPUSH', KEYS[2], ARGV[3])
+local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
@@ -148,9 +148,9 @@ class RedisStore:
     async def put(self, info: BlobInfo, data: bytes) -> None:
         r = self.redis
         keys = [r.key("blob", info.ref), r.key("blobs", info.session)]
-        args = [_info_bytes(info), data, info.created_at, info.ref, r.ttl_ms]
-        await r.run("put", lambda: r.put_blob(keys=keys, args=args))
-        self._remember(info, data)
+        args = [_info_bytes(info), data, info.ref, r.ttl_ms]
+        if await r.run("put", lambda: r.put_blob(keys=keys, args=args)):
+            self._remember(info, data)  # an existing ref keeps its first info
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(ref)
@@ -208,7 +208,7 @@ class RedisStore:
         r = self.redis
 
         async def read() -> list[Any]:
-            refs = await r.client.zrange(r.key("blobs", session), 0, -1)
+            refs = await r.client.lrange(r.key("blobs", session), 0, -1)
             async with r.client.pipeline(transaction=False) as pipe:
                 for ref in refs:
                     fields = ("info", "data") if with_data else ("info",)
@@ -220,6 +220,7 @@ class RedisStore:
         for row in await r.run(what, read):
             if row[0] is not None:  # expired meanwhile
                 out.append((_info_of(row[0]), row[1] if with_data else b""))
+        out.sort(key=lambda entry: entry[0].created_at)  # stable: write order among equals
         return out
 
     def _remember(self, info: BlobInfo, data: bytes) -> None:

@@ -1,4 +1,4 @@
-"""Both Store backends behave alike; the local one also survives restarts and bad disks."""
+"""Every Store backend behaves alike; the local one also survives restarts and bad disks."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from proxy.policies.spec import StoreSettings
 from proxy.store.base import BlobInfo, Store, StoreError, content_ref
 from proxy.store.local import LocalStore
 from proxy.store.memory import MemoryStore
+from proxy.store.redis import RedisConnection, RedisStore
+from tests.conftest import REDIS_URL
 
 
 def blob(session: str, data: bytes, *, owner: str | None = "alice", at: float = 1.0) -> BlobInfo:
@@ -20,11 +23,19 @@ def blob(session: str, data: bytes, *, owner: str | None = "alice", at: float = 
     return BlobInfo(ref, session, "tool_result", len(data), at, owner, {"tool": "read_file"})
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=["memory", "local", "redis"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    backend: Store = MemoryStore() if request.param == "memory" else LocalStore(str(tmp_path))
+    backend: Store
+    if request.param == "redis":
+        prefix = request.getfixturevalue("redis_prefix")
+        redis = RedisConnection(StoreSettings(backend="redis", url=REDIS_URL, prefix=prefix))
+        backend = RedisStore(redis)
+    else:
+        backend = MemoryStore() if request.param == "memory" else LocalStore(str(tmp_path))
     yield backend
     await backend.close()
+    if request.param == "redis":
+        await redis.close()
 
 
 # -- the behaviour every backend shares ---------------------------------------------------------

@@ -1,0 +1,145 @@
+"""Every StateStore behaves alike; Redis' counters are atomic across processes, and an
+unreachable Redis fails fast and comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
+
+from proxy.policies.spec import StoreSettings
+from proxy.store.base import StoreError
+from proxy.store.redis import RedisConnection, RedisState
+from proxy.store.state import MemoryState, StateStore
+from tests.conftest import REDIS_URL, free_port
+
+
+def connect(prefix: str, url: str = REDIS_URL, timeout_s: float = 0.5) -> RedisConnection:
+    return RedisConnection(
+        StoreSettings(backend="redis", url=url, prefix=prefix, timeout_s=timeout_s)
+    )
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def state(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    backend: StateStore
+    if request.param == "redis":
+        backend = RedisState(connect(request.getfixturevalue("redis_prefix")))
+    else:
+        backend = MemoryState()
+    yield backend
+    await backend.close()
+
+
+async def test_values_are_set_read_expired_and_deleted(state: StateStore) -> None:
+    assert await state.get("loops", "s1") is None
+    await state.set("loops", "s1", b"level 1")
+    await state.set("loops", "s2", b"short-lived", ttl_s=0.05)
+    assert await state.get("loops", "s1") == b"level 1"
+    assert await state.get("other", "s1") is None  # spaces do not mix
+    await asyncio.sleep(0.1)
+    assert await state.get("loops", "s2") is None
+    await state.delete("loops", "s1")
+    assert await state.get("loops", "s1") is None
+
+
+async def test_counters_add_up_and_first_values_stick(state: StateStore) -> None:
+    assert await state.counters("budget", "b|session|s1|0") == {}
+    await state.add("budget", "b|session|s1|0", {"calls": 1, "cost_usd": 0.25}, first={"at": 5})
+    after = await state.add("budget", "b|session|s1|0", {"calls": 1}, first={"at": 9})
+    assert after == {"calls": 2.0, "cost_usd": 0.25, "at": 5.0}
+    assert await state.counters("budget", "b|session|s1|0") == after
+
+
+async def test_published_facts_expire(state: StateStore) -> None:
+    await state.publish("circuits", "sim#0", 123.5, ttl_s=30)
+    await state.publish("circuits", "sim#1", 1.0, ttl_s=0.05)
+    await asyncio.sleep(0.1)
+    assert await state.published("circuits") == {"sim#0": 123.5}
+
+
+async def test_redis_counters_count_every_addition_once_across_connections(
+    redis_prefix: str,
+) -> None:
+    # Two connections stand for two proxy processes charging the same budget at once.
+    first, second = RedisState(connect(redis_prefix)), RedisState(connect(redis_prefix))
+    try:
+        adds = [
+            replica.add("budget", "shared", {"calls": 1, "prompt_tokens": 10})
+            for _ in range(100)
+            for replica in (first, second)
+        ]
+        await asyncio.gather(*adds)
+        assert await first.counters("budget", "shared") == {"calls": 200, "prompt_tokens": 2000}
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_unreachable_redis_fails_fast_with_a_clear_error() -> None:
+    state = RedisState(connect("x:", url=f"redis://127.0.0.1:{free_port()}/0"))
+    try:
+        started = time.perf_counter()
+        with pytest.raises(StoreError, match=r"redis redis://127\.0\.0\.1:\d+/0: state_get failed"):
+            await state.get("loops", "s1")
+        assert time.perf_counter() - started < 1.5
+        started = time.perf_counter()
+        with pytest.raises(StoreError, match="skipped, not answering"):
+            await state.get("loops", "s1")  # within the pause: no connection attempt at all
+        assert time.perf_counter() - started < 0.05
+    finally:
+        await state.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[int, list[subprocess.Popen[bytes]]]]:
+    """A redis-server of this test's own, so the test can stop and restart it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+    yield port, processes
+    for process in processes:
+        process.terminate()
+        process.wait(5)
+
+
+def start_redis(port: int, processes: list[subprocess.Popen[bytes]]) -> None:
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+
+
+async def test_state_comes_back_when_redis_does(
+    own_redis: tuple[int, list[subprocess.Popen[bytes]]],
+) -> None:
+    port, processes = own_redis
+    start_redis(port, processes)
+    state = RedisState(connect("t:", url=f"redis://127.0.0.1:{port}/0"))
+    try:
+        await _eventually(lambda: state.set("loops", "s1", b"1"))
+        processes[0].terminate()
+        processes[0].wait(5)
+        with pytest.raises(StoreError):
+            await state.get("loops", "s1")
+        start_redis(port, processes)
+        await _eventually(lambda: state.set("loops", "s1", b"2"))
+        assert await state.get("loops", "s1") == b"2"
+    finally:
+        await state.close()
+
+
+async def _eventually(operation: Callable[[], Awaitable[None]], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            await operation()
+            return
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
