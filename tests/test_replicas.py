@@ -15,7 +15,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.testing.simulator import Simulator
