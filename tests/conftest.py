@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import socket
+import subprocess
 import textwrap
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -146,3 +148,25 @@ def redis_prefix() -> Iterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+OwnRedis = tuple[int, list[subprocess.Popen[bytes]]]  # its port, and its processes so far
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    """A redis-server of this test's own, so the test can stop and restart it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+    yield port, processes
+    for process in processes:
+        process.terminate()
+        process.wait(5)
+
+
+def start_redis(port: int, processes: list[subprocess.Popen[bytes]]) -> None:
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))

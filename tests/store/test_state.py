@@ -4,10 +4,8 @@ unreachable Redis fails fast and comes back."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -15,7 +13,7 @@ from proxy.policies.spec import StoreSettings
 from proxy.store.base import StoreError
 from proxy.store.redis import RedisConnection, RedisState
 from proxy.store.state import MemoryState, StateStore
-from tests.conftest import REDIS_URL, free_port
+from tests.conftest import REDIS_URL, OwnRedis, free_port, start_redis
 
 
 def connect(prefix: str, url: str = REDIS_URL, timeout_s: float = 0.5) -> RedisConnection:
@@ -95,27 +93,8 @@ async def test_unreachable_redis_fails_fast_with_a_clear_error() -> None:
         await state.close()
 
 
-@pytest.fixture
-def own_redis() -> Iterator[tuple[int, list[subprocess.Popen[bytes]]]]:
-    """A redis-server of this test's own, so the test can stop and restart it."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    processes: list[subprocess.Popen[bytes]] = []
-    yield port, processes
-    for process in processes:
-        process.terminate()
-        process.wait(5)
-
-
-def start_redis(port: int, processes: list[subprocess.Popen[bytes]]) -> None:
-    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
-
-
 async def test_state_comes_back_when_redis_does(
-    own_redis: tuple[int, list[subprocess.Popen[bytes]]],
+    own_redis: OwnRedis,
 ) -> None:
     port, processes = own_redis
     start_redis(port, processes)
