@@ -55,6 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     simulate.set_defaults(run=_simulate)
 
     demo = commands.add_parser("demo", help="drive a tool-using agent through the proxy")
+    demo.add_argument(
+        "--proxy",
+        metavar="URL",
+        help="drive a running proxy (alias 'sim' on a simulator) instead of starting one",
+    )
+    demo.add_argument("--api-key", default="demo", help="the key to send with --proxy [demo]")
+    demo.add_argument(
+        "--rounds", type=int, default=1, help="agent sessions to run with --proxy [1]"
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -109,10 +118,15 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from proxy.demo import run_demo
+    from proxy.demo import run_against, run_demo
 
     # The demo narrates what happens; per-request log lines would only interleave with it.
     for name in ("agentproxy.access", "httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
+    if args.proxy:
+        if not 1 <= args.rounds <= 1000:
+            print("agentproxy demo: --rounds must be between 1 and 1000", file=sys.stderr)
+            return 2
+        return asyncio.run(run_against(args.proxy.rstrip("/"), args.api_key, args.rounds))
     return asyncio.run(run_demo())

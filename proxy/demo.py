@@ -201,13 +201,21 @@ async def run_demo(write: Callable[[str], None] = print) -> int:
     return 0
 
 
-async def _narrate(
-    say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, config: Path
-) -> None:
-    say.line("AgentProxy demo")
-    say.line(f"  simulated model  {sim_url}/v1")
-    say.line(f"  proxy            {proxy_url}/v1   (agents set base_url to this)")
-    client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="demo", max_retries=0)
+async def run_against(
+    proxy_url: str, api_key: str, rounds: int, write: Callable[[str], None] = print
+) -> int:
+    """The agent part of the demo against a running proxy (e.g. `docker compose up`), whose
+    alias `sim` is served by a simulator: `rounds` sessions, to give dashboards traffic."""
+    say = Narrator(write)
+    client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key=api_key, max_retries=0)
+    for number in range(1, rounds + 1):
+        say.line(f"\nSession {number} of {rounds} against {proxy_url}/v1")
+        await _agent_session(say, client)
+    return 0
+
+
+async def _agent_session(say: Narrator, client: openai.AsyncOpenAI) -> None:
+    """The tasks, then an agent that crashed mid-call, then a request for an unknown model."""
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent. Use tools to inspect the project."}
     ]
@@ -221,9 +229,18 @@ async def _narrate(
     history.append({"role": "user", "content": "Sorry, I restarted. Where were we?"})
     say.line(f"  user: {history[-1]['content']}")
     await agent_turn(client, history, False, say)
-
     say.line("\nWhat the proxy does with bad input and a broken upstream:")
     await _show_error(say, "unknown model", _ask(client, model="gpt-nope"))
+
+
+async def _narrate(
+    say: Narrator, sim: Simulator, sim_url: str, proxy_url: str, config: Path
+) -> None:
+    say.line("AgentProxy demo")
+    say.line(f"  simulated model  {sim_url}/v1")
+    say.line(f"  proxy            {proxy_url}/v1   (agents set base_url to this)")
+    client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="demo", max_retries=0)
+    await _agent_session(say, client)
     sim.inject(Fault(malformed=True))
     raw = await client.chat.completions.with_raw_response.create(
         model="sim", messages=[{"role": "user", "content": "ping"}]

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.metrics import MetricWrapperBase
 
 from proxy import __version__
+
+# No `_created` series: they double the exposition and no dashboard or alert reads them.
+disable_created_metrics()
 
 # Proxy overhead lives well under a millisecond; upstream calls can take minutes.
 OVERHEAD_BUCKETS = (

@@ -67,7 +67,7 @@ class _Turn:
     length: int  # how many input messages `output` covers
     output: list[Message]
     offloaded: _Offloaded
-    settings: tuple[OffloadSpec, bool]
+    settings: tuple[OffloadSpec, bool, int]  # spec, recall, threshold
 
 
 class OffloadStage:
@@ -91,6 +91,7 @@ class OffloadStage:
     ) -> list[Message] | None:
         spec = ex.policy.offload
         recall = ex.policy.recall.enabled
+        threshold = _threshold(ex, ctx)
         # ex.stable_prefix counts the client's messages: usable only if no earlier stage
         # changed them (then this stage's input is the request's own list).
         aligned = messages is ex.messages
@@ -99,15 +100,15 @@ class OffloadStage:
             last is None
             or not aligned
             or last.length > ex.stable_prefix
-            or last.settings != (spec, recall)
+            or last.settings != (spec, recall, threshold)
         ):
-            last = _Turn(0, [], _Offloaded(), (spec, recall))
-        out, offloaded, failed = await self._scan(ex, messages, ctx, last.length)
+            last = _Turn(0, [], _Offloaded(), (spec, recall, threshold))
+        out, offloaded, failed = await self._scan(ex, messages, ctx, last.length, threshold)
         if last.length:
             out[: last.length] = last.output
             offloaded = last.offloaded.plus(offloaded)
         if aligned and not failed:  # a failed write is retried next turn: it must rescan
-            self._last[ex.session] = _Turn(len(messages), out, offloaded, (spec, recall))
+            self._last[ex.session] = _Turn(len(messages), out, offloaded, (spec, recall, threshold))
         if not offloaded.refs:
             return None
         record(
@@ -123,13 +124,18 @@ class OffloadStage:
         return out
 
     async def _scan(
-        self, ex: Exchange, messages: list[Message], ctx: StageContext, start: int
+        self,
+        ex: Exchange,
+        messages: list[Message],
+        ctx: StageContext,
+        start: int,
+        threshold: int,
     ) -> tuple[list[Message], _Offloaded, bool]:
         """Offload what needs it in messages[start:]. Returns (all messages with pointers in
         place, what was offloaded here, whether a store write failed)."""
         spec = ex.policy.offload
         recall = ex.policy.recall.enabled
-        min_chars = spec.min_tokens * MIN_CHARS_PER_TOKEN
+        min_chars = threshold * MIN_CHARS_PER_TOKEN
         candidates: list[_Candidate] = []
         out = list(messages)
         for index in range(start, len(messages)):
@@ -143,7 +149,7 @@ class OffloadStage:
             if content is None:
                 continue
             tokens = estimate_tokens(message)
-            if tokens <= spec.min_tokens:
+            if tokens <= threshold:
                 continue
             data = content.encode()
             call_id = str(message.get("tool_call_id") or "")
@@ -296,3 +302,13 @@ def _cut(line: str, limit: int) -> str:
     if len(line) <= limit:
         return line
     return f"{line[:limit]}… (+{len(line) - limit:,} chars)"
+
+
+def _threshold(ex: Exchange, ctx: StageContext) -> int:
+    """Tokens above which a result is offloaded: min_tokens, or less on a small model (a
+    20k-token result cannot stay in an 8k window)."""
+    spec = ex.policy.offload
+    window = ctx.catalog.facts(ex.deployment).max_input_tokens if ex.deployment else None
+    if not window:
+        return spec.min_tokens
+    return max(1, min(spec.min_tokens, int(spec.max_window_share * window)))

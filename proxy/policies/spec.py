@@ -150,6 +150,7 @@ class OffloadSpec:
 
     enabled: bool = True
     min_tokens: int = 20_000
+    max_window_share: float = 0.25  # ...or above this share of the target model's window
     preview_lines: int = 5  # first and last lines kept in the pointer
     line_chars: int = 1_000  # each preview line cut at this length
 

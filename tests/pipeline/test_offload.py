@@ -14,7 +14,7 @@ from proxy.policies.spec import ApiKey, OffloadSpec, Policy, RecallSpec
 from proxy.store.base import BlobInfo, StoreError, content_ref
 from proxy.store.local import LocalStore
 from proxy.store.memory import MemoryStore
-from tests.pipeline.factories import context, exchange
+from tests.pipeline.factories import context, deployment, exchange
 
 SMALL = OffloadSpec(min_tokens=100, preview_lines=2, line_chars=40)  # offload above ~400 chars
 POLICY = Policy(name="test", offload=SMALL)
@@ -67,6 +67,16 @@ async def test_small_results_are_skipped_without_hashing(monkeypatch: pytest.Mon
 async def test_results_between_prefilter_and_threshold_stay() -> None:
     messages = history("y" * 380)  # past the 300-char pre-check, ~99 tokens: still under 100
     assert await OffloadStage().run(exchange(messages, POLICY), messages, context()) is None
+
+
+@pytest.mark.parametrize(("window", "offloaded"), [(8192, True), (200_000, False)])
+async def test_a_small_window_lowers_the_threshold(window: int, offloaded: bool) -> None:
+    # ~3,000 tokens: under the default min_tokens (20,000), but over a quarter of an 8k window.
+    messages = history("z" * 12_000)
+    ex = exchange(messages, Policy(name="default"))
+    ex.deployment = deployment(window)
+    out = await OffloadStage().run(ex, messages, context())
+    assert (out is not None) is offloaded
 
 
 async def test_large_result_is_stored_then_replaced_by_a_pointer() -> None:
