@@ -36,7 +36,7 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     started = time.perf_counter()
     request_id = request[REQUEST_ID] = _request_id(request)
     in_flight = request.app[METRICS].in_flight
-    in_flight.inc()
+    in_flight.inc()  # a scrape counts itself: the gauge reads 1 when idle
     response: web.StreamResponse
     try:
         response = await handler(request)

@@ -19,11 +19,12 @@ from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
+CHAT_ROUTE = "/v1/chat/completions"  # also the `route` label of its metrics
 
 POLICY_HEADER = "x-agentproxy-policy"
 
 
-@routes.post("/v1/chat/completions")
+@routes.post(CHAT_ROUTE)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG].current
     key = authenticate(request, config.keys)
@@ -159,7 +160,7 @@ def _count_error(request: web.Request, ex: Exchange, reason: str) -> None:
 
 async def _account(request: web.Request, ex: Exchange) -> None:
     metrics = request.app[METRICS]
-    metrics.child(metrics.overhead, "chat").observe(ex.overhead())
+    metrics.child(metrics.overhead, CHAT_ROUTE).observe(ex.overhead())
     metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
     cost = None
     if ex.usage is not None:
