@@ -22,7 +22,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from proxy import __version__
 
 # No `_created` series: they double the exposition and no dashboard or alert reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Proxy overhead lives well under a millisecond; upstream calls can take minutes.
 OVERHEAD_BUCKETS = (

@@ -22,7 +22,7 @@ log = logging.getLogger("agentproxy.pipeline")
 
 
 class Chain:
-    def __init__(self, stages: Sequence[Stage], memo_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, stages: Sequence[Stage], memo_bytes: int = 128 * 1024 * 1024) -> None:
         self.stages = tuple(stages)
         # Each session's last input (with its body size), bounded by the request bytes held.
         self._last: LRUCache[str, tuple[int, list[Message]]] = LRUCache(

@@ -48,6 +48,9 @@ log = logging.getLogger("agentproxy.compaction")
 
 # A stretch smaller than this share of the window is not worth a summarizer call.
 MIN_STRETCH_SHARE = 0.05
+# Requests in flight only need their last output mapped back after an overflow: a small memo,
+# bounded by the request bytes it keeps alive.
+OUTPUTS_BYTES = 32 * 1024 * 1024
 
 
 class CompactionStage:
@@ -62,7 +65,9 @@ class CompactionStage:
         # Per session, the last output and the input it came from: an overflow report may
         # hand back our own output, which is mapped back to the agent's history (requests
         # in flight only, so a small cache will do).
-        self._outputs: LRUCache[str, tuple[list[Message], list[Message]]] = LRUCache(1024)
+        self._outputs: LRUCache[str, tuple[int, list[Message], list[Message]]] = LRUCache(
+            OUTPUTS_BYTES, getsizeof=lambda entry: entry[0]
+        )
 
     def enabled(self, policy: Policy) -> bool:
         return policy.compaction.enabled
@@ -92,7 +97,9 @@ class CompactionStage:
         async with state.lock:
             output = await self._fit(ex, seen, ctx, budget, budget.limit(spec.trigger), state)
         if output is not None:
-            self._outputs[ex.session] = (output, seen.messages)
+            size = max(1, ex.body_bytes or 64 * len(output))
+            if size <= OUTPUTS_BYTES:
+                self._outputs[ex.session] = (size, output, seen.messages)
         return output
 
     async def compact_to(
@@ -123,7 +130,7 @@ class CompactionStage:
         last = self._outputs.get(session)
         if last is None:
             return messages
-        output, source = last
+        _, output, source = last
         if messages[: len(output)] != output:
             return messages
         return [*source, *messages[len(output) :]]

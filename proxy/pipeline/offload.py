@@ -64,6 +64,7 @@ class _Offloaded:
 
 @dataclass(frozen=True, slots=True)
 class _Turn:
+    size: int  # bytes of the request it came from: what the memo is bounded by
     length: int  # how many input messages `output` covers
     output: list[Message]
     offloaded: _Offloaded
@@ -76,12 +77,13 @@ class OffloadStage:
     # calls and results is untouched, so the chain need not re-check it.
     preserves_pairing = True
 
-    def __init__(self, cache_entries: int = 10_000) -> None:
+    def __init__(self, cache_entries: int = 10_000, memo_bytes: int = 64 * 1024 * 1024) -> None:
         # Pointer texts already built (and stored) in this process; entries are ~1-10 kB.
         self._pointers: LRUCache[PointerKey, str] = LRUCache(cache_entries)
         # Per session, last turn's result: the part of the history it covered is not scanned
         # again when the client re-sends it unchanged.
-        self._last: LRUCache[str, _Turn] = LRUCache(cache_entries)
+        # Bounded by the request bytes they stand for (the lists keep the messages alive).
+        self._last: LRUCache[str, _Turn] = LRUCache(memo_bytes, getsizeof=lambda t: t.size)
 
     def enabled(self, policy: Policy) -> bool:
         return policy.offload.enabled
@@ -102,13 +104,16 @@ class OffloadStage:
             or last.length > ex.stable_prefix
             or last.settings != (spec, recall, threshold)
         ):
-            last = _Turn(0, [], _Offloaded(), (spec, recall, threshold))
+            last = _Turn(0, 0, [], _Offloaded(), (spec, recall, threshold))
         out, offloaded, failed = await self._scan(ex, messages, ctx, last.length, threshold)
         if last.length:
             out[: last.length] = last.output
             offloaded = last.offloaded.plus(offloaded)
-        if aligned and not failed:  # a failed write is retried next turn: it must rescan
-            self._last[ex.session] = _Turn(len(messages), out, offloaded, (spec, recall, threshold))
+        size = max(1, ex.body_bytes or 64 * len(messages))
+        # A failed write is retried next turn: it must rescan.
+        if aligned and not failed and size <= self._last.maxsize:
+            settings = (spec, recall, threshold)
+            self._last[ex.session] = _Turn(size, len(messages), out, offloaded, settings)
         if not offloaded.refs:
             return None
         record(
