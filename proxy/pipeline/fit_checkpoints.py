@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from proxy.messages import Message
+from proxy.messages import Message, estimate_tokens
 from proxy.store.base import Store
 
 log = logging.getLogger("agentproxy.compaction")
@@ -49,6 +49,11 @@ class Checkpoint:
     kind: str  # "summary" or "middle_out"
     messages: tuple[Message, ...]  # what replaces them
     ref: str  # the archive of what was replaced
+
+    @property
+    def size(self) -> int:
+        """Roughly its bytes in memory, for the cache that holds it."""
+        return 256 + sum(4 * estimate_tokens(m) for m in self.messages)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -121,9 +126,11 @@ class SessionState:
 
 
 class CheckpointIndex:
-    def __init__(self, sessions: int = 4096, bodies: int = 1024) -> None:
+    def __init__(self, sessions: int = 4096, bodies_bytes: int = 16 * 1024 * 1024) -> None:
         self._states: LRUCache[str, SessionState] = LRUCache(sessions)
-        self._bodies: LRUCache[tuple[str, str], Checkpoint] = LRUCache(bodies)
+        self._bodies: LRUCache[tuple[str, str], Checkpoint] = LRUCache(
+            bodies_bytes, getsizeof=lambda checkpoint: checkpoint.size
+        )
 
     def peek(self, session: str) -> SessionState | None:
         return self._states.get(session)

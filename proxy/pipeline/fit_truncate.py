@@ -55,9 +55,12 @@ def truncatable(message: Message, spec: CompactionSpec) -> bool:
 
 
 class Truncator:
-    def __init__(self, entries: int = 10_000) -> None:
-        # message hash (and all the result depends on) → (truncated copy, arguments, tokens saved)
-        self._done: LRUCache[CacheKey, tuple[Message, int, int]] = LRUCache(entries)
+    def __init__(self, max_bytes: int = 16 * 1024 * 1024) -> None:
+        # message hash (and all the result depends on) → (truncated copy, arguments, tokens
+        # saved, its size): bounded by the size of the copies kept.
+        self._done: LRUCache[CacheKey, tuple[Message, int, int, int]] = LRUCache(
+            max_bytes, getsizeof=lambda done: done[3]
+        )
 
     async def apply(
         self, ex: Exchange, store: Store, messages: Sequence[Message], start: int, stop: int
@@ -80,7 +83,8 @@ class Truncator:
             done = self._done.get(key)
             if done is None:
                 (short, count), failed = await _truncate_message(ex, store, message, spec, recall)
-                done = (short, count, message_tokens(message) - message_tokens(short))
+                kept = message_tokens(short)
+                done = (short, count, message_tokens(message) - kept, 4 * kept + 256)
                 result.failed += failed
                 result.stored += count
                 if not failed:  # a failed write is retried on a later turn

@@ -77,9 +77,13 @@ class OffloadStage:
     # calls and results is untouched, so the chain need not re-check it.
     preserves_pairing = True
 
-    def __init__(self, cache_entries: int = 10_000, memo_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self, pointer_bytes: int = 16 * 1024 * 1024, memo_bytes: int = 64 * 1024 * 1024
+    ) -> None:
         # Pointer texts already built (and stored) in this process; entries are ~1-10 kB.
-        self._pointers: LRUCache[PointerKey, str] = LRUCache(cache_entries)
+        self._pointers: LRUCache[PointerKey, str] = LRUCache(
+            pointer_bytes, getsizeof=lambda text: len(text) + 256
+        )
         # Per session, last turn's result: the part of the history it covered is not scanned
         # again when the client re-sends it unchanged.
         # Bounded by the request bytes they stand for (the lists keep the messages alive).
