@@ -56,6 +56,7 @@ def build_app(
         StageContext(store, catalog, metrics, events, summarize=summarize, state=state)
     )
     control = app[CONTROL] = Control(upstreams, rewriter, metrics)
+    metrics.watch_memos(rewriter.memos())
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)

@@ -8,6 +8,7 @@ text. Label sets a dashboard or alert asks for are created at zero up front, so 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -219,6 +220,18 @@ class Metrics:
             "1 if the last reload attempt succeeded, else 0.",
             registry=r,
         )
+        self.memo_bytes = Gauge(
+            "agentproxy_memo_bytes",
+            "Estimated bytes held by each in-process memo (warm-turn caches), by memo.",
+            ["memo"],
+            registry=r,
+        )
+        self.memo_capacity_bytes = Gauge(
+            "agentproxy_memo_capacity_bytes",
+            "The bound of each in-process memo: past it, the least recently used go.",
+            ["memo"],
+            registry=r,
+        )
         self.build_info = Gauge(
             "agentproxy_build_info",
             "The running proxy's version (value is always 1).",
@@ -251,7 +264,17 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def watch_memos(self, memos: dict[str, Any]) -> None:
+        """Report each memo's size and bound, read at scrape time."""
+        for name, memo in memos.items():
+            self.memo_bytes.labels(name).set_function(_size_of(memo))
+            self.memo_capacity_bytes.labels(name).set(memo.maxsize)
+
     def set_config_version(self, version: str, loaded_at: float) -> None:
         self.config_info.clear()
         self.config_info.labels(version).set(1)
         self.config_loaded.set(loaded_at)
+
+
+def _size_of(memo: Any) -> Callable[[], float]:
+    return lambda: float(memo.currsize)

@@ -4,6 +4,7 @@ session id, a key, a request id or message text."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,11 @@ async def test_no_label_carries_client_strings_or_secrets(exposition: str) -> No
     # The model label holds configured aliases only, even for a request naming another.
     models = set().union(*(v for k, v in labels.items() if k.endswith(".model")))
     assert models <= {"sim", "-", "unknown"}, models
+
+
+async def test_every_memo_reports_its_size_within_its_bound(exposition: str) -> None:
+    sizes = dict(re.findall(r'agentproxy_memo_bytes\{memo="(\w+)"\} (\S+)', exposition))
+    bounds = dict(re.findall(r'agentproxy_memo_capacity_bytes\{memo="(\w+)"\} (\S+)', exposition))
+    assert set(sizes) == set(bounds) >= {"histories", "offload_turns", "compaction_histories"}
+    assert float(sizes["histories"]) > 0  # the scenario's sessions are remembered...
+    assert all(float(sizes[m]) <= float(bounds[m]) for m in sizes)  # ...within bounds

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from cachetools import LRUCache
 
@@ -28,6 +29,9 @@ class Chain:
         self._last: LRUCache[str, tuple[int, list[Message]]] = LRUCache(
             memo_bytes, getsizeof=lambda entry: max(1, entry[0])
         )
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]:
+        return {"histories": self._last}
 
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from cachetools import LRUCache
 
@@ -68,6 +69,14 @@ class CompactionStage:
         self._outputs: LRUCache[str, tuple[int, list[Message], list[Message]]] = LRUCache(
             OUTPUTS_BYTES, getsizeof=lambda entry: entry[0]
         )
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]:
+        return {
+            "compaction_histories": self.seen.memo,
+            "compaction_outputs": self._outputs,
+            "truncated_arguments": self.truncator.memo,
+            "checkpoints": self.index.memo,
+        }
 
     def enabled(self, policy: Policy) -> bool:
         return policy.compaction.enabled

@@ -132,6 +132,10 @@ class CheckpointIndex:
             bodies_bytes, getsizeof=lambda checkpoint: checkpoint.size
         )
 
+    @property
+    def memo(self) -> LRUCache[tuple[str, str], Checkpoint]:
+        return self._bodies
+
     def peek(self, session: str) -> SessionState | None:
         return self._states.get(session)
 

@@ -46,6 +46,10 @@ class SeenHistories:
     def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self._seen: LRUCache[str, Seen] = LRUCache(max_chars, getsizeof=lambda s: s.chars)
 
+    @property
+    def memo(self) -> LRUCache[str, Seen]:
+        return self._seen
+
     def remember(self, session: str, messages: list[Message], known_shared: int = 0) -> Seen:
         """This turn's history, reusing what was computed for the part shared with the last.
         `known_shared`: leading messages the caller already knows equal last turn's."""

@@ -62,6 +62,10 @@ class Truncator:
             max_bytes, getsizeof=lambda done: done[3]
         )
 
+    @property
+    def memo(self) -> LRUCache[CacheKey, tuple[Message, int, int, int]]:
+        return self._done
+
     async def apply(
         self, ex: Exchange, store: Store, messages: Sequence[Message], start: int, stop: int
     ) -> Truncated:

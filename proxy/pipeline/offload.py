@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from cachetools import LRUCache
 
@@ -88,6 +89,9 @@ class OffloadStage:
         # again when the client re-sends it unchanged.
         # Bounded by the request bytes they stand for (the lists keep the messages alive).
         self._last: LRUCache[str, _Turn] = LRUCache(memo_bytes, getsizeof=lambda t: t.size)
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]:
+        return {"offload_turns": self._last, "offload_pointers": self._pointers}
 
     def enabled(self, policy: Policy) -> bool:
         return policy.offload.enabled

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
@@ -26,9 +29,14 @@ class Rewriter:
         # Guards run after the rewrites: a loop note appended at the end then costs the
         # incremental stages nothing, and budgets judge the request as it will be sent.
         self.budgets = BudgetStage()
+        self.offload = OffloadStage()
         self.chain = Chain(
-            [RepairStage(), OffloadStage(), self.compaction, LoopStage(), self.budgets]
+            [RepairStage(), self.offload, self.compaction, LoopStage(), self.budgets]
         )
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]:
+        """The byte-bounded in-process memos that make warm turns cheap, by name."""
+        return {**self.chain.memos(), **self.offload.memos(), **self.compaction.memos()}
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""

@@ -245,3 +245,14 @@ async def test_dry_run_still_computes() -> None:
     ex = exchange(messages, Policy(name="t", mode="dry_run", offload=SMALL))
     assert await OffloadStage().run(ex, messages, context()) is not None
     assert ex.notes[0].action == "offloaded"
+
+
+async def test_the_last_turn_memo_is_bounded_by_request_bytes() -> None:
+    stage, ctx = OffloadStage(memo_bytes=10_000), context()
+    for session in range(20):
+        messages = history(numbered(40))
+        ex = exchange(messages, POLICY, session=f"s{session}")
+        ex.body_bytes = 3_000
+        await stage.run(ex, messages, ctx)
+    memo = stage.memos()["offload_turns"]
+    assert len(memo) == 3 and memo.currsize == 9_000  # the three most recent sessions
