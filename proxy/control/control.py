@@ -31,6 +31,7 @@ from proxy.metrics import Metrics
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment, ErrorClass
 from proxy.upstream.base import Upstream, UpstreamHTTPError
+from proxy.upstream.priming import prime
 
 
 class Router(Protocol):
@@ -194,7 +195,8 @@ class Control:
     @staticmethod
     async def _send(ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool) -> Any:
         if stream:
-            return await upstream.open_stream(deployment, ex.body, ex.request_id)
+            opened = await upstream.open_stream(deployment, ex.body, ex.request_id)
+            return await prime(opened, deployment.alias)
         reply = await upstream.complete(deployment, ex.body, ex.request_id)
         ex.add_usage(Usage.from_openai(reply.data.get("usage")))
         return reply

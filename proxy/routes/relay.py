@@ -18,6 +18,7 @@ from proxy.errors import UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamStream
+from proxy.upstream.priming import is_json_object
 
 
 @dataclass(slots=True)
@@ -125,7 +126,7 @@ class Relay:
     def _inspect(self, payload: bytes) -> dict[str, Any] | Literal[False] | None:
         """The parsed chunk when tool calls are watched for or it carries usage, None when it
         needs no parsing, False to drop it. Every chunk gets a cheap shape check."""
-        if not (payload.startswith(b"{") and payload.endswith(b"}")):
+        if not is_json_object(payload):
             raise UpstreamBadResponse(
                 f"the upstream for '{self.ex.alias}' sent a stream event that is not a JSON "
                 f"object: {payload[:60]!r}"

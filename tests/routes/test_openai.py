@@ -251,17 +251,29 @@ async def test_stream_error_status_before_first_byte_is_a_plain_error(
     assert len(sim.requests) == 1
 
 
-async def test_garbled_stream_event_is_a_clear_error(proxy: TestServer, sim: Simulator) -> None:
-    """Garbage right after the first event: a 502 if nothing reached the client yet (the two
-    usually arrive in one read), else an error event ending the stream."""
+async def test_a_garbled_stream_start_is_retried(proxy: TestServer, sim: Simulator) -> None:
+    """Garbage right after the first event: nothing reached the client yet, so the call is
+    retried like any other failed call."""
     sim.inject(Fault(malformed=True))
-    with pytest.raises(openai.APIError) as caught:
-        stream = await client(proxy, max_retries=0).chat.completions.create(
+    raw = await client(proxy, max_retries=0).chat.completions.with_raw_response.create(
+        model="sim", messages=[{"role": "user", "content": "a b c"}], stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
+    assert text == "You said: a b c"
+    assert raw.headers["x-agentproxy-applied"] == "retry.retried;count=1"
+    assert len(sim.requests) == 2
+
+
+async def test_garbled_stream_on_every_attempt_is_a_clear_error(
+    proxy: TestServer, sim: Simulator
+) -> None:
+    sim.inject(Fault(malformed=True, times=3))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client(proxy, max_retries=0).chat.completions.create(
             model="sim", messages=[{"role": "user", "content": "a b c"}], stream=True
         )
-        async for _ in stream:
-            pass
-    assert "not a JSON object" in caught.value.message
+    assert caught.value.status_code == 502 and "not a JSON object" in caught.value.message
+    assert len(sim.requests) == 3
 
 
 async def test_client_leaving_mid_stream_is_counted_and_serving_goes_on(
