@@ -53,7 +53,8 @@ def build_app(
     events = EventLog(settings.event_log_path)
     summarize = make_summarizer(upstreams)
     rewriter = app[REWRITER] = Rewriter(
-        StageContext(store, catalog, metrics, events, summarize=summarize, state=state)
+        StageContext(store, catalog, metrics, events, summarize=summarize, state=state),
+        memo_bytes=holder.current.server.memo_mb * 1024 * 1024,  # fixed for the process's life
     )
     control = app[CONTROL] = Control(upstreams, rewriter, metrics)
     metrics.watch_memos(rewriter.memos())

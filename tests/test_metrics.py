@@ -154,3 +154,13 @@ async def test_every_memo_reports_its_size_within_its_bound(exposition: str) -> 
     assert set(sizes) == set(bounds) >= {"histories", "offload_turns", "compaction_histories"}
     assert float(sizes["histories"]) > 0  # the scenario's sessions are remembered...
     assert all(float(sizes[m]) <= float(bounds[m]) for m in sizes)  # ...within bounds
+
+
+async def test_server_memo_mb_sets_the_memos_bounds(proxy_for: Any) -> None:
+    proxy = await proxy_for(Simulator(), "server: {memo_mb: 8}\n")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(proxy.make_url("/metrics")) as response:
+            text = await response.text()
+    bounds = dict(re.findall(r'agentproxy_memo_capacity_bytes\{memo="(\w+)"\} (\S+)', text))
+    assert float(bounds["histories"]) == 0.375 * 8 * 1024 * 1024
+    assert sum(map(float, bounds.values())) <= 8 * 1024 * 1024

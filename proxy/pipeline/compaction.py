@@ -57,9 +57,16 @@ OUTPUTS_BYTES = 32 * 1024 * 1024
 class CompactionStage:
     name = STAGE
 
-    def __init__(self, sessions: int = 4096, memo_chars: int = DEFAULT_MAX_CHARS) -> None:
-        self.index = CheckpointIndex(sessions)
-        self.truncator = Truncator()
+    def __init__(
+        self,
+        sessions: int = 4096,
+        memo_chars: int = DEFAULT_MAX_CHARS,
+        outputs_bytes: int = OUTPUTS_BYTES,
+        truncated_bytes: int = 16 * 1024 * 1024,
+        checkpoint_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.index = CheckpointIndex(sessions, checkpoint_bytes)
+        self.truncator = Truncator(truncated_bytes)
         self.seen = SeenHistories(memo_chars)
         # Used by overflow.py: per session, a signature of the last reactive recovery.
         self.recoveries: LRUCache[str, int] = LRUCache(sessions)
@@ -67,7 +74,7 @@ class CompactionStage:
         # hand back our own output, which is mapped back to the agent's history (requests
         # in flight only, so a small cache will do).
         self._outputs: LRUCache[str, tuple[int, list[Message], list[Message]]] = LRUCache(
-            OUTPUTS_BYTES, getsizeof=lambda entry: entry[0]
+            outputs_bytes, getsizeof=lambda entry: entry[0]
         )
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
@@ -107,7 +114,7 @@ class CompactionStage:
             output = await self._fit(ex, seen, ctx, budget, budget.limit(spec.trigger), state)
         if output is not None:
             size = max(1, ex.body_bytes or 64 * len(output))
-            if size <= OUTPUTS_BYTES:
+            if size <= self._outputs.maxsize:
                 self._outputs[ex.session] = (size, output, seen.messages)
         return output
 

@@ -20,18 +20,38 @@ from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.overflow import compact_after_overflow
 from proxy.pipeline.repair import RepairStage
 
+MB = 1024 * 1024
+# How server.memo_mb is shared between the warm-turn memos. The three that keep whole histories
+# mostly hold the same message objects, so their sum overstates what they keep alive.
+MEMO_SHARES = {
+    "histories": 0.375,
+    "offload_turns": 0.1875,
+    "compaction_histories": 0.1875,
+    "compaction_outputs": 0.09375,
+    "offload_pointers": 0.05,
+    "truncated_arguments": 0.05,
+    "checkpoints": 0.05,
+}
+
 
 class Rewriter:
-    def __init__(self, ctx: StageContext) -> None:
+    def __init__(self, ctx: StageContext, memo_bytes: int = 256 * MB) -> None:
         ctx.summarize = _timed(ctx.summarize, ctx.metrics)
         self.ctx = ctx
-        self.compaction = CompactionStage()
+        size = {name: max(1, int(share * memo_bytes)) for name, share in MEMO_SHARES.items()}
+        self.compaction = CompactionStage(
+            memo_chars=size["compaction_histories"],
+            outputs_bytes=size["compaction_outputs"],
+            truncated_bytes=size["truncated_arguments"],
+            checkpoint_bytes=size["checkpoints"],
+        )
         # Guards run after the rewrites: a loop note appended at the end then costs the
         # incremental stages nothing, and budgets judge the request as it will be sent.
         self.budgets = BudgetStage()
-        self.offload = OffloadStage()
+        self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
         self.chain = Chain(
-            [RepairStage(), self.offload, self.compaction, LoopStage(), self.budgets]
+            [RepairStage(), self.offload, self.compaction, LoopStage(), self.budgets],
+            memo_bytes=size["histories"],
         )
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:

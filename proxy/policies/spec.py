@@ -103,6 +103,7 @@ class ServerSettings:
     read_timeout_s: float = 600.0  # longest silence tolerated from an upstream
     watch_interval_s: float = 1.0
     access_log: bool = False  # successes too; failures are always logged
+    memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)
 
 
 @dataclass(frozen=True, slots=True)
