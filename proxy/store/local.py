@@ -23,7 +23,8 @@ from proxy.store.base import BlobInfo, StoreError, snippet
 
 T = TypeVar("T")
 
-DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+# Recently written blobs are the likeliest to be recalled; checkpoints are read every turn.
+DEFAULT_CACHE_BYTES = 16 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (

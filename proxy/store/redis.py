@@ -139,7 +139,7 @@ class RedisStore:
     backend = "redis"
     shared = True  # other processes write too: never trust a cached mutable value
 
-    def __init__(self, redis: RedisConnection, cache_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, redis: RedisConnection, cache_bytes: int = 16 * 1024 * 1024) -> None:
         self.redis = redis
         self._cache: LRUCache[str, tuple[BlobInfo, bytes]] = LRUCache(
             cache_bytes, getsizeof=lambda entry: len(entry[1]) + 256
