@@ -138,3 +138,21 @@ _TOOL_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("search_code", {"pattern": "def parse_", "glob": "src/**/*.py"}),
     ("read_file", {"path": "src/parser.py", "start_line": 40}),
 ]
+
+
+def string_tool(name: str, description: str, **properties: str) -> dict[str, Any]:
+    """A tool schema whose parameters are all required strings (`properties`: name → what)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    k: {"type": "string", "description": v} for k, v in properties.items()
+                },
+                "required": list(properties),
+            },
+        },
+    }

@@ -57,6 +57,7 @@ from urllib.parse import unquote, urlsplit
 import aiohttp
 import orjson
 from _load import check_loopback, percentile
+from _payloads import string_tool
 from overhead import Processes, cpu_s, free_port, rss_mb
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -274,29 +275,12 @@ def _glob_escape(text: str) -> str:
 # --- what the agents send --------------------------------------------------------------------
 
 
-def _function(name: str, description: str, properties: dict[str, str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    k: {"type": "string", "description": v} for k, v in properties.items()
-                },
-                "required": list(properties),
-            },
-        },
-    }
-
-
 TOOLS = [
-    _function("read_file", "Read a file of the repository.", {"path": "file path"}),
-    _function("run_shell", "Run a shell command; returns its output.", {"command": "command line"}),
-    _function("search_code", "Search the code for a pattern.", {"pattern": "regular expression"}),
-    _function("list_dir", "List a folder.", {"path": "folder path"}),
-    _function("write_file", "Write a file.", {"path": "file path", "content": "the new text"}),
+    string_tool("read_file", "Read a file of the repository.", path="file path"),
+    string_tool("run_shell", "Run a shell command; returns its output.", command="command line"),
+    string_tool("search_code", "Search the code for a pattern.", pattern="regular expression"),
+    string_tool("list_dir", "List a folder.", path="folder path"),
+    string_tool("write_file", "Write a file.", path="file path", content="the new text"),
 ]
 SYSTEM_PROMPT = (
     "You are a coding agent working in a git repository. Use the tools to inspect files, run "

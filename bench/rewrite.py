@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from _payloads import string_tool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as `python bench/rewrite.py` from anywhere
@@ -137,41 +138,26 @@ SYSTEM_PROMPT = "\n\n".join(
 )
 
 
-def _tool(name: str, description: str, **properties: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    k: {"type": "string", "description": v} for k, v in properties.items()
-                },
-                "required": list(properties),
-            },
-        },
-    }
-
-
 TOOLS = [
-    _tool("read_file", "Read a text file; returns numbered lines.", path="file path"),
-    _tool(
+    string_tool("read_file", "Read a text file; returns numbered lines.", path="file path"),
+    string_tool(
         "write_file",
         "Create or overwrite a file with the given content.",
         path="file path",
         content="the whole new content",
     ),
-    _tool(
+    string_tool(
         "edit_file",
         "Replace one exact occurrence of old_string with new_string.",
         path="file path",
         old_string="text to replace, exactly as in the file",
         new_string="the replacement",
     ),
-    _tool("bash", "Run a shell command in the repository; returns its output.", command="cmd"),
-    _tool("grep", "Search files for a regular expression.", pattern="regex", path="folder"),
-    _tool("list_dir", "List a directory.", path="folder"),
+    string_tool(
+        "bash", "Run a shell command in the repository; returns its output.", command="cmd"
+    ),
+    string_tool("grep", "Search files for a regular expression.", pattern="regex", path="folder"),
+    string_tool("list_dir", "List a directory.", path="folder"),
 ]
 
 Block = list[Message]
