@@ -111,6 +111,10 @@ class RedisConnection:
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
+    def ttl_for(self, ttl_s: float | None) -> int:
+        """Milliseconds a key lives: its own TTL, else store.ttl_s (0: kept)."""
+        return int(ttl_s * 1000) if ttl_s else self.ttl_ms
+
     async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         now = time.monotonic()
         if now < self._paused_until:
@@ -245,7 +249,7 @@ class RedisState:
 
     async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
         r = self.redis
-        ms = int(ttl_s * 1000) if ttl_s else None
+        ms = r.ttl_for(ttl_s) or None
         await r.run("state_set", lambda: r.client.set(r.key("state", space, key), value, px=ms))
 
     async def delete(self, space: str, key: str) -> None:
@@ -267,7 +271,7 @@ class RedisState:
         ttl_s: float | None = None,
     ) -> dict[str, float]:
         r = self.redis
-        args: list[Any] = [int(ttl_s * 1000) if ttl_s else 0, len(amounts)]
+        args: list[Any] = [r.ttl_for(ttl_s), len(amounts)]
         for name, amount in amounts.items():
             args += [name, repr(float(amount))]
         for name, value in (first or {}).items():

@@ -122,3 +122,16 @@ async def _eventually(operation: Callable[[], Awaitable[None]], seconds: float =
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+async def test_redis_state_without_its_own_ttl_expires_with_store_ttl(redis_prefix: str) -> None:
+    settings = StoreSettings(backend="redis", url=REDIS_URL, prefix=redis_prefix, ttl_s=0.05)
+    state = RedisState(RedisConnection(settings))
+    try:
+        await state.set("loops", "s1", b"level")  # no TTL of its own: store.ttl_s applies
+        await state.add("budget", "lifetime", {"calls": 1})
+        await asyncio.sleep(0.15)
+        assert await state.get("loops", "s1") is None
+        assert await state.counters("budget", "lifetime") == {}
+    finally:
+        await state.close()
