@@ -63,8 +63,10 @@ async def test_published_facts_expire(state: StateStore) -> None:
 async def test_redis_counters_count_every_addition_once_across_connections(
     redis_prefix: str,
 ) -> None:
-    # Two connections stand for two proxy processes charging the same budget at once.
-    first, second = RedisState(connect(redis_prefix)), RedisState(connect(redis_prefix))
+    # Two connections stand for two proxy processes charging the same budget at once. A roomy
+    # timeout: this is about atomicity, and 200 connections at once on a busy machine are slow.
+    first = RedisState(connect(redis_prefix, timeout_s=10))
+    second = RedisState(connect(redis_prefix, timeout_s=10))
     try:
         adds = [
             replica.add("budget", "shared", {"calls": 1, "prompt_tokens": 10})
