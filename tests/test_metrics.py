@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.metrics import Metrics
 from proxy.testing.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, sim_config
 from tests.deploy.prometheus import binary
@@ -164,3 +165,12 @@ async def test_server_memo_mb_sets_the_memos_bounds(proxy_for: Any) -> None:
     bounds = dict(re.findall(r'agentproxy_memo_capacity_bytes\{memo="(\w+)"\} (\S+)', text))
     assert float(bounds["histories"]) == 0.375 * 8 * 1024 * 1024
     assert sum(map(float, bounds.values())) <= 8 * 1024 * 1024
+
+
+def test_the_readme_documents_every_metric_and_no_other() -> None:
+    exported = set()
+    for family in Metrics().registry.collect():
+        exported.add(family.name + ("_total" if family.type == "counter" else ""))
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Metrics") : readme.index("## The simulated upstream")]
+    assert set(re.findall(r"^\| `(agentproxy_\w+)`", table, flags=re.MULTILINE)) == exported
