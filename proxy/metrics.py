@@ -16,6 +16,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.metrics import MetricWrapperBase
@@ -52,6 +53,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total…
         self.requests = Counter(
             "agentproxy_requests",
             "Requests answered, by route, model alias and HTTP status.",
