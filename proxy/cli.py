@@ -128,5 +128,14 @@ def _demo(args: argparse.Namespace) -> int:
         if not 1 <= args.rounds <= 1000:
             print("agentproxy demo: --rounds must be between 1 and 1000", file=sys.stderr)
             return 2
-        return asyncio.run(run_against(args.proxy.rstrip("/"), args.api_key, args.rounds))
+        import openai
+
+        try:
+            return asyncio.run(run_against(args.proxy.rstrip("/"), args.api_key, args.rounds))
+        except openai.APIConnectionError:
+            print(f"agentproxy demo: no proxy answers at {args.proxy}", file=sys.stderr)
+        except openai.APIStatusError as error:
+            print(f"agentproxy demo: {args.proxy} answered {error.status_code}: {error.message}",
+                  file=sys.stderr)  # fmt: skip
+        return 1
     return asyncio.run(run_demo())

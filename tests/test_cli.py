@@ -123,3 +123,11 @@ async def test_serve_answers_and_reloads_on_sighup(tmp_path: Path, simulator: st
     assert process.returncode == 0, stderr
     assert "loaded (sighup)" in stderr
     assert "LOOPBACK CLIENTS ONLY" in stderr
+
+
+def test_demo_against_a_proxy_that_is_not_there_says_so() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = agentproxy("demo", "--proxy", url)
+    assert result.returncode == 1
+    assert f"agentproxy demo: no proxy answers at {url}" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -320,6 +320,7 @@ class _Entry:
 class _Merged:
     server: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)
+    store_url: _Entry | None = None  # may be a secret (a password in it): resolved like keys
     admin_key: _Entry | None = None
     api_keys: list[_Entry] = field(default_factory=list)
     model_list: list[_Entry] = field(default_factory=list)
@@ -346,6 +347,8 @@ def _merge(sources: Iterable[_Source]) -> _Merged:
         data = source.data
         merged.server.update(data.get("server", {}))
         merged.store.update(data.get("store", {}))
+        if "url" in data.get("store", {}):
+            merged.store_url = _Entry(source, ("store", "url"), data["store"]["url"])
         keys = data.get("keys", {})
         if "admin_key" in keys:
             merged.admin_key = _Entry(source, ("keys", "admin_key"), keys["admin_key"])
@@ -379,18 +382,20 @@ def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
         loaded_at=time.time(),
         server=_server(merged.server),
         keys=keys,
-        store=_store(merged.store),
+        store=_store(merged, report),
         deployments=deployments,
         policies=policies,
         warnings=tuple(str(warning) for warning in report.warnings),
     )
 
 
-def _store(values: dict[str, Any]) -> StoreSettings:
+def _store(merged: _Merged, report: _Report) -> StoreSettings:
     typed: dict[str, Any] = {
         key: float(value) if key in ("timeout_s", "ttl_s") and value is not None else value
-        for key, value in values.items()
+        for key, value in merged.store.items()
     }
+    if merged.store_url is not None:  # "os.environ/NAME" resolved now; unset is an error
+        typed["url"] = _secret(merged.store_url, report)
     return StoreSettings(**typed)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -40,7 +39,6 @@ T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
 
 PAUSE_AFTER_FAILURE_S = 1.0  # fail fast this long after Redis stopped answering
-ENV_PREFIX = "os.environ/"
 
 # Write a blob once: the first writer's info stays (refs are content addresses).
 _PUT_BLOB = """
@@ -72,24 +70,13 @@ return redis.call('HGETALL', KEYS[1])
 """
 
 
-def resolve_url(url: str | None) -> str:
-    if not url:
-        raise StoreError("store.backend is redis but store.url is not set")
-    if url.startswith(ENV_PREFIX):
-        name = url.removeprefix(ENV_PREFIX)
-        value = os.environ.get(name)
-        if not value:
-            raise StoreError(f"store.url: environment variable {name!r} is not set")
-        return value
-    return url
-
-
 class RedisConnection:
     """One client (a connection pool) shared by the store and the state, and the fail-fast
     switch both go through."""
 
     def __init__(self, settings: StoreSettings) -> None:
-        url = resolve_url(settings.url)
+        url = settings.url  # the loader resolved os.environ/ and required it for redis
+        assert url, "store.url is required for the redis backend"
         self.where = _redacted(url)
         self.prefix = settings.prefix
         self.timeout_s = settings.timeout_s

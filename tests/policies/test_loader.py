@@ -1078,3 +1078,17 @@ def test_degraded_mode_is_a_policy_switch(tmp_path: Path) -> None:
     path.write_text(MINIMAL + "policies:\n  - {name: soft, degraded: true}\n  - {name: hard}\n")
     soft, hard = load_config(path).policies
     assert soft.degraded is True and hard.degraded is False
+
+
+def test_a_redis_url_from_the_environment_is_resolved_or_named_when_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "store:\n  backend: redis\n  url: os.environ/AGENTPROXY_TEST_REDIS\n"
+    path = write(tmp_path, "main.yaml", text)
+    monkeypatch.delenv("AGENTPROXY_TEST_REDIS", raising=False)
+    issue = only_issue(path)
+    assert (issue.path, issue.line) == ("store.url", 3)
+    assert "environment variable 'AGENTPROXY_TEST_REDIS' is not set" in issue.message
+    monkeypatch.setenv("AGENTPROXY_TEST_REDIS", "redis://:secret@127.0.0.1:6379/0")
+    config = load_config(path)
+    assert config.store.url == "redis://:secret@127.0.0.1:6379/0"
