@@ -26,7 +26,8 @@ class EventLog:
         line = {
             "at": round(time.time(), 3),
             "request_id": ex.request_id,
-            "session": ex.session,
+            "session": ex.session_name,
+            "owner": ex.owner,
             "policy": ex.policy.name,
             "model": ex.alias,
             "dry_run": ex.dry_run,

@@ -70,12 +70,17 @@ class Exchange:
     body: dict[str, Any]  # the parsed request; stages rewrite it in place
     alias: str
     policy: Policy
+    # The key of the session's state, scoped by its owner (proxy/session.py): never the bare
+    # name a client sent, so one tenant's id cannot reach another's state.
     session: str = ""
+    session_name: str = ""  # the session id as the client knows it, for headers and logs
+    owner: str = ""  # the tenant: "key:<name>", "team:<team>" or "open:"
     # The alias the client asked for; `alias` becomes the fallback's when one answers.
     requested_alias: str = ""
     # The client's messages as received, before any rewrite: a fallback re-fits these.
     original_messages: list[dict[str, Any]] | None = None
-    parent_session: str | None = None  # a subagent's parent: its spend rolls up there
+    # A subagent's parent, scoped like `session` (so only the caller's own): spend rolls up there.
+    parent_session: str | None = None
     body_bytes: int = 0  # size of the request body as received
     # How many leading messages are equal to the previous turn's in this session (set by the
     # rewrite chain): stages redo work only past this point.
@@ -95,6 +100,8 @@ class Exchange:
     def __post_init__(self) -> None:
         if not self.requested_alias:
             self.requested_alias = self.alias
+        if not self.session_name:
+            self.session_name = self.session.partition("/")[2] or self.session
 
     @property
     def messages(self) -> list[dict[str, Any]]:

@@ -1,8 +1,12 @@
-"""Which session a request belongs to (never a metric label).
+"""Which session a request belongs to (never a metric label), and whose it is.
 
 The explicit `x-agentproxy-session` header wins; then `metadata.session_id` or `user` from the
 body; else a fingerprint of the key, the system prompt and the first user message, which stays
 the same on every turn of one conversation.
+
+A session id is a name inside one tenant, never a shared handle: every piece of per-session
+state is keyed by `scoped(owner, name)`, where the owner is the calling key (or its team, with
+`keys.session_scope: team`). Owners never contain "/", so the first "/" splits the two.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 import xxhash
 
 from proxy.messages import text_of
+from proxy.policies.spec import ApiKey, Keys
 
 SESSION_HEADER = "x-agentproxy-session"
 PARENT_HEADER = "x-agentproxy-parent-session"
@@ -50,3 +55,34 @@ def fingerprint(messages: list[dict[str, Any]], key_name: str | None) -> str:
         digest.update(part.encode())
         digest.update(b"\0")
     return f"fp-{digest.hexdigest()}"
+
+
+OPEN_OWNER = "open:"  # no keys configured: every (loopback) client is one tenant
+
+
+def owner_of(key: ApiKey | None, keys: Keys) -> str:
+    """The tenant whose sessions this caller reads and writes."""
+    if key is None:
+        return OPEN_OWNER
+    if keys.session_scope == "team" and key.team:
+        return f"team:{key.team}"
+    return f"key:{key.name}"
+
+
+def scoped(owner: str, name: str) -> str:
+    """The key of a session's state: unambiguous, as owners hold no "/"."""
+    return f"{owner}/{name}"
+
+
+def name_in_scope(session: str) -> str:
+    """The name the client gave, from a scoped session key."""
+    return session.partition("/")[2] or session
+
+
+def may_read(owner: str, key: ApiKey | None, blob_owner: str | None) -> bool:
+    """Whether a caller may read a stored blob: its owner's, or (written before sessions were
+    scoped, when the owner was the key's name or None) the very key that wrote it."""
+    if blob_owner == owner:
+        return True
+    legacy = key.name if key is not None else None
+    return blob_owner == legacy and (blob_owner is None or ":" not in blob_owner)

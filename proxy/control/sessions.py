@@ -70,7 +70,7 @@ class SessionCircuits:
             return
         ex.note("session_circuit", "refused", count=failing.failures)
         self.metrics.child(self.metrics.decisions, "session_circuit", "refused").inc()
-        raise SessionCircuitOpen(ex.session, failing.failures, failing.last_status)
+        raise SessionCircuitOpen(ex.session_name, failing.failures, failing.last_status)
 
     async def settle(self, ex: Exchange, ok: bool) -> None:
         """After the request: a success closes the session's circuit, a failure counts."""

@@ -18,6 +18,7 @@ from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import BudgetSpec, Policy
+from proxy.session import name_in_scope
 from proxy.store.base import StoreError
 
 log = logging.getLogger("agentproxy.pipeline")
@@ -195,7 +196,7 @@ class BudgetStage:
         details = {
             "name": spec.name,
             "scope": spec.scope,
-            "scope_id": scope_id if spec.scope != "key" else "(this key)",
+            "scope_id": _shown(spec, scope_id),
             "limit": limit,
             "value": cap,
             "spent": round(used, 6),
@@ -244,6 +245,13 @@ class BudgetStage:
     def _resets_at(spec: BudgetSpec, now: float) -> float | None:
         seconds = WINDOW_SECONDS.get(spec.window)
         return (now // seconds + 1) * seconds if seconds else None
+
+
+def _shown(spec: BudgetSpec, scope_id: str) -> str:
+    """A scope as the caller knows it: a session by the name it sent (without its owner)."""
+    if spec.scope == "session":
+        return name_in_scope(scope_id)
+    return "(this key)" if spec.scope == "key" else scope_id
 
 
 def _ahead(limit: str, prompt: int, completion: int) -> float:

@@ -122,23 +122,29 @@ class CompactionStage:
         self, ex: Exchange, messages: list[Message], ctx: StageContext, fraction: float
     ) -> list[Message] | None:
         """The reactive path: the provider said `messages` overflow. From now on the session's
-        window counts as no larger than what was sent; compact to `fraction` of that.
+        window counts as no larger than what was sent (with the answer's reservation); compact
+        to `fraction` of that.
 
         `messages` is what was sent, perhaps this stage's own output (extended since, e.g. by
         recall rounds): it is mapped back to the agent's history so checkpoints keep matching."""
         sent = schema_tokens(ex.body.get("tools")) + tokens_of(messages)
+        reserved = reserved_output(ex.body)
+        needed = sent + reserved  # what overflowed: the window is smaller than this
         seen = self.seen.remember(ex.session, self._as_input(ex.session, messages))
         budget = budget_for(ex, ctx)
         if budget is None:  # window unknown: what just overflowed is our best guess at it
-            budget = budget_for(ex, ctx, window=sent + reserved_output(ex.body))
+            budget = budget_for(ex, ctx, window=needed)
         if budget is None:
             return None
         state = await self.index.state(ctx.store, ex.session)
         cap = state.cap_for(_model(ex))
-        if cap is None or sent < cap:
-            state.window_cap, state.window_model = sent, _model(ex)
+        # Learn the window only when the prompt is to blame: an overflow caused mostly by the
+        # answer's reservation (max_tokens) says little of what prompt fits, and learning
+        # from it would shrink every later turn (a tiny prompt would teach a tiny window).
+        if sent > reserved and (cap is None or needed < cap):
+            state.window_cap, state.window_model = needed, _model(ex)
             await self._save(ex, ctx, state)
-        budget = budget.capped(state.window_cap)
+        budget = budget.capped(min(needed, cap) if cap else needed)
         async with state.lock:
             return await self._fit(ex, seen, ctx, budget, budget.limit(fraction), state)
 

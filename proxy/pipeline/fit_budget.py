@@ -73,12 +73,14 @@ class Budget:
     def limit(self, fraction: float) -> int:
         return int(fraction * self.available)
 
-    def capped(self, cap: int | None) -> Budget:
-        """The budget when the provider is known to overflow at `cap` prompt tokens."""
-        if cap is None or cap >= self.available:
-            return self
+    def capped(self, window: int | None) -> Budget:
+        """The budget when the provider is known to overflow at `window` tokens, prompt and
+        the answer's reservation together. A window this request's reservation alone fills
+        leaves the budget as it is: no rewrite of the prompt could help."""
         reserved = self.window - self.available
-        return Budget(cap + reserved, cap, self.fixed)
+        if window is None or window >= self.window or window <= reserved:
+            return self
+        return Budget(window, window - reserved, self.fixed)
 
 
 def budget_for(ex: Exchange, ctx: StageContext, window: int | None = None) -> Budget | None:

@@ -74,8 +74,8 @@ class Checkpoint:
 class SessionState:
     checkpoints: list[Mark] = field(default_factory=list)  # oldest first
     truncation: Mark | None = None  # writing-tool arguments before this are truncated
-    # Prompt tokens (our estimate) at which the provider said the context overflowed: the
-    # session's window is treated as no larger from then on.
+    # Tokens (our estimate of the prompt, plus the answer's reservation) that the provider
+    # said overflow its context: the session's window counts as no larger from then on.
     window_cap: int | None = None
     # The deployment model (litellm spelling) that overflowed: a fallback to another model has
     # its own window. None (an index saved before this was kept): any model.

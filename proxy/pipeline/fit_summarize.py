@@ -45,8 +45,7 @@ async def archive(
     data = orjson.dumps(list(stretch), option=orjson.OPT_SORT_KEYS)
     ref = content_ref(ex.session, KIND, data)
     meta = {"messages": len(stretch), "first": first, "last": last, "tokens": tokens_of(stretch)}
-    owner = ex.key.name if ex.key else None
-    await store.put(BlobInfo(ref, ex.session, KIND, len(data), time.time(), owner, meta), data)
+    await store.put(BlobInfo(ref, ex.session, KIND, len(data), time.time(), ex.owner, meta), data)
     return ref
 
 

@@ -173,9 +173,9 @@ async def _store_value(
     data = value.encode()
     ref = content_ref(ex.session, KIND, data)
     meta = {"tool": tool, "call_id": call.get("id"), "argument": path}
-    owner = ex.key.name if ex.key else None
     try:
-        await store.put(BlobInfo(ref, ex.session, KIND, len(data), time.time(), owner, meta), data)
+        info = BlobInfo(ref, ex.session, KIND, len(data), time.time(), ex.owner, meta)
+        await store.put(info, data)
     except Exception:
         return None
     return ref

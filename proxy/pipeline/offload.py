@@ -188,9 +188,8 @@ class OffloadStage:
                 self._pointers[key] = ""
 
         # Recoverable law: the content is durably stored before its message is replaced.
-        owner = ex.key.name if ex.key else None
         outcomes = await asyncio.gather(
-            *(_store(ex, ctx, c, owner) for c, _, _ in to_store), return_exceptions=True
+            *(_store(ex, ctx, c) for c, _, _ in to_store), return_exceptions=True
         )
         failures: list[str] = []
         for (c, key, text), outcome in zip(to_store, outcomes, strict=True):
@@ -218,7 +217,7 @@ class OffloadStage:
         return out, _Offloaded(tuple(refs), tokens_before, tokens_after), bool(failures)
 
 
-async def _store(ex: Exchange, ctx: StageContext, c: _Candidate, owner: str | None) -> None:
+async def _store(ex: Exchange, ctx: StageContext, c: _Candidate) -> None:
     lines = _lines(c.content)
     meta = {
         "tool": c.tool,
@@ -227,7 +226,7 @@ async def _store(ex: Exchange, ctx: StageContext, c: _Candidate, owner: str | No
         "lines": len(lines),
         "tokens": c.tokens,
     }
-    info = BlobInfo(c.ref, ex.session, KIND, len(c.data), time.time(), owner, meta)
+    info = BlobInfo(c.ref, ex.session, KIND, len(c.data), time.time(), ex.owner, meta)
     await ctx.store.put(info, c.data)
 
 

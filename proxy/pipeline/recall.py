@@ -13,7 +13,8 @@ import orjson
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.store.base import Store, StoreError
+from proxy.session import may_read
+from proxy.store.base import BlobInfo, Store, StoreError
 
 TOOL_NAME = "agentproxy_recall"
 # Rewrites after which the history refers to archived content.
@@ -115,8 +116,7 @@ async def _answer(ex: Exchange, call: dict[str, Any], store: Store) -> str:
 
 async def _fetch(ex: Exchange, ref: str, offset: Any, store: Store) -> str:
     found = await store.get(ref.strip())
-    owner = ex.key.name if ex.key else None
-    if found is None or found[0].session != ex.session or found[0].owner != owner:
+    if found is None or not _in_session(ex, found[0]):
         return f"error: no archived content {ref!r} in this session"
     text = found[1].decode("utf-8", "replace")
     start = offset if isinstance(offset, int) and 0 <= offset < len(text) else 0
@@ -130,15 +130,21 @@ async def _fetch(ex: Exchange, ref: str, offset: Any, store: Store) -> str:
 
 
 async def _search(ex: Exchange, query: str, store: Store) -> str:
-    owner = ex.key.name if ex.key else None
     hits = [
         (info, snippet)
         for info, snippet in await store.search(ex.session, query)
-        if info.owner == owner
+        if _in_session(ex, info)
     ]
     if not hits:
         return f"no archived content of this session mentions {query!r}"
     return "\n\n".join(f"{info.ref} ({info.kind}): …{snippet}…" for info, snippet in hits)
+
+
+def _in_session(ex: Exchange, info: BlobInfo) -> bool:
+    """The caller's own session's blob (or, stored before sessions were scoped, its key's)."""
+    if info.session not in (ex.session, ex.session_name):
+        return False
+    return may_read(ex.owner, ex.key, info.owner)
 
 
 def _name(tool: Any) -> str | None:

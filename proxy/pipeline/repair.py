@@ -279,12 +279,11 @@ async def _archive(ex: Exchange, ctx: StageContext, removed: list[Message]) -> l
     """Recoverable law: what repair takes out is stored. A failed write is counted; the repair
     still goes out, since a valid history matters more than the copy."""
     refs: list[str] = []
-    owner = ex.key.name if ex.key else None
     for message in removed:
         data = _canonical(message)
         ref = content_ref(ex.session, SET_ASIDE, data)
         meta = {"tool_call_id": message.get("tool_call_id"), "chars": len(text_of(message))}
-        info = BlobInfo(ref, ex.session, SET_ASIDE, len(data), time.time(), owner, meta)
+        info = BlobInfo(ref, ex.session, SET_ASIDE, len(data), time.time(), ex.owner, meta)
         try:
             await ctx.store.put(info, data)
         except Exception as exc:  # the store is down: count it, keep serving

@@ -41,6 +41,7 @@ from proxy.policies.spec import (
     RepairSpec,
     RetrySpec,
     ServerSettings,
+    SessionScope,
     StoreSettings,
     key_digest,
 )
@@ -322,6 +323,7 @@ class _Merged:
     store: dict[str, Any] = field(default_factory=dict)
     store_url: _Entry | None = None  # may be a secret (a password in it): resolved like keys
     admin_key: _Entry | None = None
+    session_scope: str = "key"
     api_keys: list[_Entry] = field(default_factory=list)
     model_list: list[_Entry] = field(default_factory=list)
     policies: list[_Entry] = field(default_factory=list)
@@ -331,6 +333,8 @@ class _Merged:
         keys: dict[str, Any] = {"api_keys": [e.value for e in self.api_keys]}
         if self.admin_key is not None:
             keys["admin_key"] = self.admin_key.value
+        if self.session_scope != "key":
+            keys["session_scope"] = self.session_scope
         return {
             "server": self.server,
             "store": self.store,
@@ -352,6 +356,7 @@ def _merge(sources: Iterable[_Source]) -> _Merged:
         keys = data.get("keys", {})
         if "admin_key" in keys:
             merged.admin_key = _Entry(source, ("keys", "admin_key"), keys["admin_key"])
+        merged.session_scope = keys.get("session_scope", merged.session_scope)
         merged.api_keys += _entries(source, ("keys", "api_keys"), keys.get("api_keys", []))
         merged.model_list += _entries(source, ("model_list",), data.get("model_list", []))
         merged.policies += _entries(source, ("policies",), data.get("policies", []))
@@ -487,7 +492,8 @@ def _keys(merged: _Merged, aliases: set[str], report: _Report) -> Keys:
         admin_digest = key_digest(admin_secret) if admin_secret else None
     api_keys = tuple(_api_key(entry, aliases, report) for entry in merged.api_keys)
     _check_unique_keys(merged.api_keys, api_keys, admin_digest, report)
-    return Keys(api_keys=api_keys, admin_digest=admin_digest)
+    scope: SessionScope = "team" if merged.session_scope == "team" else "key"
+    return Keys(api_keys=api_keys, admin_digest=admin_digest, session_scope=scope)
 
 
 def _api_key(entry: _Entry, aliases: set[str], report: _Report) -> ApiKey:

@@ -74,10 +74,15 @@ class ApiKey:
     models: frozenset[str] | None = None  # aliases this key may use; None = all
 
 
+SessionScope = Literal["key", "team"]
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     api_keys: tuple[ApiKey, ...] = ()
     admin_digest: bytes | None = field(default=None, repr=False)
+    # Whose sessions a session id names: the key's own (default), or its team's.
+    session_scope: SessionScope = "key"
 
     def find(self, secret: str) -> ApiKey | None:
         """Constant-time lookup: every configured digest is compared, match or not."""

@@ -1,7 +1,8 @@
 """Recall for people: read what left the context, by reference, or list a session's archive.
 
-A blob is readable only with the key that created it (both None when the proxy is open).
-Someone else's reference answers exactly like an unknown one, so existence is not revealed.
+A blob is readable only by the tenant that created it (its key, or its team with
+`keys.session_scope: team`), and a session id names a session of the caller's own. Someone
+else's reference answers exactly like an unknown one, so existence is not revealed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from proxy.auth import authenticate
 from proxy.errors import NotFound, ServiceUnavailable
+from proxy.session import may_read, name_in_scope, owner_of, scoped
 from proxy.state import CONFIG, STORE
 from proxy.store.base import BlobInfo, StoreError
 
@@ -21,13 +23,14 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/agentproxy/archive/{ref}")
 async def get_archived(request: web.Request) -> web.Response:
-    key = authenticate(request, request.app[CONFIG].current.keys)
+    keys = request.app[CONFIG].current.keys
+    key = authenticate(request, keys)
     ref = request.match_info["ref"]
     try:
         found = await request.app[STORE].get(ref)
     except StoreError as exc:
         raise _unavailable(exc) from exc
-    if found is None or found[0].owner != (key.name if key else None):
+    if found is None or not may_read(owner_of(key, keys), key, found[0].owner):
         raise NotFound(f"no archived content with reference '{ref}' for this API key")
     info, data = found
     if request.query.get("raw") in ("1", "true"):
@@ -39,15 +42,19 @@ async def get_archived(request: web.Request) -> web.Response:
 # `.+` lets a session id contain "/" (clients send it percent-encoded).
 @routes.get("/v1/agentproxy/sessions/{session:.+}/archive")
 async def list_archived(request: web.Request) -> web.Response:
-    key = authenticate(request, request.app[CONFIG].current.keys)
+    keys = request.app[CONFIG].current.keys
+    key = authenticate(request, keys)
     session = request.match_info["session"]
-    owner = key.name if key else None
-    try:
-        blobs = await request.app[STORE].blobs(session)
+    owner = owner_of(key, keys)
+    try:  # the caller's own session, and what its key stored before sessions were scoped
+        store = request.app[STORE]
+        blobs = [*await store.blobs(scoped(owner, session)), *await store.blobs(session)]
     except StoreError as exc:
         raise _unavailable(exc) from exc
     mine = sorted(
-        (b for b in blobs if b.owner == owner), key=lambda b: (b.created_at, b.ref), reverse=True
+        (b for b in blobs if may_read(owner, key, b.owner)),
+        key=lambda b: (b.created_at, b.ref),
+        reverse=True,
     )
     return _json({"object": "list", "session": session, "data": [_describe(b) for b in mine]})
 
@@ -55,12 +62,17 @@ async def list_archived(request: web.Request) -> web.Response:
 def _describe(info: BlobInfo) -> dict[str, Any]:
     return {
         "ref": info.ref,
-        "session": info.session,
+        "session": name_in_scope(info.session) if _scoped(info) else info.session,
         "kind": info.kind,
         "size": info.size,
         "created_at": info.created_at,
         "meta": info.meta,
     }
+
+
+def _scoped(info: BlobInfo) -> bool:
+    """Stored under a scoped session (owners then hold a ":"), not before scoping existed."""
+    return info.owner is not None and ":" in info.owner
 
 
 def _unavailable(exc: StoreError) -> ServiceUnavailable:

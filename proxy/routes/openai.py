@@ -14,7 +14,7 @@ from proxy.middleware import MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.routes import completion, degraded
 from proxy.routes.chat_request import parse_chat_request, read_body
-from proxy.session import parent_session_id, session_id
+from proxy.session import owner_of, parent_session_id, scoped, session_id
 from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER
 from proxy.upstream.base import UpstreamHTTPError
 
@@ -78,6 +78,9 @@ def _open_exchange(
     request[MODEL_LABEL] = alias
     stream = body.get("stream") is True
     options = body.get("stream_options") or {}
+    owner = owner_of(key, config.keys)
+    name = session_id(request.headers, body, key.name if key else None)
+    parent = parent_session_id(request.headers)
     ex = Exchange(
         request_id=request[REQUEST_ID],
         config=config,
@@ -85,8 +88,10 @@ def _open_exchange(
         body=body,
         alias=alias,
         policy=_select_policy(request, config, alias, key),
-        session=session_id(request.headers, body, key.name if key else None),
-        parent_session=parent_session_id(request.headers),
+        session=scoped(owner, name),
+        session_name=name,
+        owner=owner,
+        parent_session=scoped(owner, parent) if parent else None,
         stream=stream,
         client_wants_usage=bool(options.get("include_usage")),
     )
@@ -114,7 +119,7 @@ def _headers(ex: Exchange) -> dict[str, str]:
     headers = {
         "x-agentproxy-model": ex.alias,
         "x-agentproxy-policy": ex.policy.name,
-        "x-agentproxy-session": ex.session,
+        "x-agentproxy-session": ex.session_name,
     }
     if ex.notes:
         headers["x-agentproxy-applied"] = applied_header(ex)

@@ -84,6 +84,7 @@ async def test_large_result_is_stored_then_replaced_by_a_pointer() -> None:
     messages = history(content)
     ex = exchange(messages, POLICY)
     ex.key = ApiKey(name="alice", digest=b"")
+    ex.owner = "key:alice"
     ctx = context(CountingStore())
     out = await OffloadStage().run(ex, messages, ctx)
 
@@ -103,7 +104,7 @@ async def test_large_result_is_stored_then_replaced_by_a_pointer() -> None:
     assert (info.session, info.kind, info.owner, info.size) == (
         "s1",
         "tool_result",
-        "alice",
+        "key:alice",
         len(data),
     )
     assert info.meta == {

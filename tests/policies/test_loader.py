@@ -545,6 +545,13 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, str]] = {
         "is not of type 'integer'",
     ),
     "bad mode": ("policies:\n  - name: p\n    mode: strict\n", "policies[0].mode", 3, "'strict'"),
+    "bad session scope": ("keys:\n  session_scope: everyone\n", "keys.session_scope", 2, "'key'"),
+    "team with a slash": (  # a team names a tenant: "/" would make scoped session ids ambiguous
+        "keys:\n  api_keys:\n    - {name: a, key: k, team: red/blue}\n",
+        "keys.api_keys[0].team",
+        3,
+        "does not match",
+    ),
     "bad header name": (
         "policies:\n  - name: p\n    match:\n      headers: {'bad header': x}\n",
         "policies[0].match.headers",
