@@ -47,9 +47,11 @@ async def start(
     *,
     keys: str = KEYS,
     window: int = 8192,
+    store: str = "",
 ) -> TestServer:
     path = tmp_path / "tenants.yaml"
-    extra = f"store: {{path: {tmp_path / 'state'}}}\n{textwrap.dedent(keys)}\n"
+    store = store or f"store: {{path: {tmp_path / 'state'}}}"
+    extra = f"{store}\n{textwrap.dedent(keys)}\n"
     extra += textwrap.dedent(policies)
     url = str(upstream.make_url("")).rstrip("/")
     path.write_text(sim_config(url, extra, window=window))
@@ -387,4 +389,34 @@ async def test_keys_of_one_team_share_sessions_when_the_config_says_so(
     with pytest.raises(openai.RateLimitError):
         await ask(proxy, ALICE, session("sr"))
     raw = await ask(proxy, BOB, session("sr"))  # another team: its own "sr"
+    assert raw.http_response.status_code == 200
+
+
+# --- the same walls with the Redis backend ----------------------------------------------------
+
+
+async def test_redis_backend_keeps_tenants_apart(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, redis_prefix: str
+) -> None:
+    from tests.conftest import REDIS_URL
+
+    sim = Simulator()
+    policies = """
+    policies:
+      - name: shared
+        offload: {min_tokens: 500}
+        budgets: [{name: per-session, limits: {calls: 2}}]
+    """
+    store = f"store: {{backend: redis, url: {REDIS_URL}, prefix: '{redis_prefix}'}}"
+    upstream = await aiohttp_server(sim.app())
+    proxy = await start(start_proxy, tmp_path, upstream, policies, store=store)
+    alices = await offloaded_ref(proxy, sim, ALICE, "sr")
+    bobs = await offloaded_ref(proxy, sim, BOB, "sr")
+    assert alices != bobs
+    with pytest.raises(openai.RateLimitError):  # bob's second call spent his own "sr"
+        await ask(proxy, BOB, session("sr"))
+    assert (await fetch(proxy, f"/v1/agentproxy/archive/{alices}", BOB))[0] == 404
+    status, body = await fetch(proxy, f"/v1/agentproxy/archive/{alices}", ALICE)
+    assert status == 200 and body["content"] == PAYLOAD
+    raw = await ask(proxy, ALICE, session("sr"))  # alice's "sr" still has a call left
     assert raw.http_response.status_code == 200
