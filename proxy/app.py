@@ -13,6 +13,7 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.events import EventLog
+from proxy.exposure import exposure_warnings
 from proxy.metrics import Metrics
 from proxy.middleware import proxy_middleware
 from proxy.model_catalog import ModelCatalog
@@ -23,8 +24,18 @@ from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.routes import admin, archive, health, openai
-from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER, STORE, UPSTREAMS
+from proxy.state import (
+    CATALOG,
+    CONFIG,
+    CONTROL,
+    METRICS,
+    REWRITER,
+    STORE,
+    STORE_HEALTH,
+    UPSTREAMS,
+)
 from proxy.store.backends import open_backends
+from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
 
 log = logging.getLogger("agentproxy")
@@ -36,8 +47,10 @@ def build_app(
     config: Config | None = None,
     watch: bool = True,
     handle_sighup: bool = False,
+    host: str | None = None,
 ) -> web.Application:
-    """`config` skips the first load when the caller already has it (the CLI validated it)."""
+    """`config` skips the first load when the caller already has it (the CLI validated it);
+    `host` is the address served when the CLI overrides server.host (for the warnings)."""
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
     metrics = Metrics()
@@ -50,6 +63,7 @@ def build_app(
     settings = holder.current.store  # where state lives is fixed for the process's life
     store, state = open_backends(settings, metrics)
     app[STORE] = store
+    store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = EventLog(settings.event_log_path)
     summarize = make_summarizer(upstreams)
     rewriter = app[REWRITER] = Rewriter(
@@ -64,10 +78,19 @@ def build_app(
     app.add_routes(archive.routes)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # A store that takes no writes would only show later, as overflows. A directory does
+        # not fix itself; a Redis started alongside the proxy may need a moment.
+        try:
+            await store_health.require_writable(wait_s=5.0 if settings.backend == "redis" else 0)
+        except BaseException:
+            await store.close()
+            await state.close()
+            events.close()
+            raise
         holder.on_change(upstreams.prepare)
         upstreams.prepare(holder.current)
         catalog.load_in_background()
-        warn_if_open(holder.current)
+        warn_if_open(holder.current, host)
         watcher = asyncio.create_task(holder.watch()) if watch else None
         circuits = asyncio.create_task(control.circuits.follow()) if store.shared else None
         if handle_sighup:
@@ -96,13 +119,8 @@ def build_app(
     return app
 
 
-def warn_if_open(config: Config) -> None:
-    if not config.keys.api_keys:
-        log.warning(
-            "!!! no API keys configured (keys.api_keys): serving LOOPBACK CLIENTS ONLY, "
-            "without authentication !!!"
-        )
-    if config.keys.admin_digest is None:
-        log.warning("no admin key configured (keys.admin_key): admin routes are loopback-only")
+def warn_if_open(config: Config, host: str | None = None) -> None:
+    for warning in exposure_warnings(config, host):
+        log.warning("%s", warning)
     for warning in config.warnings:
         log.warning("config: %s", warning)

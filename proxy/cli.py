@@ -73,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from proxy.app import build_app
     from proxy.policies.loader import ConfigError, load_config
+    from proxy.store.base import StoreError
 
     try:
         config = load_config(args.config)
@@ -81,20 +82,25 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or config.server.host
     port = args.port or config.server.port
-    app = build_app(args.config, config=config, handle_sighup=True)
-    print(
+    app = build_app(args.config, config=config, handle_sighup=True, host=host)
+    banner = (
         f"agentproxy {__version__} on http://{host}:{port}/v1 "
-        f"(config {config.version}, {len(config.deployments)} models)",
-        flush=True,
+        f"(config {config.version}, {len(config.deployments)} models)"
     )
-    web.run_app(app, host=host, port=port, access_log=None, print=None)
+    try:  # the banner once listening: start-up checks the store first
+        web.run_app(app, host=host, port=port, access_log=None,
+                    print=lambda _: print(banner, flush=True))  # fmt: skip
+    except StoreError as exc:  # checked at start-up: see app.py's lifecycle
+        print(f"agentproxy: {exc}; not starting", file=sys.stderr)
+        return 2
     return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from proxy.exposure import exposure_warnings
     from proxy.policies.loader import validate_paths
 
-    errors, warnings = validate_paths(args.paths)
+    errors, warnings = validate_paths(args.paths, also_warn=exposure_warnings)
     for line in warnings:
         print(f"warning: {line}")
     for line in errors:

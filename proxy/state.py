@@ -10,6 +10,7 @@ from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.watch import ConfigHolder
 from proxy.store.base import Store
+from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
 
 CONFIG = web.AppKey("config", ConfigHolder)
@@ -17,5 +18,6 @@ METRICS = web.AppKey("metrics", Metrics)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 CATALOG = web.AppKey("catalog", ModelCatalog)
 STORE = web.AppKey("store", Store)
+STORE_HEALTH = web.AppKey("store_health", StoreHealth)
 REWRITER = web.AppKey("rewriter", Rewriter)
 CONTROL = web.AppKey("control", Control)

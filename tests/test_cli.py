@@ -131,3 +131,39 @@ def test_demo_against_a_proxy_that_is_not_there_says_so() -> None:
     assert result.returncode == 1
     assert f"agentproxy demo: no proxy answers at {url}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_validate_warns_like_serve_about_a_public_address_without_keys(tmp_path: Path) -> None:
+    config = tmp_path / "open.yaml"
+    config.write_text(sim_config("http://127.0.0.1:9911") + "server: {host: 0.0.0.0}\n")
+    result = agentproxy("validate", str(config))
+    assert result.returncode == 0 and f"ok: {config}" in result.stdout
+    assert "warning: !!! no API keys configured (keys.api_keys): serving LOOPBACK CLIENTS ONLY" in (
+        result.stdout
+    )
+    assert "'0.0.0.0' is not a loopback address" in result.stdout
+    assert "reverse proxy" in result.stdout
+
+
+def test_validate_hides_credentials_of_a_bad_api_base(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    secret_url = "htp://u:hunter2@127.0.0.1/v1?api-key=k-secret"
+    config.write_text(
+        sim_config("http://127.0.0.1:9911").replace("http://127.0.0.1:9911/v1", secret_url)
+    )
+    result = agentproxy("validate", str(config))
+    assert result.returncode == 1
+    assert "'htp://***@127.0.0.1/v1?api-key=***' is not an http(s) URL" in result.stderr
+    assert "hunter2" not in result.stderr and "k-secret" not in result.stderr
+
+
+def test_serve_refuses_a_store_it_cannot_write(tmp_path: Path) -> None:
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a directory")  # ENOTDIR even for root, unlike chmod
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(sim_config("http://127.0.0.1:9911") + f"store: {{path: {in_the_way}/data}}\n")
+    result = agentproxy("serve", "--config", str(config), "--port", str(free_port()))
+    assert result.returncode == 2, result.stderr
+    assert "agentproxy: the store (store.backend: local) is not writable" in result.stderr
+    assert "Not a directory" in result.stderr and "not starting" in result.stderr
+    assert "Traceback" not in result.stderr

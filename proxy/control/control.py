@@ -92,8 +92,9 @@ class Control:
                 time_left=lambda: self._has_time(ex),
             )
         except Exception as error:
-            if classify(error, ex.policy.retry.classify) is not None:
-                decorate(error, ex)
+            kind = classify(error, ex.policy.retry.classify)
+            if kind is not None:
+                decorate(error, ex, kind)
             raise
 
     async def _with_retries(self, ex: Exchange, stream: bool) -> Any:

@@ -13,6 +13,7 @@ import math
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
+from proxy.policies.spec import ErrorClass
 from proxy.upstream.base import UpstreamHTTPError
 
 NO_RETRY = {"x-should-retry": "false"}
@@ -67,13 +68,39 @@ def failure_fields(ex: Exchange) -> dict[str, object]:
     return fields
 
 
-def decorate(error: BaseException, ex: Exchange) -> None:
+def decorate(error: BaseException, ex: Exchange, kind: ErrorClass | None = None) -> None:
     """Mark a failure control gives up on, for the client and its SDK."""
+    store_failure = offload_store_failure(ex) if kind == "overflow" else None
     if isinstance(error, ProxyError):
         error.headers.update(NO_RETRY)
         error.extra.update(failure_fields(ex))
     elif isinstance(error, UpstreamHTTPError):
         error.headers.update(NO_RETRY)
         recovery = ex.recovery
-        if recovery.calls > 1 or recovery.steps or recovery.guidance:
+        if recovery.calls > 1 or recovery.steps or recovery.guidance or store_failure:
             error.extra.update(failure_fields(ex), request_id=ex.request_id)
+    if store_failure is not None and isinstance(error, ProxyError | UpstreamHTTPError):
+        error.extra.update(store_failure)
+
+
+def offload_store_failure(ex: Exchange) -> dict[str, object] | None:
+    """When offloading failed for want of a store, an overflow is the store's fault, not the
+    client's: the fields that say so (None when every offload was stored)."""
+    failed = sum(
+        int(note.fields.get("count", 1))
+        for note in ex.notes
+        if note.stage == "offload" and note.action == "store_failed"
+    )
+    if not failed:
+        return None
+    return {
+        "store_error": (
+            f"offloading failed because the proxy's store is unavailable or read-only: "
+            f"{failed} large tool result(s) could not be stored, so they stayed in the context"
+        ),
+        "guidance": (
+            "the context overflowed because the proxy could not offload; this is not the "
+            "request's fault: retry once the proxy's store is back (its /readyz says so), or "
+            "send smaller tool results meanwhile"
+        ),
+    }

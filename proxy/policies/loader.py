@@ -12,7 +12,7 @@ import difflib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -45,6 +45,7 @@ from proxy.policies.spec import (
     StoreSettings,
     key_digest,
 )
+from proxy.redaction import redact_url
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 ENV_PREFIX = "os.environ/"
@@ -55,6 +56,7 @@ YamlPath = tuple[str | int, ...]
 _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SECRET_KEYS = frozenset({"admin_key", "key", "api_key"})
+_URL_KEYS = frozenset({"api_base", "url"})  # shown with their credentials redacted
 SectionT = TypeVar("SectionT")
 _FLOAT_SERVER_FIELDS = frozenset({"connect_timeout_s", "read_timeout_s", "watch_interval_s"})
 
@@ -122,8 +124,11 @@ def sources_fingerprint(path: str | os.PathLike[str]) -> tuple[object, ...]:
     return tuple(_stat_key(file) for file in files)
 
 
-def validate_paths(paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(error lines, warning lines) for `agentproxy validate PATH...`; each PATH is one config."""
+def validate_paths(
+    paths: Sequence[str], also_warn: Callable[[Config], Iterable[str]] | None = None
+) -> tuple[list[str], list[str]]:
+    """(error lines, warning lines) for `agentproxy validate PATH...`; each PATH is one config.
+    `also_warn` adds warnings about a valid config (what `serve` would warn about too)."""
     errors: list[str] = []
     warnings: list[str] = []
     for path in paths:
@@ -133,7 +138,7 @@ def validate_paths(paths: Sequence[str]) -> tuple[list[str], list[str]]:
             errors += [str(issue) for issue in exc.issues]
             warnings += [str(issue) for issue in exc.warnings]
         else:
-            warnings += config.warnings
+            warnings += [*(also_warn(config) if also_warn else ()), *config.warnings]
     return errors, warnings
 
 
@@ -280,6 +285,8 @@ def _schema_issues(source: _Source, error: Any) -> Iterator[ConfigIssue]:
         message = f"is empty; expected {error.validator_value}"
     elif path and path[-1] in _SECRET_KEYS:
         message = message.replace(repr(error.instance), "<hidden value>")
+    elif path and path[-1] in _URL_KEYS and isinstance(error.instance, str):
+        message = message.replace(repr(error.instance), repr(redact_url(error.instance)))
     yield source.issue(path, message)
 
 
@@ -458,7 +465,7 @@ def _check_endpoint(entry: _Entry, model: str, api_base: str | None, report: _Re
         message = f"{model!r} has no provider prefix; write it as 'openai/{model.strip('/')}'"
         report.errors.append(entry.issue(("litellm_params", "model"), message))
     if api_base is not None and not _is_http_url(api_base):
-        message = f"{api_base!r} is not an http(s) URL"
+        message = f"{redact_url(api_base)!r} is not an http(s) URL"
         report.errors.append(entry.issue(("litellm_params", "api_base"), message))
     has_no_default = OPENAI_COMPATIBLE_PROVIDERS.get(provider, "") is None
     if has_no_default and api_base is None:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from proxy.auth import authenticate_admin
 from proxy.policies.spec import Config, Policy
+from proxy.redaction import redact_url
 from proxy.state import CONFIG, CONTROL
 
 routes = web.RouteTableDef()
@@ -56,7 +57,7 @@ def _models(config: Config) -> dict[str, list[dict[str, Any]]]:
         alias: [
             {
                 "model": d.model,
-                "api_base": d.base_url,
+                "api_base": redact_url(d.base_url) if d.base_url else None,
                 "path": "openai-compatible" if d.fast_path else "litellm",
                 "max_input_tokens": d.max_input_tokens,
                 "source": d.source,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.state import CONFIG, METRICS, UPSTREAMS
+from proxy.state import CONFIG, METRICS, STORE_HEALTH, UPSTREAMS
 
 routes = web.RouteTableDef()
 
@@ -22,7 +22,14 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response(
             {"status": "starting", "waiting_for": "litellm import"}, status=503
         )
-    return web.json_response({"status": "ready", "config_version": config.version})
+    store = await request.app[STORE_HEALTH].status()
+    if store.problem is not None:  # offloads and archives would fail: overflows would follow
+        return web.json_response(
+            {"status": "store_unavailable", "store": store.describe()}, status=503
+        )
+    return web.json_response(
+        {"status": "ready", "config_version": config.version, "store": store.describe()}
+    )
 
 
 @routes.get("/metrics")

@@ -74,6 +74,10 @@ class InstrumentedStore(_Timed):
             await self.inner.put_checkpoint(session, key, data)
         self._written("checkpoint", len(data))
 
+    async def probe(self) -> None:
+        async with self._op("probe"):
+            await self.inner.probe()
+
     async def close(self) -> None:
         await self.inner.close()
 

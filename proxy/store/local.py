@@ -10,7 +10,9 @@ it is only touched from the event loop thread.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +46,11 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     data    BLOB NOT NULL,
     PRIMARY KEY (session, key)
 );
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
 """
+# Below this much free disk the store counts as full: SQLite may still fit a tiny write in
+# pages it already has, but the next offloaded result would not.
+MIN_FREE_BYTES = 16 * 1024 * 1024
 _INFO_COLUMNS = "ref, session, kind, size, created_at, owner, meta"
 
 CacheKey = tuple[str, ...]  # ("blob", ref) or ("checkpoint", session, key)
@@ -170,6 +176,21 @@ class LocalStore:
 
         await self._run("put_checkpoint", upsert)
         self._remember(("checkpoint", session, key), (None, data))
+
+    # -- health -------------------------------------------------------------------------------
+
+    async def probe(self) -> None:
+        def write(db: sqlite3.Connection) -> None:
+            free = shutil.disk_usage(self.path).free
+            if free < MIN_FREE_BYTES:
+                raise StoreError(
+                    f"local store {self.file}: disk full ({free:,} bytes free, "
+                    f"{MIN_FREE_BYTES:,} needed)"
+                )
+            with db:  # committed (and fsynced) like a blob: a read-only file fails here
+                db.execute("INSERT OR REPLACE INTO probe VALUES (1, ?)", (time.time(),))
+
+        await self._run("probe", write)
 
     async def close(self) -> None:
         if self._closed:

@@ -39,5 +39,8 @@ class MemoryStore:
     async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
         self._checkpoints[(session, key)] = data
 
+    async def probe(self) -> None:
+        pass  # memory always takes a write
+
     async def close(self) -> None:
         pass

@@ -8,6 +8,7 @@ Every key starts with the configured prefix:
     <p>state:<space>:<key>    string                  loop levels, failing sessions
     <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
     <p>pub:<space>            hash {field: "exp val"} open circuits every replica should know
+    <p>probe                  string, 60 s TTL        the write check of start-up and /readyz
 
 Blobs are content-addressed and immutable, so a blob read once is cached in process memory;
 checkpoint indexes change, so they are always read from Redis. When Redis does not answer
@@ -33,12 +34,14 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from proxy.policies.spec import StoreSettings
+from proxy.redaction import redact_url
 from proxy.store.base import BlobInfo, StoreError, snippet
 
 T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
 
 PAUSE_AFTER_FAILURE_S = 1.0  # fail fast this long after Redis stopped answering
+PROBE_TTL_MS = 60_000  # the write-check key tidies itself up
 
 # Write a blob once: the first writer's info stays (refs are content addresses).
 _PUT_BLOB = """
@@ -77,7 +80,7 @@ class RedisConnection:
     def __init__(self, settings: StoreSettings) -> None:
         url = settings.url  # the loader resolved os.environ/ and required it for redis
         assert url, "store.url is required for the redis backend"
-        self.where = _redacted(url)
+        self.where = redact_url(url)
         self.prefix = settings.prefix
         self.timeout_s = settings.timeout_s
         self.ttl_ms = int(settings.ttl_s * 1000) if settings.ttl_s else 0
@@ -189,6 +192,11 @@ class RedisStore:
                 await pipe.execute()
 
         await r.run("put_checkpoint", write)
+
+    async def probe(self) -> None:
+        # A real write: a read-only replica answers READONLY, a full one (maxmemory) OOM.
+        r = self.redis
+        await r.run("probe", lambda: r.client.set(r.key("probe"), b"1", px=PROBE_TTL_MS))
 
     async def close(self) -> None:
         self._cache.clear()
@@ -302,11 +310,3 @@ def _info_bytes(info: BlobInfo) -> bytes:
 def _info_of(raw: bytes) -> BlobInfo:
     ref, session, kind, size, created_at, owner, meta = orjson.loads(raw)
     return BlobInfo(ref, session, kind, size, created_at, owner, meta)
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, for logs and errors."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"

@@ -19,6 +19,7 @@ import orjson
 
 from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
 from proxy.policies.spec import Deployment
+from proxy.redaction import redact_urls_in
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
 from proxy.upstream.openai_compat import redact
 
@@ -116,7 +117,8 @@ class LiteLLMUpstream:
 
     def _translate(self, litellm: ModuleType, deployment: Deployment, exc: Exception) -> Exception:
         name = deployment.alias
-        message = str(redact(str(exc).encode(), deployment.api_key), "utf-8", "replace")
+        text = str(redact(str(exc).encode(), deployment.api_key), "utf-8", "replace")
+        message = redact_urls_in(text)  # litellm's messages may quote the api_base
         if isinstance(exc, litellm.Timeout):
             return UpstreamTimeout(
                 f"the upstream for '{name}' timed out ({message}); raise "

@@ -12,6 +12,7 @@ import orjson
 
 from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
 from proxy.policies.spec import Deployment, ServerSettings
+from proxy.redaction import redact_urls_in
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
 
 MAX_ERROR_BODY = 1024 * 1024
@@ -143,7 +144,9 @@ class OpenAICompatUpstream:
                 "if this model needs longer"
             )
         return UpstreamUnreachable(
-            f"the upstream for '{name}' is unreachable: {type(exc).__name__}: {exc}"
+            # aiohttp's errors may quote the URL, with the api_base's credentials in it.
+            f"the upstream for '{name}' is unreachable: "
+            f"{type(exc).__name__}: {redact_urls_in(str(exc))}"
         )
 
 

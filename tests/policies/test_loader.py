@@ -1099,3 +1099,26 @@ def test_a_redis_url_from_the_environment_is_resolved_or_named_when_unset(
     monkeypatch.setenv("AGENTPROXY_TEST_REDIS", "redis://:secret@127.0.0.1:6379/0")
     config = load_config(path)
     assert config.store.url == "redis://:secret@127.0.0.1:6379/0"
+
+
+def test_errors_about_urls_hide_their_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BASE_FROM_ENV", "ftp://agent:hunter2@10.0.0.1/v1?token=tok-secret")
+    text = (
+        "store: {backend: redis, url: 'redis//:hunter2@10.0.0.2:6379/0'}\n"
+        "model_list:\n"
+        + deployment_yaml("a", "openai/a", "      api_base: os.environ/BASE_FROM_ENV\n")
+        + deployment_yaml("b", "openai/b", "      api_base: 'htp://x:hunter2@h/v1?key=k-secret'\n")
+    )
+    (schema_issue,) = issues_of(write(tmp_path, "schema.yaml", text))
+    assert schema_issue.path == "store.url"
+    assert "'redis//***@10.0.0.2:6379/0' does not match" in schema_issue.message
+
+    issues = issues_of(write(tmp_path, "meaning.yaml", text.replace("redis//", "redis://")))
+    assert [issue.message for issue in issues] == [
+        "'ftp://***@10.0.0.1/v1?token=***' is not an http(s) URL",
+        "'htp://***@h/v1?key=***' is not an http(s) URL",
+    ]
+    errors, _ = validate_paths([str(tmp_path / "schema.yaml"), str(tmp_path / "meaning.yaml")])
+    assert errors and not any(s in line for line in errors for s in ("hunter2", "secret"))

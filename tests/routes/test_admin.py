@@ -135,3 +135,30 @@ async def test_health_ready_and_metrics(proxy: TestServer) -> None:
     )
     assert 'agentproxy_tokens_total{kind="prompt",model="sim"}' in text
     assert "agentproxy_overhead_seconds_bucket" in text
+
+
+SECRETS = ("hunter2", "s3cret-query-key", "sig-value")
+
+
+async def test_admin_output_and_reload_errors_hide_url_credentials(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer
+) -> None:
+    host = str(sim_server.make_url("")).rstrip("/").removeprefix("http://")
+    with_secrets = f"http://agent:hunter2@{host}/v1?api-key=s3cret-query-key&sig=sig-value"
+    path = tmp_path / "c.yaml"
+    path.write_text(policy_config(f"http://{host}", "p").replace(f"http://{host}/v1", with_secrets))
+    proxy = await start_proxy(path, watch=False)
+    # A reload the loader rejects for the api_base itself: the error quotes the value.
+    path.write_text(path.read_text().replace("http://agent", "ftp://agent"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN) as r:
+            assert r.status == 422
+            rejected = await r.text()
+        async with http.get(str(proxy.make_url("/admin/policies")), headers=ADMIN) as r:
+            shown_text = await r.text()
+            shown = await r.json()
+    (model,) = shown["models"]["sim"]
+    assert model["api_base"] == f"http://***@{host}/v1?api-key=***&sig=***"
+    assert f"'ftp://***@{host}/v1?api-key=***&sig=***' is not an http(s) URL" in rejected
+    for secret in SECRETS:
+        assert secret not in rejected and secret not in shown_text
