@@ -87,7 +87,10 @@ def _serve(args: argparse.Namespace) -> int:
         f"(config {config.version}, {len(config.deployments)} models)",
         flush=True,
     )
-    web.run_app(app, host=host, port=port, access_log=None, print=None)
+    # handler_cancellation: a client that hangs up cancels its request, so the upstream call
+    # it was waiting on is closed at once instead of read to its end (aiohttp's default is
+    # off since 3.9; its test server, which the tests use, always turns it on).
+    web.run_app(app, host=host, port=port, access_log=None, print=None, handler_cancellation=True)
     return 0
 
 
