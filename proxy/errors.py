@@ -95,6 +95,11 @@ class UpstreamBadResponse(UpstreamUnreachable):
     code = "upstream_bad_response"
 
 
+class UpstreamTooLarge(UpstreamBadResponse):
+    """A body or event over its cap (server.max_response_bytes, server.max_event_bytes). Not
+    retried: the same request would draw the same answer, and be billed for it again."""
+
+
 class UpstreamTimeout(ProxyError):
     status = 504
     type = "upstream_error"

@@ -117,6 +117,18 @@ class Exchange:
         self.usage.prompt_tokens += usage.prompt_tokens
         self.usage.completion_tokens += usage.completion_tokens
 
+    def add_unreported_usage(self, completion_tokens: int = 0) -> None:
+        """A call cut short (the client left, the stream broke) before the provider reported
+        its usage: the provider bills it anyway, so an estimate is charged instead. The
+        prompt as the budget guard estimates it (body bytes / 4, at most the window); the
+        completion as the caller counted it (one token per streamed event)."""
+        prompt = self.body_bytes // 4
+        window = self.deployment.max_input_tokens if self.deployment else None
+        if window:
+            prompt = min(prompt, window)
+        self.add_usage(Usage(prompt, completion_tokens))
+        self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
+
     @property
     def dry_run(self) -> bool:
         return self.policy.mode == "dry_run"

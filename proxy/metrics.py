@@ -89,7 +89,8 @@ class Metrics:
         )
         self.tokens = Counter(
             "agentproxy_tokens",
-            "Tokens reported by upstream usage, by model alias and kind (prompt, completion).",
+            "Tokens reported by upstream usage (estimated for a call cut before it came), by "
+            "model alias and kind (prompt, completion).",
             ["model", "kind"],
             registry=r,
         )

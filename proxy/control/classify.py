@@ -3,7 +3,8 @@
 - transient: worth retrying (408, 429, 500, 502, 503, 504, 529 and other 5xx; connection
   refused or reset, read timeout, a garbled body; every deployment's circuit open)
 - overflow: the provider says the context is exceeded (handed to reactive compaction)
-- logical: retrying cannot help (400, 401, 403, 404, 422 and every other 4xx; 501, 505)
+- logical: retrying cannot help (400, 401, 403, 404, 422 and every other 4xx; 501, 505; an
+  upstream body or event over the proxy's size cap, which the same request would draw again)
 - fatal: the proxy's own resources are exhausted (memory, file descriptors, disk)
 
 Anything else raised on the way is a bug in the proxy: no class, never retried.
@@ -15,7 +16,7 @@ import errno
 from collections.abc import Mapping
 
 from proxy.control.outcome import CircuitOpen
-from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import UpstreamTimeout, UpstreamTooLarge, UpstreamUnreachable
 from proxy.pipeline.overflow import is_context_overflow
 from proxy.policies.spec import ErrorClass
 from proxy.upstream.base import UpstreamHTTPError
@@ -34,6 +35,8 @@ def classify(
     one (a bug: it is never retried and reaches the client as a 500)."""
     if isinstance(error, UpstreamHTTPError):
         return classify_status(error.status, error.body, overrides)
+    if isinstance(error, UpstreamTooLarge):
+        return "logical"
     # UpstreamBadResponse (garbled) is an UpstreamUnreachable.
     if isinstance(error, UpstreamUnreachable | UpstreamTimeout | CircuitOpen):
         return "transient"

@@ -195,10 +195,14 @@ class Control:
 
     @staticmethod
     async def _send(ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool) -> Any:
-        if stream:
-            opened = await upstream.open_stream(deployment, ex.body, ex.request_id)
-            return await prime(opened, deployment.alias)
-        reply = await upstream.complete(deployment, ex.body, ex.request_id)
+        try:
+            if stream:
+                opened = await upstream.open_stream(deployment, ex.body, ex.request_id)
+                return await prime(opened, deployment.alias)
+            reply = await upstream.complete(deployment, ex.body, ex.request_id)
+        except asyncio.CancelledError:  # the client left (or a time limit cut the call) mid-call
+            ex.add_unreported_usage()
+            raise
         ex.add_usage(Usage.from_openai(reply.data.get("usage")))
         return reply
 

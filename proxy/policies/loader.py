@@ -58,7 +58,9 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SECRET_KEYS = frozenset({"admin_key", "key", "api_key"})
 _URL_KEYS = frozenset({"api_base", "url"})  # shown with their credentials redacted
 SectionT = TypeVar("SectionT")
-_FLOAT_SERVER_FIELDS = frozenset({"connect_timeout_s", "read_timeout_s", "watch_interval_s"})
+_FLOAT_SERVER_FIELDS = frozenset(
+    {"connect_timeout_s", "read_timeout_s", "response_timeout_s", "watch_interval_s"}
+)
 
 
 @dataclass(frozen=True, slots=True)

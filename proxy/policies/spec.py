@@ -106,6 +106,19 @@ class ServerSettings:
     max_body_bytes: int = 32 * 1024 * 1024
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0  # longest silence tolerated from an upstream
+    # A whole non-streaming reply, from sending the request to its last byte. A model writes
+    # the whole answer before the first byte (up to read_timeout_s of silence), then the
+    # body arrives in a burst: 900 s leaves 5 minutes over that for the body, and still stops
+    # an upstream that drips bytes just often enough to never be silent.
+    response_timeout_s: float = 900.0
+    # A non-streaming body is held whole (it is parsed for usage and recall): 64 MiB is twice
+    # the request cap and far above real answers (a 32k-token answer with top_logprobs=20 is
+    # ~20 MB), while 8 concurrent hostile bodies still stay near half a GB.
+    max_response_bytes: int = 64 * 1024 * 1024
+    # One SSE event is one delta, a few hundred bytes; 8 MiB leaves room for providers that
+    # send a whole answer, a large tool-call argument or a base64 image in one event. Only the
+    # unfinished event is held, so this bounds a stream's memory.
+    max_event_bytes: int = 8 * 1024 * 1024
     watch_interval_s: float = 1.0
     access_log: bool = False  # successes too; failures are always logged
     memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -59,8 +60,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         error.headers.update(_headers(ex))
         raise
     finally:
-        await control.settle(ex, ok)
-        await _account(request, ex)
+        # A client that leaves cancels this handler, maybe in the middle of charging it: the
+        # charging runs to its end regardless (what was used is always charged).
+        await asyncio.shield(_settle(request, ex, ok))
+
+
+async def _settle(request: web.Request, ex: Exchange, ok: bool) -> None:
+    await request.app[CONTROL].settle(ex, ok)
+    await _account(request, ex)
 
 
 def _open_exchange(

@@ -74,6 +74,8 @@ class Relay:
         self.ex = ex
         self.response = response
         self.hold_tool_calls = False  # set when the recall tool was offered
+        self.usage_reported = False  # the stream being relayed carried its usage
+        self.relayed = 0  # events of that stream relayed (or held) so far
 
     async def write(self, data: bytes, server_timing: str) -> None:
         if not self.response.prepared:
@@ -86,6 +88,17 @@ class Relay:
     async def run(self, source: UpstreamStream, server_timing: Any) -> HeldCalls | None:
         """Forward one upstream stream. Returns the held tool calls if there were any (the
         caller decides what becomes of them, and of the final [DONE])."""
+        self.usage_reported, self.relayed = False, 0
+        try:
+            return await self._relay(source, server_timing)
+        except BaseException:
+            # Cut short (the client left, the upstream broke) before the usage chunk came:
+            # still charged, estimated from what was relayed.
+            if not self.usage_reported:
+                self.ex.add_unreported_usage(completion_tokens=self.relayed)
+            raise
+
+    async def _relay(self, source: UpstreamStream, server_timing: Any) -> HeldCalls | None:
         ex, done, held = self.ex, False, None
         batches = source.events()
         while True:
@@ -96,6 +109,7 @@ class Relay:
                 break
             finally:
                 ex.upstream_wait += time.perf_counter() - waited
+            self.relayed += len(batch)
             out = bytearray()
             for event in batch:
                 if not event.startswith(b"data:"):
@@ -143,6 +157,7 @@ class Relay:
             ) from None
         usage = Usage.from_openai(chunk.get("usage"))
         if usage is not None:
+            self.usage_reported = True
             self.ex.add_usage(usage)
             if not self.ex.client_wants_usage and not chunk.get("choices"):
                 return False

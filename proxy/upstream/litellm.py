@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
 import orjson
 
 from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
-from proxy.policies.spec import Deployment
+from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
 from proxy.upstream.openai_compat import redact
@@ -50,7 +50,13 @@ def _import_litellm() -> ModuleType:
 
 
 class LiteLLMUpstream:
-    def __init__(self) -> None:
+    """litellm reads the provider's bytes itself (httpx/aiohttp inside it), so the proxy's size
+    caps cannot reach those reads. What is bounded here: a non-streaming call's total time
+    (server.response_timeout_s), and a client that leaves cancels the call (the connection
+    closes)."""
+
+    def __init__(self, settings_source: Callable[[], ServerSettings] | None = None) -> None:
+        self._settings = settings_source or ServerSettings
         self._module: ModuleType | None = None
         self._loading: asyncio.Task[ModuleType] | None = None
 
@@ -86,8 +92,18 @@ class LiteLLMUpstream:
         self, deployment: Deployment, body: dict[str, Any], request_id: str
     ) -> UpstreamReply:
         litellm = await self.module()
+        limit = self._settings().response_timeout_s
         try:
-            response = await litellm.acompletion(**self._arguments(deployment, body, False))
+            async with asyncio.timeout(limit) as scope:
+                response = await litellm.acompletion(**self._arguments(deployment, body, False))
+        except TimeoutError as exc:
+            if not scope.expired():
+                raise self._translate(litellm, deployment, exc) from exc
+            raise UpstreamTimeout(
+                f"the upstream for '{deployment.alias}' did not finish its reply within "
+                f"{limit:g}s; raise server.response_timeout_s if this model's non-streaming "
+                "answers take longer (or stream them)"
+            ) from None
         except Exception as exc:
             raise self._translate(litellm, deployment, exc) from exc
         data = response.model_dump(exclude_none=True)

@@ -10,10 +10,16 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import (
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+    UpstreamUnreachable,
+)
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
+from proxy.upstream.sse import EventTooLarge, SSESplitter
 
 MAX_ERROR_BODY = 1024 * 1024
 
@@ -53,12 +59,21 @@ class OpenAICompatUpstream:
         self, deployment: Deployment, body: dict[str, Any], request_id: str
     ) -> UpstreamReply:
         response = await self._post(deployment, body, request_id, stream=False)
+        cap = self._settings().max_response_bytes
         try:
-            raw = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise self._failure(deployment, exc, stream=False) from exc
-        finally:
-            response.release()
+            raw = await read_capped(response, cap)
+        except BaseException as exc:
+            response.close()  # refused, failed or the client left: abandon the rest, never drain
+            if isinstance(exc, BodyTooLarge):
+                raise UpstreamTooLarge(
+                    f"the upstream for '{deployment.alias}' sent a response larger than "
+                    f"server.max_response_bytes ({_size(cap)}); raise server.max_response_bytes "
+                    "if its answers are really this large"
+                ) from None
+            if isinstance(exc, TimeoutError | aiohttp.ClientError):
+                raise self._failure(deployment, exc, stream=False) from exc
+            raise
+        response.release()
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -76,7 +91,12 @@ class OpenAICompatUpstream:
         self, deployment: Deployment, body: dict[str, Any], request_id: str
     ) -> SSEStream:
         response = await self._post(deployment, body, request_id, stream=True)
-        return SSEStream(response, lambda exc: self._failure(deployment, exc, stream=True))
+        return SSEStream(
+            response,
+            lambda exc: self._failure(deployment, exc, stream=True),
+            deployment.alias,
+            self._settings().max_event_bytes,
+        )
 
     async def _post(
         self, deployment: Deployment, body: dict[str, Any], request_id: str, *, stream: bool
@@ -100,12 +120,7 @@ class OpenAICompatUpstream:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise self._failure(deployment, exc, stream=stream) from exc
         if response.status >= 400:
-            try:
-                raw = await response.content.read(MAX_ERROR_BODY)
-            except (TimeoutError, aiohttp.ClientError):
-                raw = b""
-            finally:
-                response.release()
+            raw = await _error_body(response, self._settings().response_timeout_s)
             raise UpstreamHTTPError(
                 response.status,
                 redact(raw, deployment.api_key),
@@ -116,11 +131,9 @@ class OpenAICompatUpstream:
     def _timeout(self, deployment: Deployment, stream: bool) -> aiohttp.ClientTimeout:
         settings: ServerSettings = self._settings()
         read = (stream and deployment.stream_timeout_s) or deployment.timeout_s
-        return aiohttp.ClientTimeout(
-            total=None,
-            connect=settings.connect_timeout_s,
-            sock_read=read or settings.read_timeout_s,
-        )
+        # A stream may run as long as it keeps talking; a non-streaming reply has a total.
+        total = None if stream else settings.response_timeout_s
+        return _client_timeout(settings.connect_timeout_s, read or settings.read_timeout_s, total)
 
     def _failure(self, deployment: Deployment, exc: BaseException, *, stream: bool) -> Exception:
         settings: ServerSettings = self._settings()
@@ -131,7 +144,15 @@ class OpenAICompatUpstream:
                 f"{settings.connect_timeout_s:g}s; raise server.connect_timeout_s if it is slow "
                 "to accept connections"
             )
-        if isinstance(exc, asyncio.TimeoutError):
+        if isinstance(exc, TimeoutError) and not (
+            stream or isinstance(exc, aiohttp.ServerTimeoutError)
+        ):  # not silence but the total: server.response_timeout_s
+            return UpstreamTimeout(
+                f"the upstream for '{name}' did not finish its reply within "
+                f"{settings.response_timeout_s:g}s; raise server.response_timeout_s if this "
+                "model's non-streaming answers take longer (or stream them)"
+            )
+        if isinstance(exc, TimeoutError):
             read = (stream and deployment.stream_timeout_s) or deployment.timeout_s
             which = (
                 f"litellm_params.{'stream_timeout' if stream else 'timeout'} of '{name}'"
@@ -151,41 +172,87 @@ class OpenAICompatUpstream:
 
 
 @functools.lru_cache(maxsize=64)
-def _client_timeout(connect: float, read: float) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
+def _client_timeout(connect: float, read: float, total: float | None) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=total, connect=connect, sock_read=read)
 
 
-async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
-    """An error body, but never an unbounded one."""
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """The whole body, checked against `cap` as the bytes arrive: never more than the cap and
+    one chunk is held. A declared Content-Length over the cap is refused before any read."""
+    if response.content_length is not None and response.content_length > cap:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await response.content.readany():
+        size += len(chunk)
+        if size > cap:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _error_body(response: aiohttp.ClientResponse, time_limit: float) -> bytes:
+    """An error body to pass on: its first MAX_ERROR_BODY bytes, read for at most
+    `time_limit` seconds; whatever arrived by then."""
     body = bytearray()
-    while len(body) < cap and (chunk := await response.content.readany()):
-        body += chunk
-    return bytes(body[:cap])
+    try:
+        async with asyncio.timeout(time_limit):
+            while len(body) < MAX_ERROR_BODY and (chunk := await response.content.readany()):
+                body += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        pass
+    finally:
+        if response.content.at_eof():
+            response.release()  # read whole: the connection goes back to the pool
+        else:
+            response.close()  # the rest is not wanted: never drain it
+    return bytes(body[:MAX_ERROR_BODY])
+
+
+def _size(limit: int) -> str:
+    mib = limit / (1024 * 1024)
+    return f"{mib:g} MiB" if mib >= 1 and mib == int(mib) else f"{limit} bytes"
 
 
 class SSEStream:
     """Splits an upstream SSE body into complete events as the bytes arrive."""
 
-    def __init__(self, response: aiohttp.ClientResponse, failure: Any) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, failure: Any, alias: str, max_event_bytes: int
+    ) -> None:
         self.response = response
         self.headers = forwarded_headers(response.headers)
         self._failure = failure
+        self._alias = alias
+        self._max_event_bytes = max_event_bytes
+        self._finished = False
 
     async def events(self) -> AsyncIterator[list[bytes]]:
-        buffer = b""
+        splitter = SSESplitter(self._max_event_bytes)
         try:
             async for chunk in self.response.content.iter_any():
-                buffer += chunk
-                if b"\r\n" in buffer:
-                    buffer = buffer.replace(b"\r\n", b"\n")
-                *complete, buffer = buffer.split(b"\n\n")
-                batch = [event for event in complete if event]
+                batch = splitter.feed(chunk)
                 if batch:
                     yield batch
+        except EventTooLarge:
+            raise UpstreamTooLarge(
+                f"the upstream for '{self._alias}' sent a stream event larger than "
+                f"server.max_event_bytes ({_size(self._max_event_bytes)}) without ending it; "
+                "raise server.max_event_bytes if its events are really this large"
+            ) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise self._failure(exc) from exc
-        if buffer.strip():
-            yield [buffer.strip()]
+        self._finished = True
+        last = splitter.rest()
+        if last:
+            yield [last]
 
     async def close(self) -> None:
-        self.response.release()
+        if self._finished:
+            self.response.release()  # read to its end: the connection goes back to the pool
+        else:
+            self.response.close()  # abandoned (client gone, refused, failed): never drain it

@@ -14,7 +14,7 @@ from proxy.upstream.openai_compat import OpenAICompatUpstream
 class Upstreams:
     def __init__(self, settings: Callable[[], ServerSettings]) -> None:
         self.fast = OpenAICompatUpstream(settings)
-        self.litellm = LiteLLMUpstream()
+        self.litellm = LiteLLMUpstream(settings)
         self._turns: dict[str, itertools.count[int]] = {}
 
     def pick(
