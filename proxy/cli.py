@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from proxy.app import build_app
+    from proxy.app import SERVER_OPTIONS, build_app
     from proxy.policies.loader import ConfigError, load_config
 
     try:
@@ -87,7 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"(config {config.version}, {len(config.deployments)} models)",
         flush=True,
     )
-    web.run_app(app, host=host, port=port, access_log=None, print=None)
+    web.run_app(app, host=host, port=port, print=None, **SERVER_OPTIONS)
     return 0
 
 

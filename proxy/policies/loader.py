@@ -55,7 +55,9 @@ _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SECRET_KEYS = frozenset({"admin_key", "key", "api_key"})
 SectionT = TypeVar("SectionT")
-_FLOAT_SERVER_FIELDS = frozenset({"connect_timeout_s", "read_timeout_s", "watch_interval_s"})
+_FLOAT_SERVER_FIELDS = frozenset(
+    {"connect_timeout_s", "read_timeout_s", "watch_interval_s", "body_timeout_s"}
+)
 
 
 @dataclass(frozen=True, slots=True)
