@@ -7,15 +7,18 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
+from proxy.logs import shorten_protocol_errors
 from proxy.metrics import Metrics
-from proxy.middleware import proxy_middleware
+from proxy.middleware import HANDLING, Handling, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.rewriter import Rewriter
@@ -40,6 +43,14 @@ from proxy.upstream.pool import Upstreams
 
 log = logging.getLogger("agentproxy")
 
+# How the HTTP server runs the app, for `serve` and the tests' servers alike. A client that
+# hangs up cancels its handler (aiohttp's default is off since 3.9), so the upstream call it
+# waited on is closed at once instead of read to its end; the middleware accounts it as 499
+# and what the call used is still charged. aiohttp's access log is off: the proxy logs its own.
+SERVER_OPTIONS: Mapping[str, Any] = MappingProxyType(
+    {"handler_cancellation": True, "access_log": None}
+)
+
 
 def build_app(
     config_path: str | os.PathLike[str],
@@ -51,6 +62,7 @@ def build_app(
 ) -> web.Application:
     """`config` skips the first load when the caller already has it (the CLI validated it);
     `host` is the address served when the CLI overrides server.host (for the warnings)."""
+    shorten_protocol_errors()
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
     metrics = Metrics()
@@ -59,6 +71,7 @@ def build_app(
     app[METRICS] = metrics
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
+    app[HANDLING] = Handling()
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
     store, state = open_backends(settings, metrics)

@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from proxy.app import build_app
+    from proxy.app import SERVER_OPTIONS, build_app
     from proxy.policies.loader import ConfigError, load_config
     from proxy.store.base import StoreError
 
@@ -87,12 +87,9 @@ def _serve(args: argparse.Namespace) -> int:
         f"agentproxy {__version__} on http://{host}:{port}/v1 "
         f"(config {config.version}, {len(config.deployments)} models)"
     )
-    # handler_cancellation: a client that hangs up cancels its request, so the upstream call
-    # it was waiting on is closed at once instead of read to its end (aiohttp's default is
-    # off since 3.9; its test server, which the tests use, always turns it on).
     try:  # the banner once listening: start-up checks the store first
-        web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
-                    print=lambda _: print(banner, flush=True))  # fmt: skip
+        web.run_app(app, host=host, port=port, print=lambda _: print(banner, flush=True),
+                    **SERVER_OPTIONS)  # fmt: skip
     except StoreError as exc:  # checked at start-up: see app.py's lifecycle
         print(f"agentproxy: {exc}; not starting", file=sys.stderr)
         return 2

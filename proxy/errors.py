@@ -13,6 +13,7 @@ class ProxyError(Exception):
     status = 500
     type = "internal_error"
     code: str | None = None
+    closes_connection = False  # answer, then hang up: what the client sends next is not read
 
     def __init__(
         self,
@@ -77,6 +78,15 @@ class MethodNotAllowed(ProxyError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(ProxyError):
+    """The client stopped sending its body; the connection is closed after the answer."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+    closes_connection = True
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
@@ -112,6 +122,10 @@ class ServiceUnavailable(ProxyError):
     code = "not_ready"
 
 
+class Overloaded(ServiceUnavailable):
+    code = "overloaded"
+
+
 class InternalError(ProxyError):
     """A bug in the proxy: still an OpenAI-style body, never a bare 500."""
 
@@ -122,10 +136,29 @@ def error_response(
     headers = {**error.headers, **(extra_headers or {})}
     return web.Response(
         status=error.status,
-        body=orjson.dumps(error.body(request_id)),
+        body=_dumps(error.body(request_id)),
         content_type="application/json",
         headers=headers,
     )
+
+
+def _dumps(body: dict[str, object]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        # A message quoting a header sent with bytes that are not UTF-8 (aiohttp keeps them as
+        # lone surrogates, which JSON cannot carry): the error must still go out.
+        return orjson.dumps(_valid_text(body))
+
+
+def _valid_text(value: object) -> object:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {str(_valid_text(k)): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 _HTTP_ERRORS: dict[int, type[ProxyError]] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -10,7 +11,13 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.errors import InternalError, ProxyError, error_response, from_http_exception
+from proxy.errors import (
+    InternalError,
+    Overloaded,
+    ProxyError,
+    error_response,
+    from_http_exception,
+)
 from proxy.state import CONFIG, METRICS
 
 log = logging.getLogger("agentproxy")
@@ -22,6 +29,34 @@ MODEL_LABEL = web.RequestKey("model_label", str)
 # Set by handlers when the client hung up mid-response; counted as status 499.
 CLIENT_GONE = web.RequestKey("client_gone", bool)
 STATUS_CLIENT_GONE = 499
+# Cheap and answering even when the proxy is saturated: monitoring must see it, not time out.
+UNCAPPED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+RETRY_AFTER_S = 1
+
+
+class Handling:
+    """How many requests are being handled now, against server.max_in_flight: each one holds
+    its body, so the cap bounds memory; past it a client is told to come back shortly."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def enter(self, limit: int) -> None:
+        if self.count >= limit:
+            raise Overloaded(
+                f"the proxy is handling {self.count} requests, its limit "
+                f"(server.max_in_flight); retry shortly",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1
+
+
+HANDLING = web.AppKey("handling", Handling)
 
 
 def _request_id(request: web.Request) -> str:
@@ -37,31 +72,66 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     request_id = request[REQUEST_ID] = _request_id(request)
     in_flight = request.app[METRICS].in_flight
     in_flight.inc()  # a scrape counts itself: the gauge reads 1 when idle
+    handling = request.app[HANDLING]
+    capped = request.path not in UNCAPPED_PATHS
     response: web.StreamResponse
     try:
-        response = await handler(request)
+        if capped:
+            handling.enter(request.app[CONFIG].current.server.max_in_flight)
+        try:
+            response = await handler(request)
+        finally:
+            if capped:
+                handling.leave()
     except asyncio.CancelledError:
         # The client went away and the server cancelled the handler (handler_cancellation).
         _account(request, STATUS_CLIENT_GONE, started)
         raise
     except ProxyError as error:
         response = error_response(error, request_id)
+        if error.closes_connection:
+            await _answer_and_hang_up(request, response, request_id)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         response = error_response(from_http_exception(exc), request_id)
-    except Exception:
-        log.exception("request %s failed inside the proxy", request_id)
-        response = error_response(
-            InternalError(f"the proxy failed to handle this request (request id {request_id})"),
-            request_id,
-        )
+    except Exception as exc:
+        if isinstance(exc, ConnectionError) and _client_gone(request):
+            # Hung up while its body was read or its answer written: nothing to answer.
+            request[CLIENT_GONE] = True
+            response = web.Response(status=STATUS_CLIENT_GONE)
+        else:
+            log.exception("request %s failed inside the proxy", request_id)
+            response = error_response(
+                InternalError(f"the proxy failed to handle this request (request id {request_id})"),
+                request_id,
+            )
     finally:
         in_flight.dec()
     if not response.prepared:
         response.headers["x-request-id"] = request_id
+        if _client_gone(request):  # the answer is ready but nobody is left to read it
+            request[CLIENT_GONE] = True
     _account(request, STATUS_CLIENT_GONE if request.get(CLIENT_GONE) else response.status, started)
     return response
+
+
+async def _answer_and_hang_up(
+    request: web.Request, response: web.StreamResponse, request_id: str
+) -> None:
+    """Send the answer now and close: aiohttp would otherwise wait 10 s more (lingering) for
+    the rest of a body that stopped arriving."""
+    response.headers["x-request-id"] = request_id
+    response.force_close()
+    with contextlib.suppress(ConnectionError):
+        await response.prepare(request)
+        await response.write_eof()
+    request.protocol.force_close()
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _account(request: web.Request, status: int, started: float) -> None:

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import textwrap
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.app import build_app
+from proxy.app import SERVER_OPTIONS, build_app
 from proxy.testing.simulator import Simulator
 
 ProxyFactory = Callable[..., Awaitable[TestServer]]
@@ -86,14 +86,28 @@ def config_path(tmp_path: Path, sim_server: TestServer) -> Path:
     return path
 
 
+class ServedLikeServe(TestServer):
+    """A TestServer run with `serve`'s server options: aiohttp's own cancels a handler when
+    its client hangs up, which `serve` does not."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return web.AppRunner(self.app, **{**kwargs, **SERVER_OPTIONS})
+
+
 @pytest.fixture
-def start_proxy(aiohttp_server: Any) -> ProxyFactory:
+async def start_proxy(aiohttp_server: Any) -> AsyncIterator[ProxyFactory]:
+    servers: list[TestServer] = []
+
     async def start(path: Path, **options: Any) -> TestServer:
         app: web.Application = build_app(path, **options)
-        server: TestServer = await aiohttp_server(app)
+        server = ServedLikeServe(app)
+        await server.start_server()
+        servers.append(server)
         return server
 
-    return start
+    yield start
+    for server in reversed(servers):
+        await server.close()
 
 
 @pytest.fixture

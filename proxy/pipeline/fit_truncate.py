@@ -18,6 +18,7 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.json_depth import nested_too_deep
 from proxy.messages import Message, message_hash
 from proxy.pipeline.fit_budget import message_tokens
 from proxy.policies.spec import CompactionSpec
@@ -119,6 +120,9 @@ async def _truncate_message(
             parsed = orjson.loads(arguments)
         except orjson.JSONDecodeError:
             calls.append(call)  # malformed: repair reports it; never make it worse
+            continue
+        if nested_too_deep(arguments, parsed):
+            calls.append(call)  # walked by recursion below; the provider will refuse it anyway
             continue
         long_values: list[tuple[str, str]] = []  # (path, value)
         _collect_long(parsed, "", spec.truncate_min_chars, long_values)

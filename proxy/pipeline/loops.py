@@ -310,7 +310,7 @@ def _call_hash(name: str, arguments: str) -> int:
     else:
         try:
             canonical = orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS)
-        except orjson.JSONDecodeError:
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # not JSON, or too deep
             canonical = arguments.encode("utf-8", "surrogatepass")
     return xxhash.xxh3_64_intdigest(name.encode("utf-8", "surrogatepass") + b"\x00" + canonical)
 

@@ -59,7 +59,13 @@ _SECRET_KEYS = frozenset({"admin_key", "key", "api_key"})
 _URL_KEYS = frozenset({"api_base", "url"})  # shown with their credentials redacted
 SectionT = TypeVar("SectionT")
 _FLOAT_SERVER_FIELDS = frozenset(
-    {"connect_timeout_s", "read_timeout_s", "response_timeout_s", "watch_interval_s"}
+    {
+        "connect_timeout_s",
+        "read_timeout_s",
+        "response_timeout_s",
+        "watch_interval_s",
+        "body_timeout_s",
+    }
 )
 
 

@@ -30,8 +30,10 @@ OPENAI_COMPATIBLE_PROVIDERS: Mapping[str, str | None] = {
 
 
 def key_digest(secret: str) -> bytes:
-    """Keys are kept and compared as SHA-256 digests; the secret itself is never stored."""
-    return hashlib.sha256(secret.encode()).digest()
+    """Keys are kept and compared as SHA-256 digests; the secret itself is never stored.
+    A header's bytes that are not UTF-8 arrive as lone surrogates: `surrogatepass` digests them
+    too (matching no configured key) instead of failing."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,8 @@ class ServerSettings:
     watch_interval_s: float = 1.0
     access_log: bool = False  # successes too; failures are always logged
     memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)
+    body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
+    max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,41 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-from aiohttp import web
-
-from proxy.errors import BadRequest, PayloadTooLarge
+from proxy.errors import BadRequest
+from proxy.routes.body import kind, parse_json_object
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(request.content_length, limit)
-    body = bytearray()
-    while chunk := await request.content.readany():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(len(body), limit)
-    return bytes(body)
-
-
-def _too_large(size: int, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"request body is {size} bytes or more, over the limit of {limit} bytes "
-        "(server.max_body_bytes)"
-    )
-
-
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        raise BadRequest("request body is empty; send a JSON object")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(_json_problem(raw, exc)) from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"request body must be a JSON object, not {_kind(body)}")
+    body = parse_json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", param="model")
@@ -57,18 +30,10 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        return f"request body is not valid UTF-8 (byte {bad.start}); send UTF-8 encoded JSON"
-    return f"request body is not valid JSON: {exc}"
-
-
-def _check_optional(body: dict[str, Any], name: str, kind: type) -> None:
+def _check_optional(body: dict[str, Any], name: str, expected: type) -> None:
     value = body.get(name)
-    if value is not None and not isinstance(value, kind):
-        raise BadRequest(f"'{name}' must be {_KIND_NAMES[kind]}, not {_kind(value)}", param=name)
+    if value is not None and not isinstance(value, expected):
+        raise BadRequest(f"'{name}' must be {_KIND_NAMES[expected]}, not {kind(value)}", param=name)
 
 
 def _check_messages(messages: Any) -> None:
@@ -77,18 +42,17 @@ def _check_messages(messages: Any) -> None:
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise BadRequest(f"{where} must be an object, not {_kind(message)}", param=where)
+            raise BadRequest(f"{where} must be an object, not {kind(message)}", param=where)
         role = message.get("role")
-        if role not in ROLES:
+        if type(role) is not str or role not in ROLES:  # an array or object is unhashable
             raise BadRequest(
-                f"{where}.role must be one of {', '.join(sorted(ROLES))}, not {role!r}",
+                f"{where}.role must be one of {', '.join(sorted(ROLES))}, not {_shown(role)}",
                 param=f"{where}.role",
             )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise BadRequest(
-                f"{where}.content must be a string, an array of parts or null, "
-                f"not {_kind(content)}",
+                f"{where}.content must be a string, an array of parts or null, not {kind(content)}",
                 param=f"{where}.content",
             )
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
@@ -104,13 +68,8 @@ def _check_messages(messages: Any) -> None:
 _KIND_NAMES: dict[type, str] = {bool: "a boolean", dict: "an object", list: "an array"}
 
 
-def _kind(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
+def _shown(value: Any) -> str:
+    """A value named in an error message: short strings quoted, anything else by its kind."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+    return kind(value)

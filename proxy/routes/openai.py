@@ -14,7 +14,8 @@ from proxy.exchange import Exchange
 from proxy.middleware import MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.routes import completion, degraded
-from proxy.routes.chat_request import parse_chat_request, read_body
+from proxy.routes.body import read_body
+from proxy.routes.chat_request import parse_chat_request
 from proxy.session import owner_of, parent_session_id, scoped, session_id
 from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER
 from proxy.upstream.base import UpstreamHTTPError
@@ -29,7 +30,7 @@ POLICY_HEADER = "x-agentproxy-policy"
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG].current
     key = authenticate(request, config.keys)
-    raw = await read_body(request, config.server.max_body_bytes)
+    raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     ex = _open_exchange(request, config, key, parse_chat_request(raw))
     ex.body_bytes = len(raw)
     control = request.app[CONTROL]
