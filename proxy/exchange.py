@@ -120,14 +120,18 @@ class Exchange:
     def add_unreported_usage(self, completion_tokens: int = 0) -> None:
         """A call cut short (the client left, the stream broke) before the provider reported
         its usage: the provider bills it anyway, so an estimate is charged instead. The
-        prompt as the budget guard estimates it (body bytes / 4, at most the window); the
-        completion as the caller counted it (one token per streamed event)."""
-        prompt = self.body_bytes // 4
-        window = self.deployment.max_input_tokens if self.deployment else None
-        if window:
-            prompt = min(prompt, window)
+        prompt as the budget guard estimates it; the completion as the caller counted it
+        (one token per streamed event)."""
+        prompt = self.estimated_prompt()
         self.add_usage(Usage(prompt, completion_tokens))
         self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
+
+    def estimated_prompt(self) -> int:
+        """The body's size over four, at most the window: O(1), and on the high side, as a
+        guard (and a charge for usage never reported) should be."""
+        estimate = self.body_bytes // 4
+        window = self.deployment.max_input_tokens if self.deployment else None
+        return min(estimate, window) if window else estimate
 
     @property
     def dry_run(self) -> bool:

@@ -99,7 +99,7 @@ class BudgetStage:
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
         now = time.time()
-        prompt = self._estimated_prompt(ex)
+        prompt = ex.estimated_prompt()
         completion = ex.body.get("max_completion_tokens") or ex.body.get("max_tokens") or 0
         notes: list[Message] = []
         for spec in ex.policy.budgets:
@@ -217,13 +217,6 @@ class BudgetStage:
             details,
             headers,
         )
-
-    @staticmethod
-    def _estimated_prompt(ex: Exchange) -> int:
-        """The body's size over four: O(1), and on the high side, as a guard should be."""
-        estimate = ex.body_bytes // 4
-        window = ex.deployment.max_input_tokens if ex.deployment else None
-        return min(estimate, window) if window else estimate
 
     @staticmethod
     def _scope_ids(ex: Exchange, spec: BudgetSpec) -> list[str]:
