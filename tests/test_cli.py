@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.conftest import sim_config
+from tests.conftest import free_port, sim_config
+from tests.routes.test_client_gone import stalled_stream
+from tests.upstream.hostile import COMPLETION_HEAD, endless, hostile_app
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def agentproxy(*args: str, **options: object) -> subprocess.CompletedProcess[str]:
@@ -75,10 +70,33 @@ def simulator() -> Iterator[str]:
     process.wait(timeout=10)
 
 
-async def wait_ready(url: str, deadline: float) -> float:
+async def start_serve(config: Path) -> tuple[asyncio.subprocess.Process, str]:
+    """`agentproxy serve` as deployed, on a free port, once it is ready."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, deadline=15, process=process)
+    except BaseException:
+        process.terminate()
+        await process.wait()
+        raise
+    return process, url
+
+
+async def wait_ready(
+    url: str, deadline: float, process: asyncio.subprocess.Process | None = None
+) -> float:
     started = time.perf_counter()
     async with aiohttp.ClientSession() as http:
         while time.perf_counter() - started < deadline:
+            if process is not None and process.returncode is not None:
+                break
             try:
                 async with http.get(url + "/readyz") as r:
                     if r.status == 200:
@@ -92,16 +110,8 @@ async def wait_ready(url: str, deadline: float) -> float:
 async def test_serve_answers_and_reloads_on_sighup(tmp_path: Path, simulator: str) -> None:
     config = tmp_path / "agentproxy.yaml"
     config.write_text(sim_config(simulator) + "server:\n  watch_interval_s: 3600\n")
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = await start_serve(config)
     try:
-        await wait_ready(url, deadline=15)
         async with aiohttp.ClientSession() as http:
             body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
             async with http.post(url + "/v1/chat/completions", json=body) as r:
@@ -167,3 +177,49 @@ def test_serve_refuses_a_store_it_cannot_write(tmp_path: Path) -> None:
     assert "agentproxy: the store (store.backend: local) is not writable" in result.stderr
     assert "Not a directory" in result.stderr and "not starting" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# A client that hangs up stops the upstream call it was waiting on. The in-process test server
+# always cancels a handler whose client left; run_app does so only when asked.
+async def test_a_client_hanging_up_stops_the_upstream_call(
+    aiohttp_server: Any, tmp_path: Path
+) -> None:
+    drip_app, drip = hostile_app(endless(COMPLETION_HEAD, b"a", pause_s=0.05), "application/json")
+    stall_app, stall = hostile_app(stalled_stream(), "text/event-stream")
+    urls = {
+        "drip": str((await aiohttp_server(drip_app)).make_url("")).rstrip("/"),
+        "stall": str((await aiohttp_server(stall_app)).make_url("")).rstrip("/"),
+    }
+    config = tmp_path / "agentproxy.yaml"
+    lines = [f"store: {{path: {tmp_path / 'state'}}}", "model_list:"]
+    for alias, base in urls.items():
+        lines += [
+            f"  - model_name: {alias}",
+            "    litellm_params:",
+            f"      model: openai/{alias}",
+            f"      api_base: {base}/v1",
+        ]
+    config.write_text("\n".join(lines) + "\n")
+    process, url = await start_serve(config)
+    try:
+        ask = {"messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as http:
+            # A non-streaming call to an upstream that drips: the client gives up waiting.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(
+                    http.post(url + "/v1/chat/completions", json={**ask, "model": "drip"}), 0.5
+                )
+            await asyncio.wait_for(drip.hung_up.wait(), 2)
+            # A stream whose upstream went quiet: the client hangs up after two events.
+            response = await http.post(
+                url + "/v1/chat/completions", json={**ask, "model": "stall", "stream": True}
+            )
+            for _ in range(2):
+                await response.content.readuntil(b"\n\n")
+            response.close()
+            await asyncio.wait_for(stall.hung_up.wait(), 2)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        _, stderr = await asyncio.wait_for(process.communicate(), 10)
+    assert process.returncode in (0, -15), stderr.decode()
