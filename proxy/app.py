@@ -16,6 +16,7 @@ from aiohttp import web
 from proxy.control.control import Control
 from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
+from proxy.flow import Flow
 from proxy.logs import shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, proxy_middleware
@@ -31,8 +32,8 @@ from proxy.state import (
     CATALOG,
     CONFIG,
     CONTROL,
+    FLOW,
     METRICS,
-    REWRITER,
     STORE,
     STORE_HEALTH,
     UPSTREAMS,
@@ -79,11 +80,13 @@ def build_app(
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = EventLog(settings.event_log_path)
     summarize = make_summarizer(upstreams)
-    rewriter = app[REWRITER] = Rewriter(
-        StageContext(store, catalog, metrics, events, summarize=summarize, state=state),
-        memo_bytes=holder.current.server.memo_mb * 1024 * 1024,  # fixed for the process's life
+    ctx = StageContext(store, catalog, metrics, events, summarize=summarize, state=state)
+    rewriter = Rewriter(
+        ctx,
+        memo_bytes=holder.current.server.memo_mb * 1024 * 1024,  # fixed for the process
     )
-    control = app[CONTROL] = Control(upstreams, rewriter, metrics)
+    control = app[CONTROL] = Control(upstreams, rewriter, metrics, state, ctx.recorder)
+    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, ctx.recorder)
     metrics.watch_memos(rewriter.memos())
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)

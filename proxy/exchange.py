@@ -88,6 +88,9 @@ class Exchange:
     tokens_saved: int = 0  # estimated prompt tokens the stages removed from this request
     stream: bool = False
     client_wants_usage: bool = False
+    route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
+    # Why the request failed after its answer began (a stream cut midway): it counts as failed.
+    failure: Exception | None = None
     deployment: Deployment | None = None
     notes: list[Note] = field(default_factory=list)
     usage: Usage | None = None
@@ -139,6 +142,11 @@ class Exchange:
 
     def note(self, stage: str, action: str, **fields: Any) -> None:
         self.notes.append(Note(stage, action, fields))
+
+    def server_timing(self) -> str:
+        """The `server-timing` header: the proxy's own time and the upstream's, in ms."""
+        proxy, upstream = self.overhead() * 1000, self.upstream_wait * 1000
+        return f"proxy;dur={proxy:.3f}, upstream;dur={upstream:.3f}"
 
     def overhead(self, now: float | None = None) -> float:
         elapsed = (now or time.perf_counter()) - self.started

@@ -29,6 +29,9 @@ MODEL_LABEL = web.RequestKey("model_label", str)
 # Set by handlers when the client hung up mid-response; counted as status 499.
 CLIENT_GONE = web.RequestKey("client_gone", bool)
 STATUS_CLIENT_GONE = 499
+# Set by handlers when the request failed after its status went out (a stream cut midway):
+# it is counted and logged with this status, not the 200 the client saw first.
+OUTCOME_STATUS = web.RequestKey("outcome_status", int)
 # Cheap and answering even when the proxy is saturated: monitoring must see it, not time out.
 UNCAPPED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 RETRY_AFTER_S = 1
@@ -112,7 +115,11 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
         response.headers["x-request-id"] = request_id
         if _client_gone(request):  # the answer is ready but nobody is left to read it
             request[CLIENT_GONE] = True
-    _account(request, STATUS_CLIENT_GONE if request.get(CLIENT_GONE) else response.status, started)
+    if request.get(CLIENT_GONE):
+        status = STATUS_CLIENT_GONE
+    else:
+        status = request.get(OUTCOME_STATUS, response.status)
+    _account(request, status, started)
     return response
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.control.control import Control
+from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
-from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.watch import ConfigHolder
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
@@ -19,5 +19,5 @@ UPSTREAMS = web.AppKey("upstreams", Upstreams)
 CATALOG = web.AppKey("catalog", ModelCatalog)
 STORE = web.AppKey("store", Store)
 STORE_HEALTH = web.AppKey("store_health", StoreHealth)
-REWRITER = web.AppKey("rewriter", Rewriter)
 CONTROL = web.AppKey("control", Control)
+FLOW = web.AppKey("flow", Flow)

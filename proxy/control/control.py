@@ -30,6 +30,8 @@ from proxy.exchange import Exchange, Usage
 from proxy.metrics import Metrics
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment, ErrorClass
+from proxy.recorder import Recorder
+from proxy.store.state import StateStore
 from proxy.upstream.base import Upstream, UpstreamHTTPError
 from proxy.upstream.priming import prime
 
@@ -46,15 +48,21 @@ class Router(Protocol):
 
 class Control:
     def __init__(
-        self, router: Router, rewriter: Rewriter, metrics: Metrics, timing: Timing | None = None
+        self,
+        router: Router,
+        rewriter: Rewriter,
+        metrics: Metrics,
+        state: StateStore,
+        recorder: Recorder,
+        timing: Timing | None = None,
     ) -> None:
         self.router = router
-        self.rewriter = rewriter
+        self.rewriter = rewriter  # its hooks: refit (on fallback), after_overflow
         self.metrics = metrics
+        self.recorder = recorder
         self.timing = timing or Timing()
-        state = rewriter.ctx.state
         self.circuits = Circuits(metrics, self.timing.clock, state)
-        self.sessions = SessionCircuits(state, metrics)
+        self.sessions = SessionCircuits(state, recorder)
 
     # --- around the request ------------------------------------------------------------------
 
@@ -289,5 +297,4 @@ class Control:
         )
 
     def _visible(self, ex: Exchange, stage: str, action: str, **fields: Any) -> None:
-        ex.note(stage, action, **fields)
-        self.rewriter.ctx.events.write(ex, stage, action, fields)
+        self.recorder.record(ex, stage, action, **fields)

@@ -20,7 +20,7 @@ import xxhash
 
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.exchange import Exchange
-from proxy.metrics import Metrics
+from proxy.recorder import Recorder
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore
 
@@ -50,9 +50,9 @@ def signature(messages: list[dict[str, Any]]) -> int:
 
 
 class SessionCircuits:
-    def __init__(self, state: StateStore, metrics: Metrics) -> None:
+    def __init__(self, state: StateStore, recorder: Recorder) -> None:
         self.state = state
-        self.metrics = metrics
+        self.recorder = recorder
 
     async def check(self, ex: Exchange) -> None:
         """Before anything else: refuse a failing session's unchanged request."""
@@ -66,10 +66,9 @@ class SessionCircuits:
         if failing.signature != signature(ex.messages):
             return  # changed: let it through as a probe
         if ex.dry_run:
-            ex.note("session_circuit", "would_refuse", count=failing.failures)
+            self.recorder.record(ex, "session_circuit", "would_refuse", count=failing.failures)
             return
-        ex.note("session_circuit", "refused", count=failing.failures)
-        self.metrics.child(self.metrics.decisions, "session_circuit", "refused").inc()
+        self.recorder.record(ex, "session_circuit", "refused", count=failing.failures)
         raise SessionCircuitOpen(ex.session_name, failing.failures, failing.last_status)
 
     async def settle(self, ex: Exchange, ok: bool) -> None:

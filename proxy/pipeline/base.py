@@ -14,9 +14,10 @@ from typing import Any, Protocol
 from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.metrics import GUARDS, Metrics
+from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.spec import Policy
+from proxy.recorder import Recorder
 from proxy.store.base import Store
 from proxy.store.state import MemoryState, StateStore
 
@@ -32,6 +33,10 @@ class StageContext:
     events: EventLog
     summarize: Summarizer
     state: StateStore = field(default_factory=MemoryState)  # what guards keep between turns
+    recorder: Recorder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.recorder = Recorder(self.metrics, self.events)
 
 
 class Stage(Protocol):
@@ -50,12 +55,4 @@ class Stage(Protocol):
 
 def record(ex: Exchange, ctx: StageContext, stage: str, action: str, **fields: Any) -> None:
     """Make a rewrite visible: a note for the headers, a metric, and an event log line."""
-    ex.note(stage, action, **fields)
-    metrics = ctx.metrics
-    counter = metrics.decisions if stage in GUARDS else metrics.rewrites
-    metrics.child(counter, stage, action).inc()
-    before, after = fields.get("tokens_before"), fields.get("tokens_after")
-    if isinstance(before, int) and isinstance(after, int) and before > after:
-        metrics.child(metrics.tokens_saved, stage).inc(before - after)
-        ex.tokens_saved += before - after
-    ctx.events.write(ex, stage, action, fields)
+    ctx.recorder.record(ex, stage, action, **fields)

@@ -9,15 +9,17 @@ import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
+from proxy.dialects import chat, chat_degraded
+from proxy.dialects.chat_stream import Relay
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
-from proxy.middleware import MODEL_LABEL, REQUEST_ID
+from proxy.flow import Flow, status_of
+from proxy.middleware import CLIENT_GONE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
-from proxy.routes import completion, degraded
 from proxy.routes.body import read_body
 from proxy.routes.chat_request import parse_chat_request
 from proxy.session import owner_of, parent_session_id, scoped, session_id
-from proxy.state import CATALOG, CONFIG, CONTROL, METRICS, REWRITER
+from proxy.state import CONFIG, FLOW
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
@@ -33,42 +35,62 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     ex = _open_exchange(request, config, key, parse_chat_request(raw))
     ex.body_bytes = len(raw)
-    control = request.app[CONTROL]
+    flow = request.app[FLOW]
     try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
-        await control.admit(ex)
-        control.route(ex)
-        await request.app[REWRITER].before_call(ex)
+        await flow.admit(ex)
     except ProxyError as error:
         error.headers.update(_headers(ex))
         raise
     ok = False
     try:
-        if ex.stream:
-            response = await completion.stream(request, ex, lambda: _headers(ex))
-        else:
-            response = await completion.complete(request, ex, lambda: _headers(ex))
+        response = await (_stream(request, ex, flow) if ex.stream else _complete(ex, flow))
         ok = True
         return response
     except UpstreamHTTPError as error:  # what control gave up on: counted there
-        if ex.policy.degraded and degraded.degradable(error):
-            return _degrade(request, ex, error)
+        if flow.degrades(ex, error):
+            return chat_degraded.answer(ex, error, _headers(ex))
         return _passthrough_error(error, ex)
     except ProxyError as error:
-        if not error.extra:  # control counts (and marks) its own; this failed in the relay
-            _count_error(request, ex, error.code or error.type)
-        if ex.policy.degraded and degraded.degradable(error):
-            return _degrade(request, ex, error)
+        flow.count_failure(ex, error)
+        if flow.degrades(ex, error):
+            return chat_degraded.answer(ex, error, _headers(ex))
         error.headers.update(_headers(ex))
         raise
     finally:
+        if ex.failure is not None:  # a stream that began, then failed: the request failed
+            request[OUTCOME_STATUS] = status_of(ex.failure)
         # A client that leaves cancels this handler, maybe in the middle of charging it: the
         # charging runs to its end regardless (what was used is always charged).
-        await asyncio.shield(_settle(request, ex, ok))
+        await asyncio.shield(flow.finish(ex, ok))
 
 
-async def _settle(request: web.Request, ex: Exchange, ok: bool) -> None:
-    await request.app[CONTROL].settle(ex, ok)
-    await _account(request, ex)
+async def _complete(ex: Exchange, flow: Flow) -> web.Response:
+    reply = await flow.complete(ex, chat)
+    return web.Response(
+        body=reply.body,
+        content_type="application/json",
+        headers={**reply.headers, **_headers(ex), "server-timing": ex.server_timing()},
+    )
+
+
+async def _stream(request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
+    source = await flow.open_stream(ex)
+    response = web.StreamResponse(
+        headers={
+            **source.headers,
+            **_headers(ex),
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-request-id": ex.request_id,
+        }
+    )
+    relay = Relay(request, ex, response)
+    try:
+        await flow.relay(ex, source, relay)
+        await relay.end()
+    except ConnectionResetError:
+        request[CLIENT_GONE] = True
+    return response
 
 
 def _open_exchange(
@@ -151,39 +173,13 @@ def applied_header(ex: Exchange) -> str:
 
 def _passthrough_error(error: UpstreamHTTPError, ex: Exchange) -> web.Response:
     """Provider errors pass through unchanged when they are JSON (anything else is wrapped),
-    plus what recovery tried when it tried anything (completion.passthrough_body)."""
+    plus what recovery tried when it tried anything (chat.passthrough_body)."""
     return web.Response(
         status=error.status,
-        body=completion.passthrough_body(error, ex.request_id),
+        body=chat.passthrough_body(error, ex.request_id),
         content_type="application/json",
         headers={**error.headers, **_headers(ex)},
     )
-
-
-def _degrade(request: web.Request, ex: Exchange, error: Exception) -> web.Response:
-    metrics = request.app[METRICS]
-    metrics.child(metrics.decisions, "degraded", "answered").inc()
-    return degraded.answer(ex, error, _headers(ex))
-
-
-def _count_error(request: web.Request, ex: Exchange, reason: str) -> None:
-    metrics = request.app[METRICS]
-    metrics.child(metrics.upstream_errors, ex.alias, reason).inc()
-
-
-async def _account(request: web.Request, ex: Exchange) -> None:
-    metrics = request.app[METRICS]
-    metrics.child(metrics.overhead, CHAT_ROUTE).observe(ex.overhead())
-    metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
-    cost = None
-    if ex.usage is not None:
-        metrics.child(metrics.tokens, ex.alias, "prompt").inc(ex.usage.prompt_tokens)
-        metrics.child(metrics.tokens, ex.alias, "completion").inc(ex.usage.completion_tokens)
-        cost = request.app[CATALOG].cost(ex.deployment, ex.usage) if ex.deployment else None
-        if cost:
-            metrics.child(metrics.cost, ex.alias).inc(cost)
-    # Every upstream call counts for budgets: retries, fallbacks and recall rounds included.
-    await request.app[REWRITER].after_call(ex, cost, calls=ex.recovery.calls)
 
 
 @routes.get("/v1/models")

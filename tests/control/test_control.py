@@ -29,8 +29,9 @@ def busy() -> UpstreamHTTPError:
 
 def control(script: Script, clock: Clock | None = None) -> tuple[Control, Metrics]:
     metrics = Metrics()
-    rewriter = Rewriter(context())
-    return Control(Router(script), rewriter, metrics, (clock or Clock()).timing()), metrics
+    ctx = context()
+    timing = (clock or Clock()).timing()
+    return Control(Router(script), Rewriter(ctx), metrics, ctx.state, ctx.recorder, timing), metrics
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -186,7 +187,8 @@ async def test_attempt_timeout_and_deadline_name_their_setting() -> None:
         raise AssertionError("never reached: the attempt timeout cuts it")
 
     def real_clock(script: Script) -> Control:
-        return Control(Router(script), Rewriter(context()), Metrics())
+        ctx = context()
+        return Control(Router(script), Rewriter(ctx), Metrics(), ctx.state, ctx.recorder)
 
     policy = Policy(name="p", retry=RetrySpec(attempts=2, base_s=0.01, attempt_timeout_s=0.05))
     script = Script(slow)

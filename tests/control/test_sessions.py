@@ -6,9 +6,11 @@ import pytest
 
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.control.sessions import SessionCircuits
+from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Policy
+from proxy.recorder import Recorder
 from proxy.store.base import StoreError
 from proxy.store.state import MemoryState
 from tests.control.fakes import exchange
@@ -25,7 +27,7 @@ def request(text: str, policy: Policy = POLICY) -> Exchange:
 
 
 def circuits(state: Any = None) -> SessionCircuits:
-    return SessionCircuits(state or MemoryState(), Metrics())
+    return SessionCircuits(state or MemoryState(), Recorder(Metrics(), EventLog(None)))
 
 
 async def test_a_failing_session_is_refused_until_its_request_changes() -> None:

@@ -122,7 +122,7 @@ async def test_streaming_bad_upstream_before_first_byte_is_json_error(
 async def test_a_bug_inside_the_proxy_is_an_openai_style_500(
     guarded: TestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.routes import completion
+    from proxy.flow import Flow
 
     async def crash(*args: Any) -> None:
         raise RuntimeError("boom")
@@ -131,7 +131,7 @@ async def test_a_bug_inside_the_proxy_is_an_openai_style_500(
     auth = {"Authorization": f"Bearer {GOOD_KEY}"}
     async with aiohttp.ClientSession() as http:
         with monkeypatch.context() as patch:
-            patch.setattr(completion, "complete", crash)
+            patch.setattr(Flow, "complete", crash)
             async with http.post(url, json=GOOD, headers=auth) as r:
                 assert r.status == 500
                 error = (await r.json())["error"]

@@ -1,4 +1,5 @@
-"""Relaying an upstream SSE stream to the client, event by event as the bytes arrive.
+"""Relaying an upstream Chat Completions SSE stream to the client, event by event as the bytes
+arrive.
 
 Usage is captured for accounting, and the usage chunk the proxy asked for is hidden again. When
 the proxy offered its recall tool, tool-call chunks are held back until the stream ends: if the
@@ -7,6 +8,7 @@ model only called `agentproxy_recall`, the proxy answers and streams the next ro
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -14,11 +16,14 @@ from typing import Any, Literal
 import orjson
 from aiohttp import web
 
-from proxy.errors import UpstreamBadResponse
+from proxy.dialects.chat import passthrough_body
+from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
 from proxy.pipeline import recall
-from proxy.upstream.base import UpstreamStream
+from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import is_json_object
+
+DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
@@ -69,6 +74,9 @@ class HeldCalls:
 
 
 class Relay:
+    """Writes one response stream to the client, over one or more upstream streams (the
+    recall rounds), and ends it: with [DONE], or with an error event once bytes went out."""
+
     def __init__(self, request: web.Request, ex: Exchange, response: web.StreamResponse) -> None:
         self.request = request
         self.ex = ex
@@ -77,20 +85,25 @@ class Relay:
         self.usage_reported = False  # the stream being relayed carried its usage
         self.relayed = 0  # events of that stream relayed (or held) so far
 
-    async def write(self, data: bytes, server_timing: str) -> None:
+    @property
+    def started(self) -> bool:
+        """Bytes went out: a failure can only end the stream now, not replace it."""
+        return self.response.prepared
+
+    async def write(self, data: bytes) -> None:
         if not self.response.prepared:
-            self.response.headers["server-timing"] = server_timing
+            self.response.headers["server-timing"] = self.ex.server_timing()
             await self.response.prepare(self.request)
         waited = time.perf_counter()
         await self.response.write(data)
         self.ex.client_wait += time.perf_counter() - waited
 
-    async def run(self, source: UpstreamStream, server_timing: Any) -> HeldCalls | None:
+    async def run(self, source: UpstreamStream) -> HeldCalls | None:
         """Forward one upstream stream. Returns the held tool calls if there were any (the
         caller decides what becomes of them, and of the final [DONE])."""
         self.usage_reported, self.relayed = False, 0
         try:
-            return await self._relay(source, server_timing)
+            return await self._relay(source)
         except BaseException:
             # Cut short (the client left, the upstream broke) before the usage chunk came:
             # still charged, estimated from what was relayed.
@@ -98,7 +111,24 @@ class Relay:
                 self.ex.add_unreported_usage(completion_tokens=self.relayed)
             raise
 
-    async def _relay(self, source: UpstreamStream, server_timing: Any) -> HeldCalls | None:
+    async def release(self, held: HeldCalls) -> None:
+        """The held events, without the proxy's own calls, and the end of the stream."""
+        await self.write(b"".join(held.without_recall()) + DONE)
+
+    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
+        """Bytes already reached the client: end the stream with an error event it can read
+        (the openai SDK raises it as an APIError)."""
+        if isinstance(error, UpstreamHTTPError):
+            data = passthrough_body(error, self.ex.request_id)
+        else:
+            data = orjson.dumps(error.body(self.ex.request_id))
+        with contextlib.suppress(ConnectionResetError):
+            await self.response.write(b"data: " + data + b"\n\n")
+
+    async def end(self) -> None:
+        await self.response.write_eof()
+
+    async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
         ex, done, held = self.ex, False, None
         batches = source.events()
         while True:
@@ -130,7 +160,7 @@ class Relay:
                     continue
                 out += event + b"\n\n"
             if out:
-                await self.write(bytes(out), server_timing())
+                await self.write(bytes(out))
         if not done:
             raise UpstreamBadResponse(
                 f"the upstream for '{ex.alias}' ended the stream before 'data: [DONE]'"

@@ -1,7 +1,6 @@
-"""Degraded answers: when every recovery failed and the policy asks for it, the client gets a
-normal completion that says the model is unavailable, so an agent loop keeps going instead of
-crashing. Marked `x-agentproxy-degraded: true`; only upstream failures degrade, never the
-client's own errors nor a guard's refusal."""
+"""Degraded answers in Chat Completions form: when every recovery failed and the policy asks
+for it (Flow.degrades), the client gets a normal completion that says the model is unavailable,
+so an agent loop keeps going instead of crashing. Marked `x-agentproxy-degraded: true`."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import time
 import orjson
 from aiohttp import web
 
-from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.upstream.base import UpstreamHTTPError
 
@@ -18,12 +16,6 @@ TEXT = (
     "[agentproxy] The model is unavailable right now ({reason}), so this step was not done. "
     "Tried: {tried}. Wait and retry this step, or carry on without the model."
 )
-
-
-def degradable(error: Exception) -> bool:
-    if isinstance(error, UpstreamHTTPError):
-        return error.status >= 500 or error.status == 429
-    return isinstance(error, ProxyError) and error.status in (502, 503, 504)
 
 
 def answer(ex: Exchange, error: Exception, headers: dict[str, str]) -> web.Response:

@@ -1,0 +1,200 @@
+"""One exchange from admission to charge; knows no wire format.
+
+    admit     guards (session circuit; loops and budgets run with the rewrites), may refuse
+    route     the deployment to fit the history to and call
+    rewrite   repair, offload, fit to the window; offer recall when something left the context
+    call      control: fallback ⊃ retry ⊃ fit-to-context ⊃ upstream call (proxy/control)
+    recall    the model called the proxy's own tool: answer it and call again, bounded rounds
+    settle    the session circuit learns the outcome
+    charge    usage, cost and time to metrics and budgets, whatever happened
+
+A route parses its wire format into the Exchange, hands it here, and renders what comes back.
+What differs between formats comes in as small readers: where a reply's message is, how to take
+the proxy's calls out of it, and (streaming) a relay that writes the client's events.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from proxy.control.control import Control
+from proxy.errors import ProxyError
+from proxy.exchange import Exchange
+from proxy.messages import Message
+from proxy.metrics import Metrics
+from proxy.model_catalog import ModelCatalog
+from proxy.pipeline import recall
+from proxy.pipeline.rewriter import Rewriter
+from proxy.recorder import Recorder
+from proxy.store.base import Store
+from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
+
+
+class Held(Protocol):
+    """Tool calls a relay kept from the client until its stream ended."""
+
+    def message(self) -> Message: ...
+
+
+class Relay(Protocol):
+    """Writes one streamed answer to the client, over the upstream streams of every round."""
+
+    hold_tool_calls: bool
+
+    @property
+    def started(self) -> bool: ...
+
+    async def run(self, source: UpstreamStream) -> Any: ...  # Held | None
+
+    async def release(self, held: Any) -> None: ...
+
+    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None: ...
+
+
+class Replies(Protocol):
+    """Reads a non-streamed reply in the client's wire format (a dialect module is one)."""
+
+    def reply_message(self, reply: UpstreamReply) -> Message: ...
+
+    def without_recall(
+        self, reply: UpstreamReply, theirs: list[dict[str, Any]]
+    ) -> UpstreamReply: ...
+
+
+Failure = ProxyError | UpstreamHTTPError
+
+
+class Flow:
+    def __init__(
+        self,
+        control: Control,
+        rewriter: Rewriter,
+        store: Store,
+        catalog: ModelCatalog,
+        metrics: Metrics,
+        recorder: Recorder,
+    ) -> None:
+        self.control = control
+        self.rewriter = rewriter
+        self.store = store
+        self.catalog = catalog
+        self.metrics = metrics
+        self.recorder = recorder
+
+    async def admit(self, ex: Exchange) -> None:
+        """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""
+        await self.control.admit(ex)
+        self.control.route(ex)
+        await self.rewriter.before_call(ex)
+
+    async def complete(self, ex: Exchange, replies: Replies) -> UpstreamReply:
+        """The answer, the recall rounds done and the proxy's own calls taken out."""
+        reply: UpstreamReply = await self.control.call(ex, stream=False)
+        rounds = ex.policy.recall.max_rounds
+        for round_ in range(rounds + 1):
+            message = replies.reply_message(reply)
+            ours, theirs = recall.split_calls(message)
+            if not ours:
+                break
+            if theirs or round_ == rounds:
+                return replies.without_recall(reply, theirs)
+            await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
+            reply = await self.control.call(ex, stream=False)
+        return reply
+
+    async def open_stream(self, ex: Exchange) -> UpstreamStream:
+        """The first round's stream, opened (its headers go into the client's response)."""
+        source: UpstreamStream = await self.control.call(ex, stream=True)
+        return source
+
+    async def relay(self, ex: Exchange, source: UpstreamStream, relay: Relay) -> None:
+        """Relay `source` and any recall rounds after it. A failure before the first byte went
+        out is raised (the route answers it); after, the stream ends with an error event and
+        the request counts as failed."""
+        relay.hold_tool_calls = recall.offered(ex.body)
+        rounds = ex.policy.recall.max_rounds
+        try:
+            for round_ in range(rounds + 1):
+                try:
+                    held = await relay.run(source)
+                finally:
+                    await source.close()
+                if held is None:
+                    return
+                message = held.message()
+                ours, theirs = recall.split_calls(message)
+                if not ours or theirs or round_ == rounds:
+                    await relay.release(held)
+                    return
+                await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
+                source = await self.control.call(ex, stream=True)
+        except (ProxyError, UpstreamHTTPError) as error:
+            if not relay.started:
+                raise
+            self.stream_failed(ex, error)
+            await relay.fail(error)
+
+    def stream_failed(self, ex: Exchange, error: Failure) -> None:
+        """A stream that began and then failed is a failed request, everywhere."""
+        ex.failure = error
+        if isinstance(error, UpstreamHTTPError):
+            message = f"upstream answered HTTP {error.status} after the stream began"
+        else:
+            message = error.message
+            self.count_failure(ex, error)
+        self.recorder.record(ex, "stream", "failed", status=status_of(error), message=message)
+
+    def count_failure(self, ex: Exchange, error: ProxyError) -> None:
+        """A failure outside control's calls (in the relay): counted like control's own."""
+        if not error.extra:  # control counts (and marks) its own
+            reason = error.code or error.type
+            self.metrics.child(self.metrics.upstream_errors, ex.alias, reason).inc()
+
+    def degrades(self, ex: Exchange, error: Exception) -> bool:
+        """Whether the policy answers this failure with a degraded answer (counted if so): only
+        upstream failures degrade, never the client's own errors nor a guard's refusal."""
+        if not (ex.policy.degraded and _degradable(error)):
+            return False
+        self.metrics.child(self.metrics.decisions, "degraded", "answered").inc()
+        return True
+
+    async def finish(self, ex: Exchange, ok: bool) -> None:
+        """Settle and charge: runs whatever happened, the client gone included."""
+        await self.control.settle(ex, ok and ex.failure is None)
+        metrics = self.metrics
+        metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
+        metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
+        cost = None
+        if ex.usage is not None:
+            metrics.child(metrics.tokens, ex.alias, "prompt").inc(ex.usage.prompt_tokens)
+            metrics.child(metrics.tokens, ex.alias, "completion").inc(ex.usage.completion_tokens)
+            cost = self.catalog.cost(ex.deployment, ex.usage) if ex.deployment else None
+            if cost:
+                metrics.child(metrics.cost, ex.alias).inc(cost)
+        # Every upstream call counts for budgets: retries, fallbacks and recall rounds included.
+        await self.rewriter.after_call(ex, cost, calls=ex.recovery.calls)
+
+    async def _answer_recall(
+        self, ex: Exchange, message: Message, calls: list[dict[str, Any]], *, last: bool
+    ) -> None:
+        """Answer the model's recall calls and extend the history for the next call. The last
+        allowed round goes out without the tool, so the model has to answer."""
+        answers = await recall.answer(ex, calls, self.store)
+        turn = {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
+        ex.body["messages"] = [*ex.messages, turn, *answers]
+        if last:
+            recall.withdraw(ex.body)
+        self.recorder.record(ex, "recall", "answered", count=len(calls))
+
+
+def _degradable(error: Exception) -> bool:
+    if isinstance(error, UpstreamHTTPError):
+        return error.status >= 500 or error.status == 429
+    return isinstance(error, ProxyError) and error.status in (502, 503, 504)
+
+
+def status_of(error: Exception) -> int:
+    """The HTTP status a failure stands for."""
+    if isinstance(error, UpstreamHTTPError):
+        return error.status
+    return error.status if isinstance(error, ProxyError) else 500
