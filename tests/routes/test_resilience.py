@@ -274,6 +274,33 @@ async def test_reset_mid_stream_is_an_error_event_and_no_retry(serve: Any) -> No
     assert len(sim.requests) == 1
 
 
+async def test_a_stream_cut_after_it_began_counts_as_a_failed_request(
+    serve: Any, tmp_path: Path
+) -> None:
+    """The client saw a 200 and then an error event: metrics, the session circuit and the
+    event log all count a failure, never a success."""
+    sim = Simulator()
+    policy = """
+        retry: {attempts: 1}
+        circuit: {session_failures: 2}
+    """
+    proxy = await serve({"sim": (sim, 8192)}, policy)
+    sim.inject(Fault(cut_after_chunks=2, times=2))
+    session = {"x-agentproxy-session": "cut-twice"}
+    words = [{"role": "user", "content": "a b c d e"}]
+    for _ in range(2):
+        status, _, text = await proxy.chat(True, messages=words, **session)
+        assert status == 200 and text.startswith("ERROR: ")
+    route = {"route": "/v1/chat/completions", "model": "sim"}
+    assert await proxy.metric("agentproxy_requests_total", **route, status="200") == 0
+    assert await proxy.metric("agentproxy_requests_total", **route, status="502") == 2
+    status, _, body = await proxy.chat(True, messages=words, **session)
+    assert status == 429 and body["error"]["code"] == "session_circuit_open"
+    events = [orjson.loads(line) for line in (tmp_path / "state" / "events.jsonl").open()]
+    failed = [e for e in events if (e["stage"], e["action"]) == ("stream", "failed")]
+    assert len(failed) == 2 and failed[0]["status"] == 502 and failed[0]["session"] == "cut-twice"
+
+
 async def test_a_session_failing_the_same_way_is_stopped_until_it_changes(serve: Any) -> None:
     sim = Simulator()
     policy = """
