@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench serve clean
+.PHONY: demo test lint clients bench serve clean
 
 $(BIN)/agentproxy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,18 @@ lint: $(BIN)/agentproxy
 	$(BIN)/ruff format --check proxy tests bench
 	$(BIN)/mypy
 
-test: lint
+# The real agent CLIs that tests/clients drives, pinned by clients/package-lock.json; without
+# npm those tests skip and say why (CI installs npm, so there they always run).
+CLIENTS := clients/node_modules/.package-lock.json
+
+$(CLIENTS): clients/package.json clients/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix clients --no-audit --no-fund --loglevel=error >/dev/null && touch $@; \
+	else echo "npm not found: skipping clients/ (the Claude Code CLI tests will skip)"; fi
+
+clients: $(CLIENTS)
+
+test: lint clients
 	$(BIN)/pytest -q
 
 bench: $(BIN)/agentproxy
@@ -29,4 +40,4 @@ serve: $(BIN)/agentproxy
 	$(BIN)/agentproxy serve --config policies/local.yaml
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache clients/node_modules

@@ -1,19 +1,44 @@
-"""A minimal Anthropic Messages API twin: its checks, error shape and SSE event sequence.
+"""The Anthropic Messages API twin: its checks, error shape and SSE event sequence.
 
-Requests are converted to the OpenAI chat shape so the same scripted model answers both.
+It refuses what the real API refuses, with the same texts: a broken tool_use/tool_result
+pairing, a thinking block whose signature does not match (sim_thinking), more than four
+cache_control breakpoints (sim_prompt_cache), `role: "system"` messages without the
+mid-conversation beta, a prompt over the window. Requests are converted to the OpenAI chat shape
+so the same scripted model answers both wire formats.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from .sim_model import JSON, Reply, text_of
+from .sim_model import (
+    JSON,
+    Reply,
+    completion_tokens,
+    estimate_prompt_tokens,
+    request_digest,
+    text_of,
+)
+from .sim_prompt_cache import PromptCache, check_breakpoints
+from .sim_thinking import (
+    Signer,
+    ThinkingBlock,
+    ThinkingSetting,
+    check_thinking_blocks,
+    check_tool_loop_thinking,
+    reasoning_for,
+    thinking_setting,
+    wants_redacted,
+)
 from .sim_wire import ApiError, Dialect, Event, Meta, fragments, split_words
 
 RATE_LIMIT_REQUESTS = 4000
+MID_CONVERSATION_BETA = "mid-conversation-"
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -44,18 +69,56 @@ def _blocks(message: JSON) -> list[JSON]:
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
-def check_shape(body: JSON) -> ApiError | None:
-    if "max_tokens" not in body:
+def betas(headers: Mapping[str, str]) -> list[str]:
+    """The betas an `anthropic-beta` header lists (comma-separated)."""
+    listed = headers.get("anthropic-beta") or ""
+    return [name.strip() for name in listed.split(",") if name.strip()]
+
+
+def allows_system_messages(headers: Mapping[str, str]) -> bool:
+    """`role: "system"` inside messages needs a mid-conversation beta, as Claude Code sends
+    (e.g. mid-conversation-tool-changes-2026-07-01); without one the API refuses the role."""
+    return any(name.startswith(MID_CONVERSATION_BETA) for name in betas(headers))
+
+
+def _check_system_message(i: int, message: JSON) -> ApiError | None:
+    if i == 0:
+        return ApiError(
+            400,
+            "messages.0: use the top-level `system` parameter for the initial system prompt",
+        )
+    content = message.get("content")
+    if isinstance(content, list) and any(
+        not isinstance(b, dict) or b.get("type") != "text" for b in content
+    ):
+        return ApiError(
+            400,
+            f"messages.{i}.content: text-only role `system` messages require every content "
+            "block to be of type `text`",
+        )
+    return None
+
+
+def check_shape(
+    body: JSON, headers: Mapping[str, str], *, needs_max_tokens: bool = True
+) -> ApiError | None:
+    if needs_max_tokens and "max_tokens" not in body:
         return ApiError(400, "max_tokens: Field required")
     messages = body.get("messages")
     if messages is None:
         return ApiError(400, "messages: Field required")
     if not isinstance(messages, list) or not messages:
         return ApiError(400, "messages: at least one message is required")
+    system_ok = allows_system_messages(headers)
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "system" and system_ok:
+            if error := _check_system_message(i, message):
+                return error
+        elif role not in ("user", "assistant"):
             return ApiError(400, f"messages.{i}.role: Input should be 'user' or 'assistant'")
-    return None
+    setting = thinking_setting(body)
+    return setting if isinstance(setting, ApiError) else None
 
 
 def check_tool_pairing(messages: list[JSON]) -> ApiError | None:
@@ -89,6 +152,8 @@ def check_tool_pairing(messages: list[JSON]) -> ApiError | None:
 
 def _chat_messages(message: JSON) -> list[JSON]:
     """One Anthropic message as OpenAI chat messages (tool results become role "tool")."""
+    if message["role"] == "system":
+        return [{"role": "system", "content": text_of(message.get("content"))}]
     if not isinstance(message.get("content"), list):
         return [{"role": message["role"], "content": text_of(message.get("content"))}]
     blocks = _blocks(message)
@@ -134,7 +199,7 @@ def to_chat(body: JSON) -> JSON:
     chat: JSON = {
         "model": body.get("model"),
         "messages": messages,
-        "max_tokens": body["max_tokens"],
+        "max_tokens": body.get("max_tokens"),
     }
     tools = [
         {
@@ -171,12 +236,22 @@ def _tool_input(arguments: str) -> Any:
 
 
 def _usage(meta: Meta, output_tokens: int) -> JSON:
+    cached = meta.cache_read_tokens + meta.cache_creation_tokens
     return {
-        "input_tokens": meta.prompt_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "input_tokens": meta.prompt_tokens - cached,
+        "cache_creation_input_tokens": meta.cache_creation_tokens,
+        "cache_read_input_tokens": meta.cache_read_tokens,
         "output_tokens": output_tokens,
     }
+
+
+def count_prompt_tokens(body: JSON) -> int:
+    """The prompt tokens of an Anthropic body, as the scripted model counts them."""
+    return estimate_prompt_tokens(to_chat(body))
+
+
+def _thinking_of(meta: Meta) -> ThinkingBlock | None:
+    return meta.extra if isinstance(meta.extra, ThinkingBlock) else None
 
 
 def _event(name: str, payload: JSON, content: bool = False) -> Event:
@@ -186,6 +261,13 @@ def _event(name: str, payload: JSON, content: bool = False) -> Event:
 
 
 class AnthropicDialect(Dialect):
+    """Stateful, one per Simulator: it holds the secret its thinking signatures are minted
+    with and the prompt cache its usage is counted against."""
+
+    def __init__(self, *, secret: bytes | None = None, cache_min_tokens: int = 1024) -> None:
+        self.signer = Signer(secret if secret is not None else os.urandom(32))
+        self.prompt_cache = PromptCache(min_tokens=cache_min_tokens)
+
     def check_auth(self, headers: Mapping[str, str], api_key: str) -> ApiError | None:
         scheme, _, bearer = headers.get("Authorization", "").partition(" ")
         key = headers.get("x-api-key") or (bearer.strip() if scheme.lower() == "bearer" else "")
@@ -198,8 +280,49 @@ class AnthropicDialect(Dialect):
     def invalid_json(self) -> ApiError:
         return ApiError(400, "There was an error parsing the body of your request: invalid JSON.")
 
-    def check_body(self, body: JSON) -> ApiError | None:
-        return check_shape(body) or check_tool_pairing(body["messages"])
+    def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
+        if error := check_shape(body, headers) or check_breakpoints(body):
+            return error
+        messages = body["messages"]
+        if error := check_tool_pairing(messages) or check_thinking_blocks(messages, self.signer):
+            return error
+        setting = thinking_setting(body)
+        thinking_on = isinstance(setting, ThinkingSetting) and setting.on
+        return check_tool_loop_thinking(messages) if thinking_on else None
+
+    def check_count_tokens(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
+        """/v1/messages/count_tokens: the same checks, but max_tokens is not asked for."""
+        if error := check_shape(body, headers, needs_max_tokens=False) or check_breakpoints(body):
+            return error
+        return check_tool_pairing(body["messages"]) or check_thinking_blocks(
+            body["messages"], self.signer
+        )
+
+    def annotate(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> Meta:
+        usage = self.prompt_cache.account(body, count_prompt_tokens)
+        read = min(usage.read, meta.prompt_tokens)
+        creation = min(usage.creation, meta.prompt_tokens - read)
+        thinking = self._thinking(body, chat, reply)
+        return dataclasses.replace(
+            meta,
+            completion_tokens=meta.completion_tokens + (thinking.tokens if thinking else 0),
+            cache_read_tokens=read,
+            cache_creation_tokens=creation,
+            extra=thinking,
+        )
+
+    def _thinking(self, body: JSON, chat: JSON, reply: Reply) -> ThinkingBlock | None:
+        """The signed block the answer starts with, when the request turns thinking on."""
+        setting = thinking_setting(body)
+        if not isinstance(setting, ThinkingSetting) or not setting.on:
+            return None
+        hidden = reasoning_for(reply, chat)
+        seed = request_digest(chat) + hidden
+        tokens = completion_tokens(Reply(hidden))
+        if wants_redacted(chat):
+            return ThinkingBlock("", self.signer.redacted_data(seed), tokens, redacted=True)
+        shown = "" if setting.display == "omitted" else hidden
+        return ThinkingBlock(shown, self.signer.sign(shown, seed), tokens)
 
     def to_chat(self, body: JSON) -> JSON:
         return to_chat(body)
@@ -235,7 +358,8 @@ class AnthropicDialect(Dialect):
         }
 
     def render(self, reply: Reply, meta: Meta) -> JSON:
-        content: list[JSON] = []
+        thinking = _thinking_of(meta)
+        content: list[JSON] = [thinking.wire()] if thinking else []
         if reply.content or not reply.tool_calls:
             content.append({"type": "text", "text": reply.content or ""})
         for call in reply.tool_calls:
@@ -269,6 +393,9 @@ class AnthropicDialect(Dialect):
         events = [_event("message_start", {"type": "message_start", "message": start})]
         events.append(_event("ping", {"type": "ping"}))
         index = 0
+        if thinking := _thinking_of(meta):
+            events += _thinking_events(thinking, words_per_chunk)
+            index += 1
         if reply.content or not reply.tool_calls:
             pieces = [
                 {"type": "text_delta", "text": p}
@@ -292,7 +419,7 @@ class AnthropicDialect(Dialect):
         delta = {
             "type": "message_delta",
             "delta": stop | {"stop_sequence": None},
-            "usage": {"output_tokens": meta.completion_tokens},
+            "usage": _usage(meta, meta.completion_tokens),
         }
         events.append(_event("message_delta", delta))
         events.append(_event("message_stop", {"type": "message_stop"}))
@@ -302,7 +429,24 @@ class AnthropicDialect(Dialect):
         return b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"del\n\n'
 
 
-def _block_events(index: int, block: JSON, deltas: list[JSON]) -> list[Event]:
+def _thinking_events(thinking: ThinkingBlock, words_per_chunk: int) -> list[Event]:
+    """Block 0: the thinking text in thinking_delta pieces, then one signature_delta (a
+    redacted block arrives whole, with no deltas)."""
+    if thinking.redacted:
+        return _block_events(0, thinking.wire(), [])
+    pieces: list[JSON] = [
+        {"type": "thinking_delta", "thinking": p}
+        for p in split_words(thinking.thinking, words_per_chunk)
+    ]
+    signature = {"type": "signature_delta", "signature": thinking.signature}
+    start = {"type": "thinking", "thinking": "", "signature": ""}
+    return _block_events(0, start, pieces, [signature])
+
+
+def _block_events(
+    index: int, block: JSON, deltas: list[JSON], closing: list[JSON] | None = None
+) -> list[Event]:
+    """A content block's events; `deltas` are content pieces, `closing` deltas are not."""
     events = [
         _event(
             "content_block_start",
@@ -312,8 +456,8 @@ def _block_events(index: int, block: JSON, deltas: list[JSON]) -> list[Event]:
     for delta in deltas:
         payload = {"type": "content_block_delta", "index": index, "delta": delta}
         events.append(_event("content_block_delta", payload, content=True))
+    for delta in closing or []:
+        payload = {"type": "content_block_delta", "index": index, "delta": delta}
+        events.append(_event("content_block_delta", payload))
     events.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
     return events
-
-
-ANTHROPIC = AnthropicDialect()

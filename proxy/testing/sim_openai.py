@@ -203,7 +203,7 @@ class OpenAIDialect(Dialect):
     def invalid_json(self) -> ApiError:
         return ApiError(400, INVALID_JSON)
 
-    def check_body(self, body: JSON) -> ApiError | None:
+    def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
         if not body.get("model"):
             return ApiError(400, "you must provide a model parameter")
         return check_messages(body) or check_tool_pairing(body["messages"])

@@ -41,8 +41,11 @@ class Meta:
     id: str
     created: int
     model: str
-    prompt_tokens: int
+    prompt_tokens: int  # the whole prompt, cached parts included
     completion_tokens: int
+    cache_read_tokens: int = 0  # of prompt_tokens, read from the prompt cache
+    cache_creation_tokens: int = 0  # of prompt_tokens, written to the prompt cache
+    extra: Any = None  # what only one dialect renders (Anthropic: the thinking block)
 
 
 class Dialect(ABC):
@@ -55,7 +58,7 @@ class Dialect(ABC):
     def invalid_json(self) -> ApiError: ...
 
     @abstractmethod
-    def check_body(self, body: JSON) -> ApiError | None:
+    def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
         """Shape and tool-pairing checks, in the order the real API applies them."""
 
     @abstractmethod
@@ -64,6 +67,11 @@ class Dialect(ABC):
 
     @abstractmethod
     def check_context(self, body: JSON, prompt_tokens: int, window: int) -> ApiError | None: ...
+
+    def annotate(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> Meta:
+        """The answer's facts beyond the scripted reply (prompt cache, reasoning); called once
+        per answered request, so it may update the dialect's state."""
+        return meta
 
     @abstractmethod
     def fault_error(self, status: int, model: str) -> ApiError:

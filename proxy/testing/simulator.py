@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .sim_anthropic import ANTHROPIC
+from .sim_anthropic import AnthropicDialect, betas, count_prompt_tokens
 from .sim_model import (
     JSON,
     Reply,
@@ -79,6 +79,20 @@ class RecordedRequest:
     headers: dict[str, str]  # a Headers: lower-cased names, case-insensitive lookups
     path: str
     at: float  # time.monotonic() on arrival
+    query: str = ""  # the raw query string, e.g. "beta=true" from Claude Code
+    status: int | None = None  # the answer's HTTP status; None while pending or when dropped
+
+    @property
+    def betas(self) -> list[str]:
+        """The betas its `anthropic-beta` header listed."""
+        return betas(self.headers)
+
+    @property
+    def api_key(self) -> str | None:
+        """The key it carried: `x-api-key`, else an `Authorization: Bearer` token."""
+        scheme, _, token = self.headers.get("authorization", "").partition(" ")
+        bearer = token.strip() if scheme.lower() == "bearer" else None
+        return self.headers.get("x-api-key") or bearer or None
 
 
 class Simulator:
@@ -91,6 +105,7 @@ class Simulator:
         words_per_chunk: int = 1,
         responder: Responder | None = None,
         record: bool = True,
+        cache_min_tokens: int = 1024,
     ) -> None:
         self.context_window = context_window
         self.api_key = api_key
@@ -102,16 +117,21 @@ class Simulator:
         self.requests: list[RecordedRequest] = []
         self.faults: list[Fault] = []
         self.models_seen: dict[str, None] = {}  # an ordered set
+        # The Anthropic twin's state: its thinking-signature secret and its prompt cache
+        # (prefixes shorter than cache_min_tokens are not cached, as at the API).
+        self.anthropic = AnthropicDialect(cache_min_tokens=cache_min_tokens)
 
     def inject(self, *faults: Fault) -> None:
         # Copies: consuming a fault decrements `times`, which must not touch the caller's object.
         self.faults.extend(dataclasses.replace(f) for f in faults)
 
     def reset(self) -> None:
-        """Forget requests and pending faults; ids count from 1 again."""
+        """Forget requests, pending faults and the prompt cache; ids count from 1 again.
+        Thinking signatures minted before stay valid (clients still hold them)."""
         self.requests.clear()
         self.faults.clear()
         self.request_count = 0
+        self.anthropic.prompt_cache.clear()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
@@ -119,6 +139,7 @@ class Simulator:
         app.on_shutdown.append(_wake_sleepers)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/sim/faults", self._post_faults)
         app.router.add_get("/sim/requests", self._get_requests)
@@ -131,20 +152,47 @@ class Simulator:
         return await self._exchange(request, OPENAI, "chatcmpl-sim")
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._exchange(request, ANTHROPIC, "msg_sim")
+        return await self._exchange(request, self.anthropic, "msg_sim")
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        return await self._exchange(request, self.anthropic, "", count_tokens=True)
 
     async def _exchange(
-        self, request: web.Request, dialect: Dialect, id_prefix: str
-    ) -> web.Response | web.StreamResponse:
-        """Checks in the real API's order, then faults, then the scripted answer."""
+        self, request: web.Request, dialect: Dialect, id_prefix: str, count_tokens: bool = False
+    ) -> web.StreamResponse:
+        """Record the request, answer it, and note on the record how it was answered."""
         started = time.monotonic()
         body = _json_object(await request.read())
-        seq = self._record(request, body)
+        seq, record = self._record(request, body)
         call = _Call(request, dialect, f"req_sim{seq:08d}", started)
+        response: web.StreamResponse
+        if count_tokens:
+            response = self._count(call, body)
+        else:
+            response = await self._answer(call, body, seq, id_prefix)
+        if record is not None:
+            record.status = None if call.dropped else response.status
+        return response
+
+    def _count(self, call: _Call, body: JSON | None) -> web.Response:
+        """/v1/messages/count_tokens: the same checks, then the prompt's token count."""
+        error = self._auth_error(call.request, self.anthropic)
+        if body is None:
+            return call.error(error or self.anthropic.invalid_json())
+        if error := error or self.anthropic.check_count_tokens(body, call.request.headers):
+            return call.error(error)
+        tokens = {"input_tokens": count_prompt_tokens(body)}
+        return call.respond(200, orjson.dumps(tokens), "application/json")
+
+    async def _answer(
+        self, call: _Call, body: JSON | None, seq: int, id_prefix: str
+    ) -> web.StreamResponse:
+        """Checks in the real API's order, then faults, then the scripted answer."""
+        request, dialect = call.request, call.dialect
         error = self._auth_error(request, dialect)
         if body is None:
             return call.error(error or dialect.invalid_json())
-        if error := error or dialect.check_body(body):
+        if error := error or dialect.check_body(body, request.headers):
             return call.error(error)
         chat = dialect.to_chat(body)
         prompt_tokens = estimate_prompt_tokens(chat)
@@ -162,6 +210,7 @@ class Simulator:
             prompt_tokens,
             completion_tokens(reply),
         )
+        meta = dialect.annotate(body, chat, reply, meta)
         if body.get("stream") is True:
             events = dialect.stream_events(reply, meta, self.words_per_chunk, _include_usage(body))
             return await self._stream(call, events, meta, fault)
@@ -170,15 +219,20 @@ class Simulator:
             payload = payload[: len(payload) // 2]  # truncated JSON, still a 200
         return call.respond(200, payload, "application/json")
 
-    def _record(self, request: web.Request, body: JSON | None) -> int:
+    def _record(
+        self, request: web.Request, body: JSON | None
+    ) -> tuple[int, RecordedRequest | None]:
         self.request_count += 1
+        arrival = None
         if self.record:
             headers = Headers(request.headers.items())
-            arrival = RecordedRequest(body or {}, headers, request.path, time.monotonic())
+            arrival = RecordedRequest(
+                body or {}, headers, request.path, time.monotonic(), request.query_string
+            )
             self.requests.append(arrival)
         if body and isinstance(body.get("model"), str):
             self.models_seen[body["model"]] = None
-        return self.request_count
+        return self.request_count, arrival
 
     def _auth_error(self, request: web.Request, dialect: Dialect) -> ApiError | None:
         return None if self.api_key is None else dialect.check_auth(request.headers, self.api_key)
@@ -282,6 +336,7 @@ class _Call:
         self.dialect = dialect
         self.request_id = request_id
         self.started = started
+        self.dropped = False  # the connection was closed instead of answered
 
     def _headers(self, status: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         elapsed_ms = int((time.monotonic() - self.started) * 1000)
@@ -314,6 +369,7 @@ class _Call:
         """Close the connection: an RST (reset) or a plain close after what was already sent.
 
         The returned response is never delivered; aiohttp discards it on the dead transport."""
+        self.dropped = True
         transport = self.request.transport
         if transport is not None:
             sock = transport.get_extra_info("socket")

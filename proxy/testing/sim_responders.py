@@ -1,0 +1,74 @@
+"""Reusable scripted Responders for the Simulator: small "models" that play a known scenario
+with a real agent (Claude Code, Codex, ...) on the other end.
+
+A Responder gets the request as an OpenAI-shaped chat body (the Anthropic twin converts it) and
+returns an assistant message; the Simulator renders it in the wire format the client spoke.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from .sim_model import JSON, text_of
+
+# Claude Code's shell tool, as its requests declare it: {"command": str, "description": str,
+# "timeout": number, "run_in_background": bool, ...}; only "command" is required.
+CLAUDE_CODE_SHELL_TOOL = "Bash"
+
+
+def _offered_tools(chat: JSON) -> set[str]:
+    names = set()
+    for tool in chat.get("tools") or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+@dataclass
+class ToolRoundTrip:
+    """Call `tool` with `arguments` once, then answer with text quoting what it returned.
+
+    Stateless: each request is judged from its own history, so the same scenario replays the
+    same way however often the agent retries. A request that does not offer the tool (an
+    agent's side query: a title, a summary) gets a plain `idle_answer`."""
+
+    tool: str = CLAUDE_CODE_SHELL_TOOL
+    arguments: JSON = field(
+        default_factory=lambda: {"command": "ls", "description": "List files in current directory"}
+    )
+    answer_prefix: str = "The command listed:\n"
+    idle_answer: str = "OK."
+
+    def __call__(self, chat: JSON) -> JSON:
+        if self.tool not in _offered_tools(chat):
+            return {"role": "assistant", "content": self.idle_answer}
+        results = self.results(chat)
+        if results:
+            return {"role": "assistant", "content": self.final_text(results[-1])}
+        call = {
+            "type": "function",
+            "function": {"name": self.tool, "arguments": orjson.dumps(self.arguments).decode()},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    def results(self, chat: JSON) -> list[str]:
+        """The texts of the tool results answering calls of `tool`, oldest first."""
+        messages = chat.get("messages") or []
+        call_ids = {
+            call.get("id")
+            for message in messages
+            if message.get("role") == "assistant"
+            for call in message.get("tool_calls") or []
+            if isinstance(call, dict) and (call.get("function") or {}).get("name") == self.tool
+        }
+        return [
+            text_of(message.get("content"))
+            for message in messages
+            if message.get("role") == "tool" and message.get("tool_call_id") in call_ids
+        ]
+
+    def final_text(self, result: str) -> str:
+        return self.answer_prefix + result.strip()

@@ -1,0 +1,207 @@
+"""Real agent CLIs, run headless against any loopback base URL (the simulator or the proxy).
+
+The CLI comes from clients/ (pinned in clients/package-lock.json; `make test` runs
+`npm ci --prefix clients`). Where it is not installed the tests skip and say how to get it,
+except under CI, which must run them.
+
+Each run is sealed off from the machine: a clean environment (no inherited ANTHROPIC_*,
+CLAUDE_* or proxy variables), HOME and CLAUDE_CONFIG_DIR in a temporary folder, Claude Code's
+non-essential traffic (telemetry, error reports, auto-update) off, and HTTP(S)_PROXY pointed at a
+closed loopback port so any request to a host other than 127.0.0.1 fails instead of leaving the
+machine. With `trace=True` (and strace present) the run also reports every socket it connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENTS = REPO / "clients"
+CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
+CLAUDE_BIN = CLIENTS / "node_modules" / ".bin" / "claude"
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
+RUN_TIMEOUT_S = 120.0
+SCRATCH_FILES = {
+    "README.md": "# scratch\nA repository made for one test.\n",
+    "main.py": 'print("hello")\n',
+    "notes.txt": "remember the milk\n",
+}
+_CONNECT = re.compile(
+    r"connect\(\d+, \{sa_family=AF_INET6?, sin6?_port=htons\((\d+)\), "
+    r'(?:sin_addr=inet_addr\("([^"]+)"\)|.*?inet_pton\(AF_INET6, "([^"]+)")'
+)
+
+
+def pinned_version(package: str = CLAUDE_PACKAGE) -> str:
+    manifest = json.loads((CLIENTS / "package.json").read_text())
+    version: str = manifest["dependencies"][package]
+    return version
+
+
+@dataclass
+class ClientRun:
+    exit_code: int
+    stdout: str
+    stderr: str
+    connections: list[tuple[str, int]] | None = None  # (address, port); None: not traced
+
+    def off_loopback(self) -> list[tuple[str, int]]:
+        return [c for c in self.connections or [] if not ipaddress.ip_address(c[0]).is_loopback]
+
+
+@dataclass
+class ClaudeCode:
+    """The pinned `claude` CLI, with a scratch git repository and a private home."""
+
+    binary: Path
+    workdir: Path  # the scratch repository Claude Code works in
+    home: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config_dir(self) -> Path:
+        return self.home / ".claude"
+
+    def environment(self, base_url: str, api_key: str) -> dict[str, str]:
+        if not _is_loopback(urlsplit(base_url).hostname or ""):
+            raise ValueError(f"refusing to point Claude Code at {base_url}: loopback only")
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "TMPDIR": str(self.home / "tmp"),
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_API_KEY": api_key,
+            "CLAUDE_CONFIG_DIR": str(self.config_dir),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "IS_SANDBOX": "1",
+            "HTTP_PROXY": DEAD_PROXY,
+            "HTTPS_PROXY": DEAD_PROXY,
+            "NO_PROXY": "127.0.0.1,localhost,::1",
+            **self.extra_env,
+        }
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        base_url: str,
+        api_key: str,
+        args: Sequence[str] = (),
+        timeout_s: float = RUN_TIMEOUT_S,
+        trace: bool = False,
+    ) -> ClientRun:
+        """`claude -p PROMPT --dangerously-skip-permissions` in the scratch repository.
+
+        Async, so a server on this event loop (run_simulator, a test proxy) can answer it."""
+        (self.home / "tmp").mkdir(parents=True, exist_ok=True)
+        command = [str(self.binary), "-p", prompt, "--dangerously-skip-permissions", *args]
+        trace_file = self.home / "connect.trace"
+        if trace and strace_works():
+            command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace_file)]
+            command += [str(self.binary), "-p", prompt, "--dangerously-skip-permissions", *args]
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            cwd=self.workdir,
+            env=self.environment(base_url, api_key),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: a timeout ends its children too
+        )
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+            pytest.fail(f"claude -p did not finish within {timeout_s:g} s")
+        connections = _connections(trace_file) if trace_file.exists() else None
+        assert process.returncode is not None
+        return ClientRun(process.returncode, out.decode(), err.decode(), connections)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it would be resolved, and could go anywhere
+        return False
+
+
+def _connections(trace_file: Path) -> list[tuple[str, int]]:
+    found = []
+    for match in _CONNECT.finditer(trace_file.read_text()):
+        port, ipv4, ipv6 = match.groups()
+        found.append((ipv4 or ipv6, int(port)))
+    return found
+
+
+@cache
+def strace_works() -> bool:
+    if shutil.which("strace") is None:
+        return False
+    probe = subprocess.run(["strace", "-o", os.devnull, "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@cache
+def _installed_claude() -> tuple[Path | None, str]:
+    """The pinned binary, or None and why it cannot be used."""
+    pinned = pinned_version()
+    if not CLAUDE_BIN.exists():
+        how = "run `make clients`" if shutil.which("npm") else "npm is not installed"
+        return None, f"Claude Code CLI not installed in clients/ ({how})"
+    shown = subprocess.run(
+        [str(CLAUDE_BIN), "--version"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    if not shown.startswith(pinned + " "):
+        return None, f"clients/ has Claude Code {shown.strip()!r}, pinned {pinned}: `make clients`"
+    return CLAUDE_BIN, ""
+
+
+@pytest.fixture(scope="session")
+def claude_binary() -> Path:
+    binary, why = _installed_claude()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must run the Claude Code tests")
+        pytest.skip(why)
+    return binary
+
+
+def scratch_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    git = ["git", "-c", "user.name=scratch", "-c", "user.email=scratch@example.invalid"]
+    for step in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "scratch"]):
+        subprocess.run([*git, *step], cwd=path, check=True, capture_output=True, timeout=30)
+    return path
+
+
+@pytest.fixture
+def claude_code(claude_binary: Path, tmp_path: Path) -> ClaudeCode:
+    home = tmp_path / "home"
+    home.mkdir()
+    return ClaudeCode(claude_binary, scratch_repo(tmp_path / "repo", SCRATCH_FILES), home)
