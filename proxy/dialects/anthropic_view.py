@@ -1,0 +1,338 @@
+"""An Anthropic Messages request as the rewrite stages see it, and back.
+
+The stages work on chat-shaped messages (roles, `tool_calls`, `tool` results). An Anthropic
+history maps onto that shape message by message: the system prompt becomes a leading system
+message; a user message's `tool_result` blocks become `tool` messages and its other blocks one
+user message after them; an assistant message's text becomes its content and its `tool_use`
+blocks its `tool_calls`. Each view message remembers the client's message it stands for.
+
+Going back is lossless for everything the stages left alone: a view message that is still the
+very object built here is replaced by the client's own blocks, byte for byte (thinking blocks
+and their signatures, `cache_control`, citations, images, fields this code has never heard of).
+Only what a stage changed or added is built anew, and even then each untouched block of the
+message it came from is kept as it was: an offloaded `tool_result` keeps its `is_error` and
+`cache_control`, a truncated `tool_use` keeps its id and every other block of its turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.messages import Message
+
+Block = dict[str, Any]
+RECALL_CACHE_LIMIT = 4  # Anthropic accepts at most four cache_control breakpoints per request
+
+
+@dataclass(slots=True)
+class _Origin:
+    """The client's message (its index, -1 for the system prompt) a view message stands for,
+    and which of its blocks: all of them when the view message is the whole message."""
+
+    index: int
+    blocks: list[Block] | None  # None: a string content, or the system prompt as sent
+
+
+@dataclass(slots=True)
+class AnthropicView:
+    body: dict[str, Any]  # the client's request, never mutated
+    messages: list[Message] = field(default_factory=list)  # the view, in order
+    _origins: dict[int, _Origin] = field(default_factory=dict)  # by id() of a view message
+    # An assistant turn's blocks by its first tool_use id (the client's turns, and replies the
+    # proxy continued itself in recall rounds): a turn a stage rewrote, or one the proxy
+    # added, goes back with all of its blocks (thinking and its signature first).
+    _turns: dict[str, list[Block]] = field(default_factory=dict)
+    # The client's tool_result blocks by tool_use id: a rewritten result keeps its fields.
+    _results: dict[str, Block] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> AnthropicView:
+        view = cls(body)
+        system = body.get("system")
+        if system:
+            view._add({"role": "system", "content": _text(system)}, -1, None)
+        for index, message in enumerate(body["messages"]):
+            view._map(index, message)
+        return view
+
+    def chat_body(self) -> dict[str, Any]:
+        """The chat-shaped request the stages rewrite (its messages are the view)."""
+        chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
+        tools = [_chat_tool(t) for t in self.body.get("tools") or [] if isinstance(t, dict)]
+        if tools:
+            chat["tools"] = tools
+        if isinstance(self.body.get("max_tokens"), int):
+            chat["max_tokens"] = self.body["max_tokens"]
+        choice = _chat_tool_choice(self.body.get("tool_choice"))
+        if choice is not None:
+            chat["tool_choice"] = choice
+        return chat
+
+    def remember_turn(self, content: list[Block]) -> None:
+        """An assistant turn whose blocks must go back as they came (the client's own, or a
+        reply the proxy continues itself), found again by its first tool_use id."""
+        first = next((b.get("id") for b in content if b.get("type") == "tool_use"), None)
+        if isinstance(first, str):
+            self._turns[first] = content
+
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The native request for `chat` (the stages' output): the client's body with its
+        system prompt, messages, tools and tool_choice as the stages left them."""
+        out = dict(self.body)
+        messages: list[Message] = chat["messages"]
+        start = 0
+        if messages and messages[0].get("role") == "system":
+            origin = self._origins.get(id(messages[0]))
+            if origin is None or origin.index != -1:
+                out["system"] = messages[0].get("content")  # rewritten: as text
+            start = 1
+        elif "system" in out:
+            del out["system"]
+        out["messages"] = list(self._native_messages(messages[start:]))
+        _render_tools(out, chat)
+        return out
+
+    # --- to the view --------------------------------------------------------------------------
+
+    def _add(self, message: Message, index: int, blocks: list[Block] | None) -> None:
+        self.messages.append(message)
+        self._origins[id(message)] = _Origin(index, blocks)
+
+    def _map(self, index: int, message: Any) -> None:
+        role = message.get("role")
+        content = message.get("content")
+        if not isinstance(content, list):
+            self._add({"role": role, "content": content}, index, None)
+            return
+        blocks = [b for b in content if isinstance(b, dict)]
+        if role == "assistant":
+            self._add(_assistant(blocks), index, blocks)
+            self.remember_turn(blocks)
+            return
+        rest: list[Block] = []
+        for block in blocks:
+            if block.get("type") == "tool_result":
+                if isinstance(block.get("tool_use_id"), str):
+                    self._results[block["tool_use_id"]] = block
+                result = {
+                    "role": "tool",
+                    "tool_call_id": block.get("tool_use_id"),
+                    "content": _result_content(block.get("content")),
+                }
+                self._add(result, index, [block])
+            else:
+                rest.append(block)
+        if rest or not blocks:
+            self._add({"role": role, "content": [_part(b) for b in rest]}, index, rest)
+
+    # --- back to native -----------------------------------------------------------------------
+
+    def _native_messages(self, view: list[Message]) -> Iterable[Message]:
+        """Tool results and the user blocks after them travel together, as one user message;
+        a view that is exactly one client message, untouched, is that message."""
+        group: list[Message] = []
+        for message in view:
+            role = message.get("role")
+            if role == "tool" or (role == "user" and group and group[-1].get("role") == "tool"):
+                group.append(message)
+                if role == "user":
+                    yield self._user(group)
+                    group = []
+                continue
+            if group:
+                yield self._user(group)
+                group = []
+            yield self._native(message)
+        if group:
+            yield self._user(group)
+
+    def _native(self, message: Message) -> Message:
+        origin = self._origins.get(id(message))
+        role = message.get("role")
+        if origin is not None and origin.index >= 0:
+            client: Message = self.body["messages"][origin.index]
+            if origin.blocks is None or len(origin.blocks) == _block_count(client):
+                return client  # the client's own message, as sent
+            return {**client, "content": origin.blocks}
+        if role == "assistant":
+            return self._assistant_turn(message)
+        if role == "system":  # a system message of the client's, rewritten; or a new one
+            return {"role": "user", "content": _text(message.get("content"))}
+        return {"role": role or "user", "content": _native_content(message.get("content"))}
+
+    def _user(self, group: list[Message]) -> Message:
+        """Tool results (and the user blocks after them) as one user message."""
+        origins = [self._origins.get(id(m)) for m in group]
+        indexes = {o.index for o in origins if o is not None}
+        if len(indexes) == 1 and all(o is not None for o in origins):
+            index = indexes.pop()
+            client: Message = self.body["messages"][index]
+            kept = [b for o in origins if o is not None for b in (o.blocks or [])]
+            if index >= 0 and len(kept) == _block_count(client):
+                return client  # every block of one client message, untouched
+        blocks: list[Block] = []
+        for message, origin in zip(group, origins, strict=True):
+            if origin is not None and origin.blocks is not None:
+                blocks += origin.blocks
+            elif message.get("role") == "tool":
+                blocks.append(self._tool_result(message))
+            else:
+                blocks += _native_blocks(message.get("content"))
+        return {"role": "user", "content": blocks}
+
+    def _tool_result(self, message: Message) -> Block:
+        """A tool result a stage rewrote (offloaded: the client's block with its new content)
+        or made (repair's synthetic result for a call left without one: an error)."""
+        call_id = message.get("tool_call_id")
+        content = _native_content(message.get("content"))
+        original = self._results.get(call_id) if isinstance(call_id, str) else None
+        if original is not None:
+            return {**original, "content": content}
+        return {"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": True}
+
+    def _assistant_turn(self, message: Message) -> Message:
+        """An assistant message a stage rewrote (truncated arguments) or the proxy added (a
+        recall round): its blocks as they came, each tool_use with its call's input now."""
+        calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        first = calls[0].get("id") if calls else None
+        blocks = self._turns.get(first) if isinstance(first, str) else None
+        if blocks is None:
+            fresh: list[Block] = []
+            if message.get("content"):
+                fresh.append({"type": "text", "text": _text(message["content"])})
+            fresh += [_tool_use(call, None) for call in calls]
+            return {"role": "assistant", "content": fresh}
+        by_id = {c.get("id"): c for c in calls}
+        out: list[Block] = []
+        for block in blocks:
+            if block.get("type") != "tool_use":
+                out.append(block)
+            elif (call := by_id.get(block.get("id"))) is not None:
+                out.append(_tool_use(call, block))
+            # else: a call the stages took out of the turn
+        return {"role": "assistant", "content": out}
+
+
+def _block_count(client: Message) -> int:
+    content = client.get("content")
+    return len([b for b in content if isinstance(b, dict)]) if isinstance(content, list) else 0
+
+
+def _assistant(blocks: list[Block]) -> Message:
+    texts = [
+        b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
+    calls = [
+        {
+            "id": b.get("id"),
+            "type": "function",
+            "function": {
+                "name": b.get("name"),
+                "arguments": orjson.dumps(b.get("input", {})).decode(),
+            },
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    message: Message = {"role": "assistant", "content": "\n".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tool_use(call: dict[str, Any], original: Block | None) -> Block:
+    function = call.get("function") or {}
+    arguments = function.get("arguments") or "{}"
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        value = {"arguments": arguments}  # a rewrite left no JSON object: keep its text
+    if not isinstance(value, dict):
+        value = {"arguments": value}
+    block: Block = dict(original) if original is not None else {"type": "tool_use"}
+    block.update({"id": call.get("id"), "name": function.get("name"), "input": value})
+    return block
+
+
+def _result_content(content: Any) -> Any:
+    if isinstance(content, list):
+        return [_part(b) for b in content if isinstance(b, dict)]
+    return content
+
+
+def _part(block: Block) -> Block:
+    """A content block as a chat part: text stays text (the stages read it), the rest as is."""
+    if block.get("type") == "text":
+        return {"type": "text", "text": block.get("text", "")}
+    return block
+
+
+def _native_content(content: Any) -> Any:
+    if isinstance(content, list):
+        return _native_blocks(content)
+    return content if isinstance(content, str) else ""
+
+
+def _native_blocks(content: Any) -> list[Block]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict)]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.get("name")}
+    if "description" in tool:
+        function["description"] = tool["description"]
+    if "input_schema" in tool:
+        function["parameters"] = tool["input_schema"]
+    return {"type": "function", "function": function, "native": tool}
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return {"any": "required", "none": "none", "auto": "auto"}.get(str(kind))
+
+
+def _render_tools(out: dict[str, Any], chat: dict[str, Any]) -> None:
+    """Tools and tool_choice as the stages left them: the client's own tools as sent, the
+    proxy's recall tool in Anthropic's form, "none" when a guard took tool use away."""
+    tools = chat.get("tools")
+    if tools:
+        native = []
+        for tool in tools:
+            if "native" in tool:
+                native.append(tool["native"])
+            else:
+                function = tool.get("function") or {}
+                native.append(
+                    {
+                        "name": function.get("name"),
+                        "description": function.get("description", ""),
+                        "input_schema": function.get("parameters") or {"type": "object"},
+                    }
+                )
+        out["tools"] = native
+    elif "tools" in out:
+        del out["tools"]
+    if chat.get("tool_choice") == "none" and out.get("tools"):
+        out["tool_choice"] = {"type": "none"}
