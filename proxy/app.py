@@ -27,7 +27,7 @@ from proxy.pipeline.summarizer import make_summarizer
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
-from proxy.routes import admin, archive, health, openai
+from proxy.routes import admin, anthropic, archive, health, openai
 from proxy.state import (
     CATALOG,
     CONFIG,
@@ -89,6 +89,7 @@ def build_app(
     app[FLOW] = Flow(control, rewriter, store, catalog, metrics, ctx.recorder)
     metrics.watch_memos(rewriter.memos())
     app.add_routes(openai.routes)
+    app.add_routes(anthropic.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)

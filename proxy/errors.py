@@ -131,18 +131,23 @@ class InternalError(ProxyError):
 
 
 def error_response(
-    error: ProxyError, request_id: str | None, extra_headers: Mapping[str, str] | None = None
+    error: ProxyError,
+    request_id: str | None,
+    extra_headers: Mapping[str, str] | None = None,
+    *,
+    body: Mapping[str, object] | None = None,
 ) -> web.Response:
+    """`body` is the error in the client's wire format when it is not OpenAI's."""
     headers = {**error.headers, **(extra_headers or {})}
     return web.Response(
         status=error.status,
-        body=_dumps(error.body(request_id)),
+        body=_dumps(body if body is not None else error.body(request_id)),
         content_type="application/json",
         headers=headers,
     )
 
 
-def _dumps(body: dict[str, object]) -> bytes:
+def _dumps(body: Mapping[str, object]) -> bytes:
     try:
         return orjson.dumps(body)
     except TypeError:
@@ -154,7 +159,7 @@ def _dumps(body: dict[str, object]) -> bytes:
 def _valid_text(value: object) -> object:
     if isinstance(value, str):
         return value.encode("utf-8", "replace").decode("utf-8")
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(_valid_text(k)): _valid_text(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_valid_text(v) for v in value]

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
+from proxy.upstream.anthropic import speaks_anthropic
+
+if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
+    from proxy.dialects.anthropic_view import AnthropicView
+
+ANTHROPIC_PROMPT_FIELDS = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
 
 
 @dataclass(slots=True)
@@ -15,13 +25,25 @@ class Usage:
     completion_tokens: int = 0
 
     @classmethod
-    def from_openai(cls, usage: Any) -> Usage | None:
+    def of(cls, usage: Any) -> Usage | None:
+        """A reply's usage, in OpenAI's shape or Anthropic's (whose prompt is its uncached
+        input plus what was read from and written to the prompt cache)."""
         if not isinstance(usage, dict):
             return None
+        if "input_tokens" in usage:
+            return cls.from_anthropic(usage)
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if not isinstance(prompt, int) or not isinstance(completion, int):
             return None
         return cls(prompt, completion)
+
+    @classmethod
+    def from_anthropic(cls, usage: dict[str, Any]) -> Usage | None:
+        counts = [usage.get(name) for name in ANTHROPIC_PROMPT_FIELDS]
+        output = usage.get("output_tokens", 0)
+        if not all(isinstance(c, int) or c is None for c in counts) or not isinstance(output, int):
+            return None
+        return cls(sum(c or 0 for c in counts), output)
 
 
 @dataclass(slots=True)
@@ -89,6 +111,12 @@ class Exchange:
     stream: bool = False
     client_wants_usage: bool = False
     route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
+    wire: str = "chat"  # the client's wire format: "chat" or "anthropic"
+    # An Anthropic client's request: `body` is then its chat-shaped view (what the stages
+    # rewrite), and this renders the native request back from it.
+    view: AnthropicView | None = None
+    # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
+    forward_headers: dict[str, str] = field(default_factory=dict)
     # Why the request failed after its answer began (a stream cut midway): it counts as failed.
     failure: Exception | None = None
     deployment: Deployment | None = None
@@ -128,6 +156,15 @@ class Exchange:
         prompt = self.estimated_prompt()
         self.add_usage(Usage(prompt, completion_tokens))
         self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
+
+    def outgoing(self, deployment: Deployment) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """The body (and protocol headers) to send to `deployment`: the client's own wire
+        when the deployment speaks it, else the chat-shaped request."""
+        if self.view is None:
+            return self.body, None
+        if speaks_anthropic(deployment):
+            return self.view.render(self.body), self.forward_headers
+        return self.view.translated(self.body), None
 
     def estimated_prompt(self) -> int:
         """The body's size over four, at most the window: O(1), and on the high side, as a

@@ -11,6 +11,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.dialects import anthropic
 from proxy.errors import (
     InternalError,
     Overloaded,
@@ -91,13 +92,13 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
         _account(request, STATUS_CLIENT_GONE, started)
         raise
     except ProxyError as error:
-        response = error_response(error, request_id)
+        response = _error_response(request, error, request_id)
         if error.closes_connection:
             await _answer_and_hang_up(request, response, request_id)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = error_response(from_http_exception(exc), request_id)
+        response = _error_response(request, from_http_exception(exc), request_id)
     except Exception as exc:
         if isinstance(exc, ConnectionError) and _client_gone(request):
             # Hung up while its body was read or its answer written: nothing to answer.
@@ -105,7 +106,8 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
             response = web.Response(status=STATUS_CLIENT_GONE)
         else:
             log.exception("request %s failed inside the proxy", request_id)
-            response = error_response(
+            response = _error_response(
+                request,
                 InternalError(f"the proxy failed to handle this request (request id {request_id})"),
                 request_id,
             )
@@ -134,6 +136,17 @@ async def _answer_and_hang_up(
         await response.prepare(request)
         await response.write_eof()
     request.protocol.force_close()
+
+
+# Paths whose clients read Anthropic's error envelope; every other path answers OpenAI's.
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def _error_response(request: web.Request, error: ProxyError, request_id: str) -> web.Response:
+    """An error in the wire format of the route the client called."""
+    if request.path.startswith(ANTHROPIC_PATHS):
+        return error_response(error, request_id, body=anthropic.error_body(error, request_id))
+    return error_response(error, request_id)
 
 
 def _client_gone(request: web.Request) -> bool:

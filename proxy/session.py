@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import xxhash
 
 from proxy.messages import text_of
@@ -21,6 +22,9 @@ from proxy.policies.spec import ApiKey, Keys
 
 SESSION_HEADER = "x-agentproxy-session"
 PARENT_HEADER = "x-agentproxy-parent-session"
+# Session ids real agents already send: Claude Code's (constant over a conversation, resumes
+# included); it is also inside its metadata.user_id JSON.
+CLIENT_SESSION_HEADERS = ("x-claude-code-session-id",)
 MAX_SESSION_CHARS = 128
 
 
@@ -34,12 +38,28 @@ def session_id(headers: Mapping[str, str], body: dict[str, Any], key_name: str |
     explicit = _usable(headers.get(SESSION_HEADER))
     if explicit:
         return explicit
+    for name in CLIENT_SESSION_HEADERS:
+        if given := _usable(headers.get(name)):
+            return given
     metadata = body.get("metadata")
-    if isinstance(metadata, dict) and (given := _usable(metadata.get("session_id"))):
+    if isinstance(metadata, dict) and (
+        given := _usable(metadata.get("session_id")) or _in_user_id(metadata.get("user_id"))
+    ):
         return given
     if given := _usable(body.get("user")):
         return given
     return fingerprint(body.get("messages") or [], key_name)
+
+
+def _in_user_id(user_id: Any) -> str | None:
+    """Claude Code's metadata.user_id is JSON carrying its session_id."""
+    if not isinstance(user_id, str) or not user_id.startswith("{") or len(user_id) > 4096:
+        return None
+    try:
+        value = orjson.loads(user_id)
+    except orjson.JSONDecodeError:
+        return None
+    return _usable(value.get("session_id")) if isinstance(value, dict) else None
 
 
 def parent_session_id(headers: Mapping[str, str]) -> str | None:

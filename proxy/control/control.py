@@ -43,7 +43,7 @@ class Router(Protocol):
         usable: Callable[[Deployment], bool] | None = None,
     ) -> Deployment: ...
 
-    def for_deployment(self, deployment: Deployment) -> Upstream: ...
+    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream: ...
 
 
 class Control:
@@ -179,7 +179,7 @@ class Control:
         limit, which = self._time_limit(ex)
         if limit is not None and limit <= 0:
             raise self._timed_out(ex, which)
-        upstream = self.router.for_deployment(deployment)
+        upstream = self.router.for_deployment(deployment, ex.wire)
         ex.recovery.calls += 1
         waited = time.perf_counter()
         try:
@@ -203,15 +203,16 @@ class Control:
 
     @staticmethod
     async def _send(ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool) -> Any:
+        body, headers = ex.outgoing(deployment)
         try:
             if stream:
-                opened = await upstream.open_stream(deployment, ex.body, ex.request_id)
+                opened = await upstream.open_stream(deployment, body, ex.request_id, headers)
                 return await prime(opened, deployment.alias)
-            reply = await upstream.complete(deployment, ex.body, ex.request_id)
+            reply = await upstream.complete(deployment, body, ex.request_id, headers)
         except asyncio.CancelledError:  # the client left (or a time limit cut the call) mid-call
             ex.add_unreported_usage()
             raise
-        ex.add_usage(Usage.from_openai(reply.data.get("usage")))
+        ex.add_usage(Usage.of(reply.data.get("usage")))
         return reply
 
     # --- helpers --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.messages import Message
+from proxy.pipeline.repair import is_synthetic
 
 Block = dict[str, Any]
 RECALL_CACHE_LIMIT = 4  # Anthropic accepts at most four cache_control breakpoints per request
@@ -72,6 +73,19 @@ class AnthropicView:
             chat["tool_choice"] = choice
         return chat
 
+    def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The stages' output as a plain Chat Completions request, for a deployment that does
+        not speak Anthropic (what this loses: thinking blocks, cache_control, citations and
+        every other Anthropic-only field; images and documents pass as they are)."""
+        out = {k: v for k, v in chat.items() if k != "tools"}
+        tools = [{k: v for k, v in t.items() if k != "native"} for t in chat.get("tools") or []]
+        if tools:
+            out["tools"] = tools
+        for name in ("temperature", "top_p", "stop_sequences", "stream"):
+            if name in self.body:
+                out["stop" if name == "stop_sequences" else name] = self.body[name]
+        return out
+
     def remember_turn(self, content: list[Block]) -> None:
         """An assistant turn whose blocks must go back as they came (the client's own, or a
         reply the proxy continues itself), found again by its first tool_use id."""
@@ -110,7 +124,7 @@ class AnthropicView:
             return
         blocks = [b for b in content if isinstance(b, dict)]
         if role == "assistant":
-            self._add(_assistant(blocks), index, blocks)
+            self._add(assistant_message(blocks), index, blocks)
             self.remember_turn(blocks)
             return
         rest: list[Block] = []
@@ -186,13 +200,16 @@ class AnthropicView:
 
     def _tool_result(self, message: Message) -> Block:
         """A tool result a stage rewrote (offloaded: the client's block with its new content)
-        or made (repair's synthetic result for a call left without one: an error)."""
+        or made (repair's stand-in for a result that never came, an error; a recall answer)."""
         call_id = message.get("tool_call_id")
         content = _native_content(message.get("content"))
         original = self._results.get(call_id) if isinstance(call_id, str) else None
         if original is not None:
             return {**original, "content": content}
-        return {"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": True}
+        block: Block = {"type": "tool_result", "tool_use_id": call_id, "content": content}
+        if is_synthetic(message):
+            block["is_error"] = True
+        return block
 
     def _assistant_turn(self, message: Message) -> Message:
         """An assistant message a stage rewrote (truncated arguments) or the proxy added (a
@@ -222,7 +239,8 @@ def _block_count(client: Message) -> int:
     return len([b for b in content if isinstance(b, dict)]) if isinstance(content, list) else 0
 
 
-def _assistant(blocks: list[Block]) -> Message:
+def assistant_message(blocks: list[Block]) -> Message:
+    """An assistant turn's blocks as a chat message: its text, and its tool_use blocks as calls."""
     texts = [
         b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
     ]

@@ -185,7 +185,7 @@ class Relay:
                 f"the upstream for '{self.ex.alias}' sent a stream event that is not JSON: "
                 f"{payload[:60]!r}"
             ) from None
-        usage = Usage.from_openai(chunk.get("usage"))
+        usage = Usage.of(chunk.get("usage"))
         if usage is not None:
             self.usage_reported = True
             self.ex.add_usage(usage)

@@ -34,6 +34,21 @@ ORPHAN_NOTE = (
     "[agentproxy] A tool result arrived for call {id} ({n} chars) without a matching tool call, "
     "so it was set aside (archived as {ref}): {head}"
 )
+SYNTHETIC_MARK = " did not complete - no result was recorded."
+
+
+def is_synthetic(message: Message) -> bool:
+    """Whether a tool message is this stage's stand-in for a result that never came (another
+    wire format renders it as an error result)."""
+    content = message.get("content")
+    call_id = message.get("tool_call_id")
+    return (
+        isinstance(content, str)
+        and content.startswith("Tool call ")
+        and (f" with id {call_id}{SYNTHETIC_MARK}" in content)
+    )
+
+
 SET_ASIDE = "set_aside"  # store kind of results repair takes out of the history
 BAD_ARGUMENTS_MARK = "[agentproxy] The arguments of this call were not valid JSON"
 BAD_ARGUMENTS = BAD_ARGUMENTS_MARK + ", so the tool probably did not run as intended: {head}\n"

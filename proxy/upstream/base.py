@@ -58,11 +58,19 @@ class UpstreamHTTPError(Exception):
 
 class Upstream(Protocol):
     async def complete(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamReply: ...
 
     async def open_stream(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamStream: ...
 
     async def close(self) -> None: ...

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -89,7 +89,11 @@ class LiteLLMUpstream:
             self._loading.cancel()
 
     async def complete(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
         litellm = await self.module()
         limit = self._settings().response_timeout_s
@@ -110,7 +114,11 @@ class LiteLLMUpstream:
         return UpstreamReply(data, orjson.dumps(data))
 
     async def open_stream(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> LiteLLMStream:
         litellm = await self.module()
         try:

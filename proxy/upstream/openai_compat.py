@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -32,6 +32,12 @@ def redact(body: bytes, secret: str | None) -> bytes:
 
 
 class OpenAICompatUpstream:
+    """Chat Completions over aiohttp. Subclasses speak another wire (proxy/upstream/anthropic.py)
+    by saying where to post, how to authenticate and what a reply looks like."""
+
+    path = "/chat/completions"
+    reply_kind = "chat completion"
+
     def __init__(self, settings_source: Any) -> None:
         # `settings_source()` returns the live ServerSettings, so timeouts follow reloads.
         self._settings = settings_source
@@ -56,9 +62,13 @@ class OpenAICompatUpstream:
             await self._session.close()
 
     async def complete(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
-        response = await self._post(deployment, body, request_id, stream=False)
+        response = await self._post(deployment, body, request_id, headers, stream=False)
         cap = self._settings().max_response_bytes
         try:
             raw = await read_capped(response, cap)
@@ -81,16 +91,30 @@ class OpenAICompatUpstream:
                 f"upstream for '{deployment.alias}' sent a body that is not JSON "
                 f"({len(raw)} bytes starting {raw[:60]!r})"
             ) from None
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        if not isinstance(data, dict) or not self.is_reply(data):
             raise UpstreamBadResponse(
-                f"upstream for '{deployment.alias}' sent JSON that is not a chat completion"
+                f"upstream for '{deployment.alias}' sent JSON that is not a {self.reply_kind}"
             )
         return UpstreamReply(data, raw, forwarded_headers(response.headers))
 
+    @staticmethod
+    def is_reply(data: dict[str, Any]) -> bool:
+        return isinstance(data.get("choices"), list)
+
+    def url(self, deployment: Deployment) -> str:
+        return f"{deployment.base_url}{self.path}"
+
+    def auth_headers(self, deployment: Deployment) -> dict[str, str]:
+        return {"Authorization": f"Bearer {deployment.api_key}"} if deployment.api_key else {}
+
     async def open_stream(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> SSEStream:
-        response = await self._post(deployment, body, request_id, stream=True)
+        response = await self._post(deployment, body, request_id, headers, stream=True)
         return SSEStream(
             response,
             lambda exc: self._failure(deployment, exc, stream=True),
@@ -99,20 +123,26 @@ class OpenAICompatUpstream:
         )
 
     async def _post(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str, *, stream: bool
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        passed: Mapping[str, str] | None,
+        *,
+        stream: bool,
     ) -> aiohttp.ClientResponse:
         payload = orjson.dumps({**body, "model": deployment.upstream_model})
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
             "X-Request-Id": request_id,
+            **(passed or {}),  # the client's protocol headers (anthropic-version, -beta)
             **deployment.extra_headers,
+            **self.auth_headers(deployment),
         }
-        if deployment.api_key:
-            headers["Authorization"] = f"Bearer {deployment.api_key}"
         try:
             response = await self.session.post(
-                f"{deployment.base_url}/chat/completions",
+                self.url(deployment),
                 data=payload,
                 headers=headers,
                 timeout=self._timeout(deployment, stream),

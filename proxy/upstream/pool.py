@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Callable
 
 from proxy.policies.spec import Config, Deployment, ServerSettings
+from proxy.upstream.anthropic import AnthropicUpstream, speaks_anthropic
 from proxy.upstream.base import Upstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai_compat import OpenAICompatUpstream
@@ -14,6 +15,7 @@ from proxy.upstream.openai_compat import OpenAICompatUpstream
 class Upstreams:
     def __init__(self, settings: Callable[[], ServerSettings]) -> None:
         self.fast = OpenAICompatUpstream(settings)
+        self.anthropic = AnthropicUpstream(settings)
         self.litellm = LiteLLMUpstream(settings)
         self._turns: dict[str, itertools.count[int]] = {}
 
@@ -35,7 +37,11 @@ class Upstreams:
                     return candidate
         return deployments[start % len(deployments)]
 
-    def for_deployment(self, deployment: Deployment) -> Upstream:
+    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream:
+        """The client's own wire where the deployment speaks it; else OpenAI chat (the fast
+        path, or litellm's translation to the provider)."""
+        if wire == "anthropic" and speaks_anthropic(deployment):
+            return self.anthropic
         return self.fast if deployment.fast_path else self.litellm
 
     def prepare(self, config: Config) -> None:
@@ -49,4 +55,5 @@ class Upstreams:
 
     async def close(self) -> None:
         await self.fast.close()
+        await self.anthropic.close()
         await self.litellm.close()

@@ -20,6 +20,14 @@ def is_json_object(payload: bytes) -> bool:
     return payload.startswith(b"{") and payload.endswith(b"}")
 
 
+def data_of(event: bytes) -> bytes | None:
+    """An event's data: its `data:` line, first (OpenAI) or after an `event:` line (Anthropic)."""
+    if event.startswith(b"data:"):
+        return event[5:].strip()
+    at = event.find(b"\ndata:")
+    return event[at + 6 :].strip() if at >= 0 else None
+
+
 PRIMED_EVENTS = 2
 
 
@@ -54,9 +62,9 @@ async def prime(stream: UpstreamStream, alias: str) -> PrimedStream:
             batch = await anext(batches)
             start += batch
             for event in batch:
-                if not event.startswith(b"data:"):
+                payload = data_of(event)
+                if payload is None:
                     continue
-                payload = event[5:].strip()
                 if payload == b"[DONE]":
                     return PrimedStream(stream, batches, start)
                 if not is_json_object(payload):

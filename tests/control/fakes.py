@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -44,7 +44,11 @@ class Script:
         self.calls: list[tuple[str, dict[str, Any]]] = []  # (deployment.upstream_model, body)
 
     async def complete(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
         self.calls.append((deployment.upstream_model, {**body}))
         outcome = self.outcomes.pop(0) if self.outcomes else None
@@ -55,7 +59,11 @@ class Script:
         return UpstreamReply(REPLY, orjson.dumps(REPLY))
 
     async def open_stream(
-        self, deployment: Deployment, body: dict[str, Any], request_id: str
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         return await self.complete(deployment, body, request_id)
 
@@ -76,7 +84,7 @@ class Router:
     ) -> Deployment:
         return next((d for d in deployments if usable is None or usable(d)), deployments[0])
 
-    def for_deployment(self, deployment: Deployment) -> Upstream:
+    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream:
         return self.upstream
 
 
