@@ -66,8 +66,9 @@ class AnthropicView:
         tools = [_chat_tool(t) for t in self.body.get("tools") or [] if isinstance(t, dict)]
         if tools:
             chat["tools"] = tools
-        if isinstance(self.body.get("max_tokens"), int):
-            chat["max_tokens"] = self.body["max_tokens"]
+        # No max_tokens: current Claude models do not count it against the window (Claude Code
+        # asks for 32-128k on a 200k window), so the stages keep no room for it; the provider's
+        # "input length and max_tokens exceed context limit" still triggers reactive compaction.
         choice = _chat_tool_choice(self.body.get("tool_choice"))
         if choice is not None:
             chat["tool_choice"] = choice
@@ -81,7 +82,7 @@ class AnthropicView:
         tools = [{k: v for k, v in t.items() if k != "native"} for t in chat.get("tools") or []]
         if tools:
             out["tools"] = tools
-        for name in ("temperature", "top_p", "stop_sequences", "stream"):
+        for name in ("max_tokens", "temperature", "top_p", "stop_sequences", "stream"):
             if name in self.body:
                 out["stop" if name == "stop_sequences" else name] = self.body[name]
         return out

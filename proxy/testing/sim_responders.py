@@ -72,3 +72,45 @@ class ToolRoundTrip:
 
     def final_text(self, result: str) -> str:
         return self.answer_prefix + result.strip()
+
+
+@dataclass
+class ToolRounds(ToolRoundTrip):
+    """Call `tool` once per entry of `commands` (one per turn, in order), then answer with
+    text quoting the last result: a long agent task in a few lines, for compaction and offload
+    to act on. The step is read from the last call's description ("step N"), which stays in
+    the recent part of a compacted history, so a proxy's rewrites do not restart the task."""
+
+    commands: list[str] = field(default_factory=lambda: ["ls"])
+
+    def __call__(self, chat: JSON) -> JSON:
+        if self.tool not in _offered_tools(chat):
+            return {"role": "assistant", "content": self.idle_answer}
+        done = self.steps_done(chat)
+        if done >= len(self.commands):
+            results = self.results(chat)
+            return {"role": "assistant", "content": self.final_text(results[-1][-200:])}
+        arguments = {"command": self.commands[done], "description": f"step {done + 1}"}
+        call = {
+            "type": "function",
+            "function": {"name": self.tool, "arguments": orjson.dumps(arguments).decode()},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    def steps_done(self, chat: JSON) -> int:
+        """The highest step whose call has its result in the history."""
+        if not self.results(chat):
+            return 0
+        steps = [0]
+        for message in chat.get("messages") or []:
+            for call in (
+                message.get("tool_calls") or [] if message.get("role") == "assistant" else []
+            ):
+                arguments = (call.get("function") or {}).get("arguments") or "{}"
+                try:
+                    description = str(orjson.loads(arguments).get("description", ""))
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if description.startswith("step ") and description[5:].isdigit():
+                    steps.append(int(description[5:]))
+        return max(steps)
