@@ -258,37 +258,53 @@ def _starts_tool_use(name: str, data: dict[str, Any]) -> bool:
     )
 
 
-def degraded_stream(message: dict[str, Any]) -> bytes:
-    """A degraded answer as the event sequence an Anthropic client expects."""
-    start = {**message, "content": [], "stop_reason": None}
-    text = message["content"][0]["text"]
-    events: list[Event] = [
-        ("message_start", {"type": "message_start", "message": start}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": text},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+def message_stream(message: dict[str, Any]) -> bytes:
+    """A whole message as the event sequence an Anthropic client expects (a degraded answer,
+    or a translated reply that came back whole)."""
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    events: list[Event] = [("message_start", {"type": "message_start", "message": start})]
+    for index, block in enumerate(message.get("content") or []):
+        kind = block.get("type")
+        first: dict[str, Any]
+        delta: dict[str, Any] | None
+        if kind == "text":
+            first, delta = (
+                {"type": "text", "text": ""},
+                {"type": "text_delta", "text": block["text"]},
+            )
+        elif kind == "tool_use":
+            first = {**block, "input": {}}
+            delta = {
+                "type": "input_json_delta",
+                "partial_json": orjson.dumps(block["input"]).decode(),
+            }
+        else:
+            first, delta = block, None
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": first},
+            )
+        )
+        if delta is not None:
+            events.append(
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                )
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    usage = message.get("usage") or {}
+    stop = {"stop_reason": message.get("stop_reason"), "stop_sequence": None}
+    events.append(
         (
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": 0},
+                "delta": stop,
+                "usage": {"output_tokens": usage.get("output_tokens", 0)},
             },
-        ),
-        ("message_stop", {"type": "message_stop"}),
-    ]
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
     return b"".join(frame(name, data) for name, data in events)

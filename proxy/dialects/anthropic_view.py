@@ -82,10 +82,10 @@ class AnthropicView:
         tools = [{k: v for k, v in t.items() if k != "native"} for t in chat.get("tools") or []]
         if tools:
             out["tools"] = tools
-        for name in ("max_tokens", "temperature", "top_p", "stop_sequences", "stream"):
+        for name in ("max_tokens", "temperature", "top_p", "stop_sequences"):
             if name in self.body:
                 out["stop" if name == "stop_sequences" else name] = self.body[name]
-        return out
+        return out  # never streamed: a translated reply comes back whole (routes/anthropic.py)
 
     def remember_turn(self, content: list[Block]) -> None:
         """An assistant turn whose blocks must go back as they came (the client's own, or a

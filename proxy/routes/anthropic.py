@@ -8,11 +8,12 @@ deployment the view as a Chat Completions request, its answer translated back.
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
 from proxy.dialects import anthropic
-from proxy.dialects.anthropic_stream import Relay, degraded_stream
+from proxy.dialects.anthropic_stream import Relay, message_stream
 from proxy.dialects.anthropic_view import AnthropicView
 from proxy.dialects.chat_degraded import TEXT as DEGRADED_TEXT
 from proxy.exchange import Exchange
@@ -24,7 +25,7 @@ from proxy.routes.messages_request import parse_messages_request
 from proxy.routes.serve import open_exchange, proxy_headers, serve
 from proxy.session import session_id
 from proxy.state import CONFIG
-from proxy.upstream.anthropic import DEFAULT_VERSION
+from proxy.upstream.anthropic import DEFAULT_VERSION, speaks_anthropic
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
@@ -92,6 +93,15 @@ class AnthropicWire:
         )
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
+        if ex.deployment is not None and not speaks_anthropic(ex.deployment):
+            # Translated: the chat reply is asked for whole, then sent as Anthropic's events.
+            reply = await flow.complete(ex, self.replies)
+            message = orjson.loads(anthropic.client_body(reply, ex.alias, ex.request_id))
+            return web.Response(
+                body=message_stream(message),
+                content_type="text/event-stream",
+                headers={**reply.headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
+            )
         source = await flow.open_stream(ex)
         response = web.StreamResponse(
             headers={
@@ -129,6 +139,6 @@ class AnthropicWire:
         message = anthropic.degraded_message(ex.alias, ex.request_id, text)
         headers = {**proxy_headers(ex), "x-agentproxy-degraded": "true"}
         if ex.stream:
-            body = degraded_stream(message)
+            body = message_stream(message)
             return web.Response(body=body, content_type="text/event-stream", headers=headers)
         return web.json_response(message, headers=headers)

@@ -314,3 +314,89 @@ async def test_count_tokens_answers_an_estimate(proxy: TestServer) -> None:
         model="claude", messages=[{"role": "user", "content": "hello " * 100}]
     )
     assert 100 <= counted.input_tokens <= 400
+
+
+def recalling_model(body: dict[str, Any]) -> dict[str, Any]:
+    """Looks the offloaded file up through the proxy's tool, then answers from it."""
+    messages = body["messages"]
+    last = messages[-1]
+    if last.get("role") == "tool" and str(last.get("tool_call_id", "")).startswith("toolu_r"):
+        return {"role": "assistant", "content": f"FOUND: {str(last['content'])[:40]}"}
+    pointer = next(m for m in messages if "reference: ap_" in str(m.get("content")))
+    ref = re.search(r"reference: (ap_\w+)", str(pointer["content"])).group(1)  # type: ignore[union-attr]
+    function = {"name": "agentproxy_recall", "arguments": f'{{"ref": "{ref}"}}'}
+    call = {"id": "toolu_r1", "type": "function", "function": function}
+    return {"role": "assistant", "content": "Let me look.", "tool_calls": [call]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_recall_is_answered_inside_the_proxy(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, stream: bool
+) -> None:
+    sim = Simulator(api_key=UPSTREAM_KEY, responder=recalling_model)
+    policies = "policies:\n  - name: tight\n    offload: {min_tokens: 500}\n"
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), policies=policies)
+    content = "\n".join(f"line {i}: the launch code is PINEAPPLE" for i in range(600))
+    use = {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": content}
+    history: list[Any] = [
+        ASK,
+        {"role": "assistant", "content": [use]},
+        {"role": "user", "content": [result]},
+    ]
+    sdk = client(proxy)
+    if stream:
+        async with sdk.messages.stream(
+            model="claude", max_tokens=256, messages=history, tools=TOOLS
+        ) as events:
+            seen = [event.type async for event in events]
+            message = await events.get_final_message()
+        assert seen.count("message_start") == 1 and seen[-1] == "message_stop"
+    else:
+        message = await sdk.messages.create(
+            model="claude", max_tokens=256, messages=history, tools=TOOLS
+        )
+    texts = [b.text for b in message.content if b.type == "text"]
+    assert texts[-1] == "FOUND: line 0: the launch code is PINEAPPLE"
+    if stream:  # what went out before the held call stays; the next round is numbered on
+        assert texts == ["Let me look.", texts[-1]]
+    assert all(b.type != "tool_use" for b in message.content)  # the client never sees it
+    assert message.stop_reason == "end_turn"
+    second = sim.requests[-1].body["messages"]
+    assert second[-2]["content"][-1]["name"] == "agentproxy_recall"  # sent back whole
+    assert second[-1]["content"][0]["tool_use_id"] == "toolu_r1"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_openai_deployment_answers_an_anthropic_client(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, stream: bool
+) -> None:
+    """Translated: the view goes out as Chat Completions, the reply comes back in Anthropic's
+    shape (streamed as Anthropic's events once whole)."""
+    sim = Simulator()
+    url = str((await aiohttp_server(sim.app())).make_url("")).rstrip("/")
+    config = tmp_path / "translated.yaml"
+    config.write_text(
+        f"store: {{path: {tmp_path / 'state'}}}\n"
+        f"model_list:\n  - model_name: gpt-ish\n    litellm_params:\n"
+        f"      model: openai/gpt-sim\n      api_base: {url}/v1\n"
+    )
+    proxy = await start_proxy(config)
+    sdk = client(proxy, key="unused")
+    messages: list[Any] = [ASK]
+    if stream:
+        async with sdk.messages.stream(
+            model="gpt-ish", max_tokens=256, messages=messages, tools=TOOLS
+        ) as events:
+            message = await events.get_final_message()
+    else:
+        message = await sdk.messages.create(
+            model="gpt-ish", max_tokens=256, messages=messages, tools=TOOLS
+        )
+    use = next(b for b in message.content if b.type == "tool_use")
+    assert use.name == "read_file" and use.input == {"path": "notes.txt"}
+    assert message.stop_reason == "tool_use"
+    sent = sim.requests[-1]
+    assert sent.path == "/v1/chat/completions" and "stream" not in sent.body
+    assert sent.body["tools"][0]["function"]["name"] == "read_file"
+    assert "native" not in sent.body["tools"][0]
