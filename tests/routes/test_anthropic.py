@@ -357,7 +357,7 @@ async def test_recall_is_answered_inside_the_proxy(
             model="claude", max_tokens=256, messages=history, tools=TOOLS
         )
     texts = [b.text for b in message.content if b.type == "text"]
-    assert texts[-1] == "FOUND: line 0: the launch code is PINEAPPLE"
+    assert texts[-1].startswith("FOUND: line 0: the launch code is PINEAPPLE")
     if stream:  # what went out before the held call stays; the next round is numbered on
         assert texts == ["Let me look.", texts[-1]]
     assert all(b.type != "tool_use" for b in message.content)  # the client never sees it
