@@ -122,6 +122,80 @@ CHAT = FuzzTarget(
     params=CHAT_PARAMS,
     headers={"Authorization": f"Bearer {KEY}"},
 )
+_ANTHROPIC_TURN = [
+    {"role": "user", "content": "Fix the failing test."},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Reading it."},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.py"}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": "def f():\n    return 1\n" * 40,
+                "cache_control": {"type": "ephemeral"},
+            },
+            {"type": "text", "text": "Now run the tests."},
+        ],
+    },
+]
+_ANTHROPIC_TOOLS = [
+    {
+        "name": "read_file",
+        "description": "Read a file.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
+ANTHROPIC_PARAMS = (
+    "model", "messages", "system", "max_tokens", "stream", "tools", "tool_choice", "metadata",
+    "temperature", "top_p", "top_k", "stop_sequences", "thinking",
+)  # fmt: skip
+
+
+def anthropic_error_body(body: Any) -> bool:
+    """{"type": "error", "error": {"type": str, "message": str}}: Anthropic's envelope."""
+    error = body.get("error") if isinstance(body, dict) else None
+    return (
+        isinstance(body, dict)
+        and body.get("type") == "error"
+        and isinstance(error, dict)
+        and isinstance(error.get("message"), str)
+        and isinstance(error.get("type"), str)
+    )
+
+
+ANTHROPIC = FuzzTarget(
+    route="/v1/messages",
+    seeds=(
+        {"model": "claude", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+        {
+            "model": "claude",
+            "max_tokens": 100,
+            "system": [
+                {"type": "text", "text": "Be careful.", "cache_control": {"type": "ephemeral"}}
+            ],
+            "messages": _ANTHROPIC_TURN,
+            "tools": _ANTHROPIC_TOOLS,
+        },
+        {
+            "model": "claude",
+            "max_tokens": 100,
+            "messages": _ANTHROPIC_TURN,
+            "tools": _ANTHROPIC_TOOLS,
+            "stream": True,
+            "metadata": {"user_id": '{"session_id": "fuzz-cc"}'},
+            "tool_choice": {"type": "auto"},
+        },
+    ),
+    params=ANTHROPIC_PARAMS,
+    headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+    is_error_body=anthropic_error_body,
+)
 # Small window, low thresholds: offload, compaction and recall run on the mutated histories too.
 FUZZ_CONFIG = f"""
 keys:
@@ -185,7 +259,13 @@ async def fuzz_proxy(start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: P
     upstream: TestServer = await aiohttp_server(sim_app)
     path = tmp_path / "fuzz.yaml"
     url = str(upstream.make_url("")).rstrip("/")
-    path.write_text(sim_config(url, f"store: {{path: {tmp_path}}}\n{FUZZ_CONFIG}", window=4096))
+    # An Anthropic deployment too, after the list's first entry ("sim", OpenAI-compatible).
+    claude = (
+        "\n  - model_name: claude\n    litellm_params:\n      model: anthropic/claude-sim\n"
+        f"      api_base: {url}\n    model_info:\n      max_input_tokens: 4096\n"
+    )
+    text = sim_config(url, window=4096).rstrip("\n") + claude
+    path.write_text(f"{text}store: {{path: {tmp_path}}}\n{FUZZ_CONFIG}")
     proxy = await start_proxy(path)
     return str(proxy.make_url(""))
 
@@ -241,8 +321,8 @@ async def send_all(
     return [problem for problem in found if problem]
 
 
-# The Anthropic (/v1/messages) and Responses (/v1/responses) routes join here as they arrive.
-TARGETS = [CHAT]
+# The Responses route (/v1/responses) joins here when it arrives.
+TARGETS = [CHAT, ANTHROPIC]
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.route for t in TARGETS])
