@@ -4,6 +4,7 @@ thinking blocks returned untouched, and errors in Anthropic's envelope."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import textwrap
 from collections.abc import AsyncIterator
@@ -400,3 +401,19 @@ async def test_an_openai_deployment_answers_an_anthropic_client(
     assert sent.path == "/v1/chat/completions" and "stream" not in sent.body
     assert sent.body["tools"][0]["function"]["name"] == "read_file"
     assert "native" not in sent.body["tools"][0]
+
+
+async def test_the_sync_sdk_works_too(proxy: TestServer) -> None:
+    """The sync client, in a thread (the proxy serves on this test's event loop)."""
+    url = str(proxy.make_url("")).rstrip("/")
+
+    def talk() -> tuple[str, str]:
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as sdk:
+            hi = [{"role": "user", "content": "sync hello"}]
+            message = sdk.messages.create(model="claude", max_tokens=64, messages=hi)  # type: ignore[arg-type]
+            with sdk.messages.stream(model="claude", max_tokens=64, messages=hi) as events:  # type: ignore[arg-type]
+                streamed = events.get_final_message()
+        return message.content[0].text, streamed.content[0].text  # type: ignore[union-attr]
+
+    whole, streamed = await asyncio.to_thread(talk)
+    assert whole == streamed == "You said: sync hello"
