@@ -26,7 +26,7 @@ from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 
 Block = dict[str, Any]
-RECALL_CACHE_LIMIT = 4  # Anthropic accepts at most four cache_control breakpoints per request
+CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoints per request
 
 
 @dataclass(slots=True)
@@ -109,6 +109,7 @@ class AnthropicView:
             del out["system"]
         out["messages"] = list(self._native_messages(messages[start:]))
         _render_tools(out, chat)
+        _cache_replacement(out, self.body["messages"])
         return out
 
     # --- to the view --------------------------------------------------------------------------
@@ -233,6 +234,42 @@ class AnthropicView:
                 out.append(_tool_use(call, block))
             # else: a call the stages took out of the turn
         return {"role": "assistant", "content": out}
+
+
+REPLACEMENT_MARK = "[agentproxy] "  # how compaction's summaries and markers begin
+
+
+def _cache_replacement(out: dict[str, Any], client: list[Message]) -> None:
+    """After a compaction, the summary (or middle-out marker) ends the prefix every later turn
+    shares: a cache breakpoint there lets the provider cache the compacted history. Only when
+    the request has a breakpoint to spare (Anthropic accepts four)."""
+    messages: list[Message] = out["messages"]
+    at = next(
+        (
+            i
+            for i, m in enumerate(messages[:3])
+            if not any(m is c for c in client)
+            and _text(m.get("content")).startswith(REPLACEMENT_MARK)
+        ),
+        None,
+    )
+    if at is None or _breakpoints(out) >= CACHE_BREAKPOINTS:
+        return
+    blocks = _native_blocks(messages[at].get("content"))
+    if blocks:
+        blocks = [*blocks[:-1], {**blocks[-1], "cache_control": {"type": "ephemeral"}}]
+        messages[at] = {**messages[at], "content": blocks}
+
+
+def _breakpoints(out: dict[str, Any]) -> int:
+    def marked(blocks: Any) -> int:
+        if not isinstance(blocks, list):
+            return 0
+        return sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
+
+    count = marked(out.get("system")) + marked(out.get("tools"))
+    count += "cache_control" in out  # a request-level breakpoint takes a slot too
+    return count + sum(marked(m.get("content")) for m in out["messages"])
 
 
 def _block_count(client: Message) -> int:

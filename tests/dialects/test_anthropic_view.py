@@ -157,7 +157,8 @@ def test_a_summary_replacing_the_start_is_a_user_message() -> None:
     kept = chat["messages"][5:]  # the text after the tool result
     out = view.render({**chat, "messages": [chat["messages"][0], summary, *kept]})
     assert out["system"] is body["system"]
-    assert out["messages"][0] == summary
+    assert out["messages"][0]["role"] == "user"
+    assert out["messages"][0]["content"][0]["text"] == summary["content"]
     assert out["messages"][1] == {"role": "user", "content": [{"type": "text", "text": "go on"}]}
     assert check_tool_pairing(out["messages"]) is None
 
@@ -173,3 +174,24 @@ def test_the_recall_tool_is_offered_in_anthropics_form() -> None:
     assert out["tools"][0] is body["tools"][0]
     assert out["tools"][1]["name"] == recall.TOOL_NAME
     assert out["tools"][1]["input_schema"]["properties"]["ref"]["type"] == "string"
+
+
+def test_a_summary_carries_a_cache_breakpoint_when_one_is_free() -> None:
+    body = claude_code_body()  # two breakpoints: a system block, a tool result
+    view = AnthropicView.of(body)
+    chat = view.chat_body()
+    summary = {"role": "user", "content": "[agentproxy] Earlier conversation summarized."}
+    out = view.render({**chat, "messages": [chat["messages"][0], summary, *chat["messages"][5:]]})
+    assert out["messages"][0]["content"] == [
+        {
+            "type": "text",
+            "text": "[agentproxy] Earlier conversation summarized.",
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
+    body["tools"][0]["cache_control"] = CACHED  # four in what is sent: none to spare
+    body["system"][0]["cache_control"] = CACHED
+    view = AnthropicView.of(body)
+    chat = view.chat_body()
+    out = view.render({**chat, "messages": [chat["messages"][0], summary, *chat["messages"][4:]]})
+    assert out["messages"][0] == summary
