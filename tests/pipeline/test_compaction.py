@@ -16,6 +16,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.control.control import Control
 from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.messages import Message, estimate_tokens, pairing_problems
@@ -25,10 +26,17 @@ from proxy.pipeline import fit_memo
 from proxy.pipeline.base import StageContext, Summarizer
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.fit_budget import message_tokens, tokens_of
-from proxy.pipeline.summarizer import SYSTEM_PROMPT, make_summarizer, render_transcript
+from proxy.pipeline.summarizer import (
+    SYSTEM_PROMPT,
+    make_summarizer,
+    render_transcript,
+    summary_exchange,
+)
 from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy, ServerSettings
+from proxy.recorder import Recorder
 from proxy.store.base import BlobInfo
 from proxy.store.memory import MemoryStore
+from proxy.store.state import MemoryState
 from proxy.testing.sim_model import summary_sections
 from proxy.testing.simulator import Simulator
 from proxy.upstream.pool import Upstreams
@@ -110,6 +118,13 @@ class Scripted:
         first = next(m["content"] for m in messages if m.get("role") == "user")
         intent = summary_sections(first).get("SESSION INTENT", first)  # carried forward
         return f"SESSION INTENT:\n{intent}\n\nSUMMARY:\n{len(messages)} messages\n\nNEXT STEPS:\ngo"
+
+
+def real_summarizer(upstreams: Upstreams) -> Summarizer:
+    """The summarizer as the app wires it: its calls go through control."""
+    metrics = Metrics()
+    recorder = Recorder(metrics, EventLog(None))
+    return make_summarizer(Control(upstreams, metrics, MemoryState(), recorder), metrics)
 
 
 def context(summarize: Summarizer, store: MemoryStore | None = None) -> StageContext:
@@ -334,7 +349,7 @@ async def test_summary_keeps_the_intent_and_the_archive_holds_the_raw_messages(
     history = coding_session(20, content_chars=280)
     store = MemoryStore()
     ex = exchange(history, deployment=sim_target)
-    out = await CompactionStage().run(ex, history, context(make_summarizer(upstreams), store))
+    out = await CompactionStage().run(ex, history, context(real_summarizer(upstreams), store))
     assert out is not None and pairing_problems(out) == []
     assert actions(ex)[-1] == "summarized"
     assert out[0] == SYSTEM
@@ -543,7 +558,7 @@ async def test_generated_histories_always_come_out_valid(fails: bool) -> None:
 async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event(
     upstreams: Upstreams, sim_target: Deployment, small_sim: Simulator
 ) -> None:
-    summarizer = Counting(make_summarizer(upstreams))
+    summarizer = Counting(real_summarizer(upstreams))
     ctx = context(summarizer)
     stage = CompactionStage()
     history: list[Message] = [SYSTEM, user(GOAL)]
@@ -588,3 +603,31 @@ def test_the_transcript_is_bounded_per_message_and_in_total() -> None:
     assert len(text) <= 20_100
     assert "[#2 user]" in text and "chars of the transcript left out" in text
     assert "[#4 tool result for call_0]" in text
+
+
+# --- the summary request as a child exchange ----------------------------------------------
+
+
+def test_a_summary_is_a_child_exchange_of_the_request() -> None:
+    spec = CompactionSpec(summarizer_model="sim")
+    ex = exchange([user(GOAL)], policy=Policy(name="p", compaction=spec), session="key:a/s1")
+    ex.owner, ex.parent_session, ex.recovery.deadline = "key:a", "key:a/parent", 123.0
+    child = summary_exchange(ex)
+    assert (child.session, child.owner, child.parent_session) == (
+        ex.session,
+        "key:a",
+        ex.parent_session,
+    )
+    assert (child.request_id, child.key, child.started) == (ex.request_id, ex.key, ex.started)
+    assert child.recovery.deadline == 123.0  # the request's deadline covers its summaries
+    assert child.alias == "sim" and child.deployment is None  # control routes it
+    assert child.policy.name == "p" and child.policy.retry == ex.policy.retry
+    assert not child.policy.compaction.enabled and not child.policy.recall.enabled
+    assert ex.policy.compaction.enabled  # the request's own policy is untouched
+
+    own = summary_exchange(exchange([user(GOAL)]))  # no summarizer_model: the request's model
+    assert own.alias == "sim" and own.deployment is not None
+
+    elsewhere = Policy(name="p", compaction=CompactionSpec(summarizer_model="nope"))
+    with pytest.raises(LookupError, match="'nope' is not a configured model alias"):
+        summary_exchange(exchange([user(GOAL)], policy=elsewhere))

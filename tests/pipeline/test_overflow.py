@@ -13,7 +13,6 @@ from proxy.messages import Message, pairing_problems
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.fit_budget import tokens_of
 from proxy.pipeline.overflow import compact_after_overflow, is_context_overflow
-from proxy.pipeline.summarizer import make_summarizer
 from proxy.policies.spec import CompactionSpec, Policy, ServerSettings
 from proxy.testing.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
@@ -27,6 +26,7 @@ from tests.pipeline.test_compaction import (
     coding_session,
     context,
     exchange,
+    real_summarizer,
     target,
     user,
 )
@@ -110,7 +110,7 @@ async def test_an_overflow_is_compacted_to_the_tighter_target_and_the_retry_succ
     deployment = target(window=3_000, api_base=str(narrow_server.make_url("/v1")))
     history = coding_session(17, content_chars=280)  # ~2,200 tokens: under 0.85 of 3,000
     stage = CompactionStage()
-    ctx = context(make_summarizer(upstreams))
+    ctx = context(real_summarizer(upstreams))
     ex = exchange(history, deployment=deployment)
     assert await stage.run(ex, history, ctx) is None  # the estimate says it fits
 
