@@ -15,6 +15,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
+from proxy.pipeline.archive import Archive
 from proxy.policies.spec import Policy
 from proxy.recorder import Recorder
 from proxy.store.base import Store
@@ -27,7 +28,9 @@ Summarizer = Callable[[Exchange, list[Message]], Awaitable[str]]
 class StageContext:
     """What the stages may use, passed in by whoever builds the pipeline."""
 
-    __slots__ = ("catalog", "events", "metrics", "recorder", "state", "store", "summarize")
+    __slots__ = (
+        "archive", "catalog", "events", "metrics", "recorder", "state", "store", "summarize",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -47,6 +50,8 @@ class StageContext:
         self.state: StateStore = state or MemoryState()  # what guards keep between turns
         # The one seam to headers, metrics and the event log; shared with control when given.
         self.recorder = recorder or Recorder(metrics, events)
+        # The one writer of what leaves a context (store before removal).
+        self.archive = Archive(store, self.recorder)
 
 
 class Stage(Protocol):

@@ -19,7 +19,6 @@ the trigger costs that estimate and nothing else.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -41,11 +40,9 @@ from proxy.pipeline.fit_budget import (
 from proxy.pipeline.fit_checkpoints import Checkpoint, CheckpointIndex, Mark, SessionState, key_of
 from proxy.pipeline.fit_memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
 from proxy.pipeline.fit_plan import Plan
-from proxy.pipeline.fit_summarize import STAGE, archive, replace_stretch
+from proxy.pipeline.fit_summarize import STAGE, history_entry, replace_stretch
 from proxy.pipeline.fit_truncate import Truncator
 from proxy.policies.spec import Policy
-
-log = logging.getLogger("agentproxy.compaction")
 
 # A stretch smaller than this share of the window is not worth a summarizer call.
 MIN_STRETCH_SHARE = 0.05
@@ -214,15 +211,13 @@ class CompactionStage:
         messages = plan.seen.messages
         before = plan.tokens()
         stop = horizon
-        done = await self.truncator.apply(ex, ctx.store, messages, plan.base, stop)
+        done = await self.truncator.apply(ex, ctx.archive, messages, plan.base, stop)
         plan.saved = done.saved
         old_count = done.arguments
         if plan.tokens() > target and recent > max(horizon, plan.base):
             stop = recent
-            done = await self.truncator.apply(ex, ctx.store, messages, plan.base, stop)
+            done = await self.truncator.apply(ex, ctx.archive, messages, plan.base, stop)
             plan.saved = done.saved
-        if done.failed:
-            record(ex, ctx, STAGE, "store_failed", arguments=done.failed)
         if not done.arguments:
             return
         plan.tail = done.messages + messages[max(stop, plan.base) :]
@@ -252,12 +247,10 @@ class CompactionStage:
             return  # the target is out of reach; a summarizer call per turn would not help
         before = plan.tokens()
         stretch = [*plan.inserted, *messages[plan.base : cut]]
-        try:  # archive first: nothing leaves the context unless it is stored
-            ref = await archive(ex, ctx.store, stretch, plan.base, cut - 1)
-        except Exception as exc:
-            log.warning("archive failed for session %s: %s", ex.session, exc)
-            record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
-            return
+        archived = history_entry(ex, stretch, plan.base, cut - 1)
+        if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
+            return  # nothing leaves the context unless it is stored
+        ref = archived.ref
         started = time.perf_counter()
         replacement, kind = await replace_stretch(ex, ctx, plan.inserted, stretch, ref, window)
         seconds = round(time.perf_counter() - started, 3)
