@@ -22,8 +22,8 @@ from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext
+from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.rewriter import Rewriter
-from proxy.pipeline.summarizer import make_summarizer
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder

@@ -14,7 +14,6 @@ from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
-from proxy.pipeline.overflow import compact_after_overflow
 from proxy.pipeline.repair import RepairStage
 
 MB = 1024 * 1024
@@ -94,7 +93,7 @@ class Rewriter:
         """The provider said the context is exceeded: compact tighter. False = give up."""
         if ex.dry_run or not ex.policy.compaction.enabled or not ex.policy.compaction.reactive:
             return False
-        compacted = await compact_after_overflow(ex, ex.messages, self.ctx, self.compaction)
+        compacted = await self.compaction.after_overflow(ex, ex.messages, self.ctx)
         if compacted is None:
             return False
         ex.body["messages"] = compacted

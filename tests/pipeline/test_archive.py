@@ -20,8 +20,15 @@ from proxy.policies.spec import OffloadSpec, Policy
 from proxy.store.base import BlobInfo, StoreError, content_ref
 from proxy.store.memory import MemoryStore
 from tests.pipeline import factories
-from tests.pipeline.test_compaction import Scripted, call, coding_session, exchange, result, user
-from tests.pipeline.test_compaction import context as compaction_context
+from tests.pipeline.compaction.factories import (
+    Scripted,
+    call,
+    coding_session,
+    exchange,
+    result,
+    user,
+)
+from tests.pipeline.compaction.factories import context as compaction_context
 
 DISK_FULL = "local store /x/store.sqlite3: put failed: database or disk is full"
 

@@ -17,7 +17,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.fit_budget import tokens_of
+from proxy.pipeline.compaction.budget import tokens_of
 
 STAGE = "compaction"
 KIND = "history"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -11,13 +10,13 @@ from aiohttp.test_utils import TestServer
 
 from proxy.messages import Message, pairing_problems
 from proxy.pipeline.compaction import CompactionStage
-from proxy.pipeline.fit_budget import tokens_of
-from proxy.pipeline.overflow import compact_after_overflow, is_context_overflow
-from proxy.policies.spec import CompactionSpec, Policy, ServerSettings
+from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
+from proxy.policies.spec import CompactionSpec, Policy
 from proxy.testing.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.upstream.pool import Upstreams
-from tests.pipeline.test_compaction import (
+from tests.pipeline.compaction.factories import (
     GOAL,
     SIM_KEY,
     SPEC,
@@ -81,13 +80,6 @@ def test_a_successful_answer_is_never_an_overflow() -> None:
 
 
 # --- against the simulated model over a real socket ------------------------------------------
-
-
-@pytest.fixture
-async def upstreams() -> AsyncIterator[Upstreams]:
-    pool = Upstreams(lambda: ServerSettings())
-    yield pool
-    await pool.close()
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from proxy.exchange import Exchange
 from proxy.json_depth import nested_too_deep
 from proxy.messages import Message, message_hash
 from proxy.pipeline.archive import Archive, Entry, entry
-from proxy.pipeline.fit_budget import message_tokens
-from proxy.pipeline.fit_summarize import STAGE
+from proxy.pipeline.compaction.budget import message_tokens
+from proxy.pipeline.compaction.summarize import STAGE
 from proxy.policies.spec import CompactionSpec
 
 KIND = "tool_arguments"
