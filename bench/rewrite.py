@@ -48,7 +48,7 @@ from proxy.messages import Message  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.model_catalog import ModelCatalog  # noqa: E402
 from proxy.pipeline.base import Stage, StageContext  # noqa: E402
-from proxy.pipeline.fit_budget import schema_tokens, tokens_of  # noqa: E402
+from proxy.pipeline.compaction.budget import schema_tokens, tokens_of  # noqa: E402
 from proxy.pipeline.rewriter import Rewriter  # noqa: E402
 from proxy.policies.spec import Config, Deployment, OffloadSpec, Policy  # noqa: E402
 from proxy.store.local import LocalStore  # noqa: E402

@@ -22,11 +22,12 @@ from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext
+from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.rewriter import Rewriter
-from proxy.pipeline.summarizer import make_summarizer
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
+from proxy.recorder import Recorder
 from proxy.routes import admin, anthropic, archive, health, openai
 from proxy.state import (
     CATALOG,
@@ -79,14 +80,17 @@ def build_app(
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = EventLog(settings.event_log_path)
-    summarize = make_summarizer(upstreams)
-    ctx = StageContext(store, catalog, metrics, events, summarize=summarize, state=state)
+    recorder = Recorder(metrics, events)
+    # Control first: the summarizer's calls go through it; the rewriter's hooks are the
+    # flow's to offer it, call by call.
+    control = app[CONTROL] = Control(upstreams, metrics, state, recorder)
+    summarize = make_summarizer(control, metrics)
+    ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder)
     rewriter = Rewriter(
         ctx,
         memo_bytes=holder.current.server.memo_mb * 1024 * 1024,  # fixed for the process
     )
-    control = app[CONTROL] = Control(upstreams, rewriter, metrics, state, ctx.recorder)
-    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, ctx.recorder)
+    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder)
     metrics.watch_memos(rewriter.memos())
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)

@@ -46,6 +46,16 @@ class Usage:
         return cls(sum(c or 0 for c in counts), output)
 
 
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What the proxy's own calls for a request (a summary) used, on the deployment that
+    served them: charged to the request, priced and counted as that model."""
+
+    alias: str
+    deployment: Deployment | None
+    usage: Usage
+
+
 @dataclass(slots=True)
 class Note:
     """One rewrite or policy decision, reported in headers, metrics and the event log."""
@@ -121,7 +131,9 @@ class Exchange:
     failure: Exception | None = None
     deployment: Deployment | None = None
     notes: list[Note] = field(default_factory=list)
-    usage: Usage | None = None
+    usage: Usage | None = None  # of the request's own calls: what its client is told
+    # The proxy's own calls for this request (summaries), each charged at its own model.
+    side_calls: list[Charge] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     # Time spent awaiting the upstream and the client; the rest is the proxy's own overhead.
     upstream_wait: float = 0.0
@@ -147,6 +159,15 @@ class Exchange:
             self.usage = Usage()
         self.usage.prompt_tokens += usage.prompt_tokens
         self.usage.completion_tokens += usage.completion_tokens
+
+    def add_side_call(self, child: Exchange) -> None:
+        """`child` was a call made for this request (a summary): what it used is charged here,
+        its wait on the upstream is not the proxy's own time, and what control did for it
+        (retries, fallbacks) shows with this request's notes."""
+        if child.usage is not None:
+            self.side_calls.append(Charge(child.alias, child.deployment, child.usage))
+        self.upstream_wait += child.upstream_wait
+        self.notes.extend(child.notes)
 
     def add_unreported_usage(self, completion_tokens: int = 0) -> None:
         """A call cut short (the client left, the stream broke) before the provider reported

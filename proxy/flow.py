@@ -19,12 +19,13 @@ from typing import Any, Protocol
 
 from proxy.control.control import Control
 from proxy.errors import ProxyError
-from proxy.exchange import Exchange
+from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
 from proxy.pipeline.rewriter import Rewriter
+from proxy.policies.spec import Deployment
 from proxy.recorder import Recorder
 from proxy.store.base import Store
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
@@ -89,7 +90,7 @@ class Flow:
 
     async def complete(self, ex: Exchange, replies: Replies) -> UpstreamReply:
         """The answer, the recall rounds done and the proxy's own calls taken out."""
-        reply: UpstreamReply = await self.control.call(ex, stream=False)
+        reply: UpstreamReply = await self.control.call(ex, stream=False, fitter=self.rewriter)
         rounds = ex.policy.recall.max_rounds
         for round_ in range(rounds + 1):
             message = replies.reply_message(reply)
@@ -99,12 +100,12 @@ class Flow:
             if theirs or round_ == rounds:
                 return replies.without_recall(reply, theirs)
             await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
-            reply = await self.control.call(ex, stream=False)
+            reply = await self.control.call(ex, stream=False, fitter=self.rewriter)
         return reply
 
     async def open_stream(self, ex: Exchange) -> UpstreamStream:
         """The first round's stream, opened (its headers go into the client's response)."""
-        source: UpstreamStream = await self.control.call(ex, stream=True)
+        source: UpstreamStream = await self.control.call(ex, stream=True, fitter=self.rewriter)
         return source
 
     async def relay(self, ex: Exchange, source: UpstreamStream, relay: Relay) -> None:
@@ -127,7 +128,7 @@ class Flow:
                     await relay.release(held)
                     return
                 await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
-                source = await self.control.call(ex, stream=True)
+                source = await self.control.call(ex, stream=True, fitter=self.rewriter)
         except (ProxyError, UpstreamHTTPError) as error:
             if not relay.started:
                 raise
@@ -164,15 +165,29 @@ class Flow:
         metrics = self.metrics
         metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
         metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
-        cost = None
-        if ex.usage is not None:
-            metrics.child(metrics.tokens, ex.alias, "prompt").inc(ex.usage.prompt_tokens)
-            metrics.child(metrics.tokens, ex.alias, "completion").inc(ex.usage.completion_tokens)
-            cost = self.catalog.cost(ex.deployment, ex.usage) if ex.deployment else None
-            if cost:
-                metrics.child(metrics.cost, ex.alias).inc(cost)
-        # Every upstream call counts for budgets: retries, fallbacks and recall rounds included.
-        await self.rewriter.after_call(ex, cost, calls=ex.recovery.calls)
+        usage = ex.usage
+        cost = self._count(ex.alias, ex.deployment, usage)
+        for side in ex.side_calls:  # the proxy's own calls for it (summaries), at their model
+            side_cost = self._count(side.alias, side.deployment, side.usage)
+            usage = _total(usage, side.usage)
+            cost = side_cost if cost is None else cost + (side_cost or 0.0)
+        # Every call to the request's model counts for `calls` budgets: retries, fallbacks and
+        # recall rounds included; summaries count in tokens and cost, not as the agent's calls.
+        await self.rewriter.after_call(ex, usage, cost, calls=ex.recovery.calls)
+
+    def _count(
+        self, alias: str, deployment: Deployment | None, usage: Usage | None
+    ) -> float | None:
+        """Tokens and cost to the metrics, under the model that used them; the cost, if known."""
+        if usage is None:
+            return None
+        metrics = self.metrics
+        metrics.child(metrics.tokens, alias, "prompt").inc(usage.prompt_tokens)
+        metrics.child(metrics.tokens, alias, "completion").inc(usage.completion_tokens)
+        cost = self.catalog.cost(deployment, usage) if deployment else None
+        if cost:
+            metrics.child(metrics.cost, alias).inc(cost)
+        return cost
 
     async def _answer_recall(
         self, ex: Exchange, message: Message, calls: list[dict[str, Any]], *, last: bool
@@ -185,6 +200,14 @@ class Flow:
         if last:
             recall.withdraw(ex.body)
         self.recorder.record(ex, "recall", "answered", count=len(calls))
+
+
+def _total(one: Usage | None, other: Usage | None) -> Usage | None:
+    if one is None or other is None:
+        return one or other
+    return Usage(
+        one.prompt_tokens + other.prompt_tokens, one.completion_tokens + other.completion_tokens
+    )
 
 
 def _degradable(error: Exception) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from proxy.control.outcome import CircuitOpen
 from proxy.errors import UpstreamTimeout, UpstreamTooLarge, UpstreamUnreachable
-from proxy.pipeline.overflow import is_context_overflow
+from proxy.pipeline.compaction.overflow import is_context_overflow
 from proxy.policies.spec import ErrorClass
 from proxy.upstream.base import UpstreamHTTPError
 

@@ -6,6 +6,10 @@
           _fit_and_call  on "context exceeded": compact tighter, call once more
             _call        one upstream call, under the attempt timeout and the deadline
 
+Fitting is the caller's to offer (`fitter`, the rewriter): a request's history is fitted again
+for each fallback and tighter after an overflow; a call the proxy makes itself (a summary) is
+sent as built, and never re-enters compaction.
+
 Everything that happens is counted (metrics), noted (x-agentproxy-applied, event log) and, when
 it all fails, told in the error (outcome.py). Costs nothing on the way to a first success but
 a circuit lookup.
@@ -28,7 +32,6 @@ from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange, Usage
 from proxy.metrics import Metrics
-from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment, ErrorClass
 from proxy.recorder import Recorder
 from proxy.store.state import StateStore
@@ -46,18 +49,26 @@ class Router(Protocol):
     def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream: ...
 
 
+class Fitter(Protocol):
+    """Fits a request's history to its target model (the rewriter's hooks)."""
+
+    async def refit(self, ex: Exchange) -> None:
+        """A fallback took over: fit the client's history to it."""
+
+    async def after_overflow(self, ex: Exchange) -> bool:
+        """The provider said the context is exceeded: compact tighter. False = give up."""
+
+
 class Control:
     def __init__(
         self,
         router: Router,
-        rewriter: Rewriter,
         metrics: Metrics,
         state: StateStore,
         recorder: Recorder,
         timing: Timing | None = None,
     ) -> None:
         self.router = router
-        self.rewriter = rewriter  # its hooks: refit (on fallback), after_overflow
         self.metrics = metrics
         self.recorder = recorder
         self.timing = timing or Timing()
@@ -83,9 +94,10 @@ class Control:
 
     # --- one model call -----------------------------------------------------------------------
 
-    async def call(self, ex: Exchange, *, stream: bool) -> Any:
+    async def call(self, ex: Exchange, *, stream: bool, fitter: Fitter | None = None) -> Any:
         """An UpstreamReply (or, with `stream`, an opened UpstreamStream) from `ex.alias` or one
-        of its fallbacks; a failure comes out marked for the client (outcome.decorate)."""
+        of its fallbacks; a failure comes out marked for the client (outcome.decorate).
+        Without a `fitter` the body goes out as it is, to every alias tried."""
         recovery = ex.recovery
         deadline_s = ex.policy.retry.deadline_s
         if deadline_s is not None and recovery.deadline is None:
@@ -94,8 +106,8 @@ class Control:
         try:
             return await with_fallbacks(
                 ex,
-                lambda: self._with_retries(ex, stream),
-                lambda alias, reason: self._switch(ex, alias, reason),
+                lambda: self._with_retries(ex, stream, fitter),
+                lambda alias, reason: self._switch(ex, alias, reason, fitter),
                 usable=lambda alias: self._alias_usable(ex, alias),
                 time_left=lambda: self._has_time(ex),
             )
@@ -105,7 +117,7 @@ class Control:
                 decorate(error, ex, kind)
             raise
 
-    async def _with_retries(self, ex: Exchange, stream: bool) -> Any:
+    async def _with_retries(self, ex: Exchange, stream: bool, fitter: Fitter | None) -> Any:
         alias = ex.alias
         retried = 0
 
@@ -117,7 +129,7 @@ class Control:
 
         try:
             return await with_retries(
-                lambda number: self._attempt(ex, stream, number),
+                lambda number: self._attempt(ex, stream, number, fitter),
                 ex.policy.retry,
                 ex.recovery,
                 self.timing,
@@ -133,7 +145,9 @@ class Control:
             if retried:
                 self._visible(ex, "retry", "retried", count=retried, model=alias)
 
-    async def _switch(self, ex: Exchange, alias: str, reason: ErrorClass) -> None:
+    async def _switch(
+        self, ex: Exchange, alias: str, reason: ErrorClass, fitter: Fitter | None
+    ) -> None:
         """Fall back: `alias` becomes the target, and the client's history is fitted to it."""
         failed = ex.alias
         ex.alias = alias
@@ -141,14 +155,15 @@ class Control:
         ex.recovery.steps.append(f"fallback to {alias}")
         self.metrics.child(self.metrics.fallbacks, failed, alias, reason).inc()
         self._visible(ex, "fallback", "fell_back", model=failed, to=alias, reason=reason)
-        await self.rewriter.refit(ex)
+        if fitter is not None:
+            await fitter.refit(ex)
 
-    async def _attempt(self, ex: Exchange, stream: bool, number: int) -> Any:
+    async def _attempt(self, ex: Exchange, stream: bool, number: int, fitter: Fitter | None) -> Any:
         if number > 1:
             ex.deployment = self._pick(ex, ex.alias)  # retries spread over the deployments
         permit = self._permit(ex)
         try:
-            result = await self._fit_and_call(ex, stream)
+            result = await self._fit_and_call(ex, stream, fitter)
         except Exception as error:
             if permit is not None:
                 self._report(ex, permit, classify(error, ex.policy.retry.classify))
@@ -161,14 +176,16 @@ class Control:
             self.circuits.succeeded(permit)
         return result
 
-    async def _fit_and_call(self, ex: Exchange, stream: bool) -> Any:
+    async def _fit_and_call(self, ex: Exchange, stream: bool, fitter: Fitter | None) -> Any:
         """After "context exceeded", compact tighter and call once more."""
         for call in (1, 2):
             try:
                 return await self._call(ex, stream)
             except UpstreamHTTPError as error:
+                if call == 2 or fitter is None:
+                    raise
                 overflow = classify(error, ex.policy.retry.classify) == "overflow"
-                if call == 2 or not overflow or not await self.rewriter.after_overflow(ex):
+                if not overflow or not await fitter.after_overflow(ex):
                     raise
                 ex.recovery.steps.append("compaction")
         raise AssertionError("unreachable: the second call returns or raises")

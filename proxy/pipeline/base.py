@@ -8,7 +8,6 @@ provider's pairing rules and keeps the previous list if the stage broke them or 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.events import EventLog
@@ -16,6 +15,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
+from proxy.pipeline.archive import Archive
 from proxy.policies.spec import Policy
 from proxy.recorder import Recorder
 from proxy.store.base import Store
@@ -25,18 +25,33 @@ from proxy.store.state import MemoryState, StateStore
 Summarizer = Callable[[Exchange, list[Message]], Awaitable[str]]
 
 
-@dataclass(slots=True)
 class StageContext:
-    store: Store
-    catalog: ModelCatalog
-    metrics: Metrics
-    events: EventLog
-    summarize: Summarizer
-    state: StateStore = field(default_factory=MemoryState)  # what guards keep between turns
-    recorder: Recorder = field(init=False)
+    """What the stages may use, passed in by whoever builds the pipeline."""
 
-    def __post_init__(self) -> None:
-        self.recorder = Recorder(self.metrics, self.events)
+    __slots__ = (
+        "archive", "catalog", "events", "metrics", "recorder", "state", "store", "summarize",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: ModelCatalog,
+        metrics: Metrics,
+        events: EventLog,
+        summarize: Summarizer,
+        state: StateStore | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.metrics = metrics
+        self.events = events
+        self.summarize = summarize
+        self.state: StateStore = state or MemoryState()  # what guards keep between turns
+        # The one seam to headers, metrics and the event log; shared with control when given.
+        self.recorder = recorder or Recorder(metrics, events)
+        # The one writer of what leaves a context (store before removal).
+        self.archive = Archive(store, self.recorder)
 
 
 class Stage(Protocol):

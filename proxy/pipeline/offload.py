@@ -8,9 +8,6 @@ Per turn, a message costs one length check unless it is large; a large one costs
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +15,9 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message, estimate_tokens
+from proxy.pipeline.archive import Entry, ref_of
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import OffloadSpec, Policy
-from proxy.store.base import BlobInfo, content_ref
-
-log = logging.getLogger("agentproxy.offload")
 
 KIND = "tool_result"
 # The cheap pre-check assumes at least this many characters per token: below
@@ -167,7 +162,7 @@ class OffloadStage:
             data = content.encode()
             call_id = str(message.get("tool_call_id") or "")
             tool = _tool_name(messages, index, call_id)
-            ref = content_ref(ex.session, KIND, data)
+            ref = ref_of(ex, KIND, data)
             candidates.append(_Candidate(index, content, data, ref, tool, call_id, tokens))
         if not candidates:
             return out, _Offloaded(), False
@@ -187,20 +182,15 @@ class OffloadStage:
             else:  # a pointer as long as the result (tiny thresholds) helps nobody
                 self._pointers[key] = ""
 
-        # Recoverable law: the content is durably stored before its message is replaced.
-        outcomes = await asyncio.gather(
-            *(_store(ex, ctx, c) for c, _, _ in to_store), return_exceptions=True
-        )
-        failures: list[str] = []
-        for (c, key, text), outcome in zip(to_store, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                log.warning("offload: store write for %s failed: %s", c.ref, outcome)
-                failures.append(f"{type(outcome).__name__}: {outcome}")
-                continue
-            self._pointers[key] = text
-            pointers[c.index] = text
-        if failures:
-            record(ex, ctx, self.name, "store_failed", count=len(failures), error=failures[0])
+        failed = False
+        if to_store:  # recoverable law: stored durably before its message is replaced
+            stored = await ctx.archive.keep(ex, self.name, [_entry(c) for c, _, _ in to_store])
+            for c, key, text in to_store:
+                if c.ref in stored:  # a failed write leaves the result whole, uncached
+                    self._pointers[key] = text
+                    pointers[c.index] = text
+                else:
+                    failed = True
         tokens_before = tokens_after = 0
         refs: list[str] = []
         for c in candidates:
@@ -214,10 +204,10 @@ class OffloadStage:
             tokens_before += c.tokens
             tokens_after += estimate_tokens(replaced)
             refs.append(c.ref)
-        return out, _Offloaded(tuple(refs), tokens_before, tokens_after), bool(failures)
+        return out, _Offloaded(tuple(refs), tokens_before, tokens_after), failed
 
 
-async def _store(ex: Exchange, ctx: StageContext, c: _Candidate) -> None:
+def _entry(c: _Candidate) -> Entry:
     lines = _lines(c.content)
     meta = {
         "tool": c.tool,
@@ -226,8 +216,7 @@ async def _store(ex: Exchange, ctx: StageContext, c: _Candidate) -> None:
         "lines": len(lines),
         "tokens": c.tokens,
     }
-    info = BlobInfo(c.ref, ex.session, KIND, len(c.data), time.time(), ex.owner, meta)
-    await ctx.store.put(info, c.data)
+    return Entry(c.ref, KIND, c.data, meta)
 
 
 def _text_content(message: Message, min_chars: int) -> str | None:

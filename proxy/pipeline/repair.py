@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import time
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
@@ -22,9 +22,10 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message, text_of, tool_call_ids
+from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import Policy
-from proxy.store.base import BlobInfo, content_ref
+from proxy.store.base import content_ref
 
 DANGLING = (
     "Tool call {name} with id {id} did not complete - no result was recorded. "
@@ -49,6 +50,11 @@ def is_synthetic(message: Message) -> bool:
     )
 
 
+# When the archive cannot take a result repair moves out of the tool sequence, it stays whole.
+KEPT_NOTE = (
+    "[agentproxy] A tool result for call {id} could not stay where it was ({why}) nor be "
+    "archived, so here it is in full:\n{text}"
+)
 SET_ASIDE = "set_aside"  # store kind of results repair takes out of the history
 BAD_ARGUMENTS_MARK = "[agentproxy] The arguments of this call were not valid JSON"
 BAD_ARGUMENTS = BAD_ARGUMENTS_MARK + ", so the tool probably did not run as intended: {head}\n"
@@ -87,10 +93,18 @@ class RepairStage:
             return None
         self._clean.pop(ex.session, None)
         fixes: Fixes = {}
-        removed: list[Message] = []
+        removed: list[int] = []
         drop = ex.policy.repair.orphans == "drop"
         repaired = repair(messages, fixes, drop_orphans=drop, session=ex.session, removed=removed)
-        refs = await _archive(ex, ctx, removed)
+        # Recoverable law: what repair takes out is archived first; what cannot be stays in
+        # the context, as a note holding it whole (a valid history matters, and so does it).
+        entries = {index: _entry(ex, messages[index]) for index in removed}
+        stored = await ctx.archive.keep(ex, self.name, list(entries.values()))
+        refs = [e.ref for e in entries.values() if e.ref in stored]
+        if len(refs) < len(entries):
+            whole = {index for index, e in entries.items() if e.ref not in stored}
+            fixes = {}
+            repaired = repair(messages, fixes, drop_orphans=drop, session=ex.session, whole=whole)
         for action in ACTIONS:
             if ids := fixes.get(action):
                 record(ex, ctx, self.name, action, count=len(ids), tool_call_ids=ids)
@@ -153,11 +167,14 @@ def repair(
     *,
     drop_orphans: bool = False,
     session: str = "",
-    removed: list[Message] | None = None,
+    removed: list[int] | None = None,
+    whole: AbstractSet[int] = frozenset(),
 ) -> list[Message]:
     """A valid copy of `messages`, reusing every dict it does not change; `fixes` collects what
-    was done, `removed` the tool messages taken out (to archive: nothing is lost). Non-tool
-    messages keep their order; each call block is followed by its results."""
+    was done, `removed` the indexes of the tool messages taken out (to archive: nothing is
+    lost), except those in `whole` (could not be archived), which stay as a note holding their
+    whole text. Non-tool messages keep their order; each call block is followed by its
+    results."""
     answers, orphans = _assign_results(messages, fixes)
     assigned = {j for results in answers.values() for j in results}
     removed = removed if removed is not None else []
@@ -167,14 +184,22 @@ def repair(
             # Results travel with their call block; only orphans keep a place of their own.
             if index in orphans:
                 call_id = str(message.get("tool_call_id"))
+                if index in whole:
+                    fixes.setdefault("noted_orphan", []).append(call_id)
+                    out.append(_kept_note(call_id, message, "no tool call asked for it"))
+                    continue
                 fixes.setdefault("dropped_orphan" if drop_orphans else "noted_orphan", []).append(
                     call_id
                 )
-                removed.append(message)
+                removed.append(index)
                 if not drop_orphans:
                     out.append(_orphan_note(call_id, message, set_aside_ref(session, message)))
-            elif index not in assigned:
-                removed.append(message)  # a duplicate answer
+            elif index not in assigned:  # a duplicate answer
+                if index in whole:
+                    call_id = str(message.get("tool_call_id"))
+                    out.append(_kept_note(call_id, message, "its call already had a result"))
+                else:
+                    removed.append(index)
             continue
         out.append(message)
         if index in answers:  # a fresh list the block may extend
@@ -282,6 +307,11 @@ def _orphan_note(call_id: str, message: Message, ref: str) -> Message:
     return {"role": "user", "content": note}
 
 
+def _kept_note(call_id: str, message: Message, why: str) -> Message:
+    note = KEPT_NOTE.format(id=call_id, why=why, text=text_of(message))
+    return {"role": "user", "content": note}
+
+
 def set_aside_ref(session: str, message: Message) -> str:
     return content_ref(session, SET_ASIDE, _canonical(message))
 
@@ -290,19 +320,6 @@ def _canonical(message: Message) -> bytes:
     return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
 
 
-async def _archive(ex: Exchange, ctx: StageContext, removed: list[Message]) -> list[str]:
-    """Recoverable law: what repair takes out is stored. A failed write is counted; the repair
-    still goes out, since a valid history matters more than the copy."""
-    refs: list[str] = []
-    for message in removed:
-        data = _canonical(message)
-        ref = content_ref(ex.session, SET_ASIDE, data)
-        meta = {"tool_call_id": message.get("tool_call_id"), "chars": len(text_of(message))}
-        info = BlobInfo(ref, ex.session, SET_ASIDE, len(data), time.time(), ex.owner, meta)
-        try:
-            await ctx.store.put(info, data)
-        except Exception as exc:  # the store is down: count it, keep serving
-            record(ex, ctx, "repair", "store_failed", error=f"{type(exc).__name__}: {exc}")
-            continue
-        refs.append(ref)
-    return refs
+def _entry(ex: Exchange, message: Message) -> Entry:
+    meta = {"tool_call_id": message.get("tool_call_id"), "chars": len(text_of(message))}
+    return entry(ex, SET_ASIDE, _canonical(message), **meta)

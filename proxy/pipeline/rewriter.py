@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from cachetools import LRUCache
 
-from proxy.exchange import Exchange
-from proxy.messages import Message
-from proxy.metrics import Metrics
+from proxy.exchange import Exchange, Usage
 from proxy.pipeline import recall
-from proxy.pipeline.base import StageContext, Summarizer
+from proxy.pipeline.base import StageContext
 from proxy.pipeline.budget import BudgetStage
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
-from proxy.pipeline.overflow import compact_after_overflow
 from proxy.pipeline.repair import RepairStage
 
 MB = 1024 * 1024
@@ -36,7 +32,6 @@ MEMO_SHARES = {
 
 class Rewriter:
     def __init__(self, ctx: StageContext, memo_bytes: int = 256 * MB) -> None:
-        ctx.summarize = _timed(ctx.summarize, ctx.metrics)
         self.ctx = ctx
         size = {name: max(1, int(share * memo_bytes)) for name, share in MEMO_SHARES.items()}
         self.compaction = CompactionStage(
@@ -77,10 +72,12 @@ class Rewriter:
         sent = received if ex.dry_run else max(0, received - ex.tokens_saved)
         metrics.child(metrics.context_tokens, "sent").inc(sent)
 
-    async def after_call(self, ex: Exchange, cost: float | None, calls: int) -> None:
-        """Charge what the request really used to its budgets."""
+    async def after_call(
+        self, ex: Exchange, usage: Usage | None, cost: float | None, calls: int
+    ) -> None:
+        """Charge what the request really used (its summaries included) to its budgets."""
         if ex.policy.budgets and not ex.dry_run:
-            await self.budgets.charge(ex, self.ctx, ex.usage, cost, calls)
+            await self.budgets.charge(ex, self.ctx, usage, cost, calls)
 
     async def refit(self, ex: Exchange) -> None:
         """A fallback took over: the client's own history again, rewritten for the new
@@ -96,27 +93,10 @@ class Rewriter:
         """The provider said the context is exceeded: compact tighter. False = give up."""
         if ex.dry_run or not ex.policy.compaction.enabled or not ex.policy.compaction.reactive:
             return False
-        compacted = await compact_after_overflow(ex, ex.messages, self.ctx, self.compaction)
+        compacted = await self.compaction.after_overflow(ex, ex.messages, self.ctx)
         if compacted is None:
             return False
         ex.body["messages"] = compacted
         if recall.should_offer(ex):
             recall.offer(ex.body)
         return True
-
-
-def _timed(summarize: Summarizer, metrics: Metrics) -> Summarizer:
-    """Every summarizer call is timed and counted by result."""
-
-    async def timed(ex: Exchange, messages: list[Message]) -> str:
-        started = time.perf_counter()
-        result = "failed"
-        try:
-            summary = await summarize(ex, messages)
-            result = "ok"
-            return summary
-        finally:
-            elapsed = time.perf_counter() - started
-            metrics.child(metrics.summarizer_duration, result).observe(elapsed)
-
-    return timed

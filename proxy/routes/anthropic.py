@@ -19,7 +19,7 @@ from proxy.dialects.chat_degraded import TEXT as DEGRADED_TEXT
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.middleware import CLIENT_GONE
-from proxy.pipeline.fit_budget import schema_tokens, tokens_of
+from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.routes.body import read_body
 from proxy.routes.messages_request import parse_messages_request
 from proxy.routes.serve import open_exchange, proxy_headers, serve

@@ -31,7 +31,12 @@ def control(script: Script, clock: Clock | None = None) -> tuple[Control, Metric
     metrics = Metrics()
     ctx = context()
     timing = (clock or Clock()).timing()
-    return Control(Router(script), Rewriter(ctx), metrics, ctx.state, ctx.recorder, timing), metrics
+    return Control(Router(script), metrics, ctx.state, ctx.recorder, timing), metrics
+
+
+def fitter() -> Rewriter:
+    """The rewriter, whose hooks the flow offers control: refit, after_overflow."""
+    return Rewriter(context())
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -88,8 +93,9 @@ async def test_falls_back_after_the_retries_and_refits_the_original_history() ->
     ctl, metrics = control(script)
     messages = [{"role": "user", "content": "hi"}]
     ex = exchange(Policy(name="p", fallbacks=FALLBACK), messages=messages)
-    await ctl.rewriter.before_call(ex)
-    await ctl.call(ex, stream=False)
+    rewriter = fitter()
+    await rewriter.before_call(ex)
+    await ctl.call(ex, stream=False, fitter=rewriter)
     assert [model for model, _ in script.calls] == ["sim", "sim", "sim", "backup"]
     assert ex.alias == "backup" and ex.requested_alias == "sim"
     assert ex.deployment is not None and ex.deployment.alias == "backup"
@@ -118,7 +124,7 @@ async def test_overflow_compacts_inside_the_attempt_or_falls_back() -> None:
     ctl, _ = control(script)
     policy = Policy(name="p", fallbacks=(FallbackSpec("sim", ("backup",), when=("overflow",)),))
     ex = exchange(policy)
-    await ctl.call(ex, stream=False)
+    await ctl.call(ex, stream=False, fitter=fitter())
     assert [model for model, _ in script.calls] == ["sim", "backup"]
     assert ex.recovery.recoveries() == ["fallback to backup"]
 
@@ -188,7 +194,7 @@ async def test_attempt_timeout_and_deadline_name_their_setting() -> None:
 
     def real_clock(script: Script) -> Control:
         ctx = context()
-        return Control(Router(script), Rewriter(ctx), Metrics(), ctx.state, ctx.recorder)
+        return Control(Router(script), Metrics(), ctx.state, ctx.recorder)
 
     policy = Policy(name="p", retry=RetrySpec(attempts=2, base_s=0.01, attempt_timeout_s=0.05))
     script = Script(slow)

@@ -59,7 +59,7 @@ async def test_small_results_are_skipped_without_hashing(monkeypatch: pytest.Mon
     def no_hashing(*args: Any) -> str:
         raise AssertionError("a small message must not be hashed")
 
-    monkeypatch.setattr(offload, "content_ref", no_hashing)
+    monkeypatch.setattr(offload, "ref_of", no_hashing)
     messages = history("short result " * 20)  # ~280 chars: under min_tokens * 3
     assert await OffloadStage().run(exchange(messages, POLICY), messages, context()) is None
 

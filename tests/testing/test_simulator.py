@@ -19,7 +19,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from proxy.pipeline.summarizer import render_transcript, summary_request
+from proxy.pipeline.compaction.summarizer import render_transcript, summary_request
 from proxy.policies.spec import Deployment
 from proxy.testing import Fault, Simulator, run_simulator, serve_simulator
 from proxy.testing.sim_model import estimate_prompt_tokens, summary_sections

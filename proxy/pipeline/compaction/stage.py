@@ -3,7 +3,7 @@
 Proactive: when the estimate (messages + tool schemas, with room kept for the answer) passes
 `trigger` of the window, in order and stopping as soon as it fits:
   0. reuse the longest checkpoint whose prefix matches (byte for byte, no summarizer call);
-  a. truncate long string arguments of old writing-tool calls (fit_truncate.py);
+  a. truncate long string arguments of old writing-tool calls (truncate.py);
   b. archive the older part, then replace it with a structured summary and checkpoint that;
   d. if the summarizer fails or is too slow, cut the middle out instead (with a marker).
 Reactive (overflow.py): the same steps to a tighter target once the provider said it
@@ -13,13 +13,12 @@ Stability: every output is head + replacement + messages[cut:], where the replac
 from a checkpoint and old arguments truncate deterministically up to a stored horizon, so
 between compaction events appending to the input appends to the output.
 
-Cost: a warm turn estimates and hashes only the new messages (fit_memo.py); a turn under
+Cost: a warm turn estimates and hashes only the new messages (memo.py); a turn under
 the trigger costs that estimate and nothing else.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.fit_budget import (
+from proxy.pipeline.compaction.budget import (
     Budget,
     budget_for,
     choose_cut,
@@ -38,14 +37,19 @@ from proxy.pipeline.fit_budget import (
     schema_tokens,
     tokens_of,
 )
-from proxy.pipeline.fit_checkpoints import Checkpoint, CheckpointIndex, Mark, SessionState, key_of
-from proxy.pipeline.fit_memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
-from proxy.pipeline.fit_plan import Plan
-from proxy.pipeline.fit_summarize import STAGE, archive, replace_stretch
-from proxy.pipeline.fit_truncate import Truncator
+from proxy.pipeline.compaction.checkpoints import (
+    Checkpoint,
+    CheckpointIndex,
+    Mark,
+    SessionState,
+    key_of,
+)
+from proxy.pipeline.compaction.memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
+from proxy.pipeline.compaction.overflow import compact_after_overflow
+from proxy.pipeline.compaction.plan import Plan
+from proxy.pipeline.compaction.summarize import STAGE, history_entry, replace_stretch
+from proxy.pipeline.compaction.truncate import Truncator
 from proxy.policies.spec import Policy
-
-log = logging.getLogger("agentproxy.compaction")
 
 # A stretch smaller than this share of the window is not worth a summarizer call.
 MIN_STRETCH_SHARE = 0.05
@@ -117,6 +121,13 @@ class CompactionStage:
             if size <= self._outputs.maxsize:
                 self._outputs[ex.session] = (size, output, seen.messages)
         return output
+
+    async def after_overflow(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message] | None:
+        """The on-overflow hook: the provider said `messages` overflow; the history to retry
+        with, or None to pass its error on (overflow.py)."""
+        return await compact_after_overflow(ex, messages, ctx, self)
 
     async def compact_to(
         self, ex: Exchange, messages: list[Message], ctx: StageContext, fraction: float
@@ -214,15 +225,13 @@ class CompactionStage:
         messages = plan.seen.messages
         before = plan.tokens()
         stop = horizon
-        done = await self.truncator.apply(ex, ctx.store, messages, plan.base, stop)
+        done = await self.truncator.apply(ex, ctx.archive, messages, plan.base, stop)
         plan.saved = done.saved
         old_count = done.arguments
         if plan.tokens() > target and recent > max(horizon, plan.base):
             stop = recent
-            done = await self.truncator.apply(ex, ctx.store, messages, plan.base, stop)
+            done = await self.truncator.apply(ex, ctx.archive, messages, plan.base, stop)
             plan.saved = done.saved
-        if done.failed:
-            record(ex, ctx, STAGE, "store_failed", arguments=done.failed)
         if not done.arguments:
             return
         plan.tail = done.messages + messages[max(stop, plan.base) :]
@@ -252,12 +261,10 @@ class CompactionStage:
             return  # the target is out of reach; a summarizer call per turn would not help
         before = plan.tokens()
         stretch = [*plan.inserted, *messages[plan.base : cut]]
-        try:  # archive first: nothing leaves the context unless it is stored
-            ref = await archive(ex, ctx.store, stretch, plan.base, cut - 1)
-        except Exception as exc:
-            log.warning("archive failed for session %s: %s", ex.session, exc)
-            record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
-            return
+        archived = history_entry(ex, stretch, plan.base, cut - 1)
+        if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
+            return  # nothing leaves the context unless it is stored
+        ref = archived.ref
         started = time.perf_counter()
         replacement, kind = await replace_stretch(ex, ctx, plan.inserted, stretch, ref, window)
         seconds = round(time.perf_counter() - started, 3)

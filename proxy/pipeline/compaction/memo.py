@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 
 from proxy.messages import Message, prefix_hashes
-from proxy.pipeline.fit_budget import message_tokens
+from proxy.pipeline.compaction.budget import message_tokens
 
 DEFAULT_MAX_CHARS = 64_000_000
 

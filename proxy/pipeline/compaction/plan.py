@@ -1,6 +1,6 @@
 """The output of one fitting under construction: head + inserted + tail.
 
-Token figures come from the per-message estimates of this turn's history (fit_memo.Seen),
+Token figures come from the per-message estimates of this turn's history (memo.Seen),
 so re-checking the total after each step costs a C-level sum, not a pass over the messages.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from proxy.messages import Message
-from proxy.pipeline.fit_budget import tokens_of
-from proxy.pipeline.fit_memo import Seen
+from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.compaction.memo import Seen
 
 
 @dataclass(slots=True)

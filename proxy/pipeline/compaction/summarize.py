@@ -15,9 +15,9 @@ import orjson
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
+from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.fit_budget import tokens_of
-from proxy.store.base import BlobInfo, Store, content_ref
+from proxy.pipeline.compaction.budget import tokens_of
 
 STAGE = "compaction"
 KIND = "history"
@@ -36,17 +36,12 @@ SUMMARY_WINDOW_SHARE = 0.2
 MIN_SUMMARY_CHARS = 1_000
 
 
-async def archive(
-    ex: Exchange, store: Store, stretch: Sequence[Message], first: int, last: int
-) -> str:
-    """Write the raw messages about to leave the context; returns their reference.
-
-    Content-addressed over their canonical JSON, so the same stretch archives once."""
+def history_entry(ex: Exchange, stretch: Sequence[Message], first: int, last: int) -> Entry:
+    """The raw messages about to leave the context, for the archive. Content-addressed over
+    their canonical JSON, so the same stretch archives once."""
     data = orjson.dumps(list(stretch), option=orjson.OPT_SORT_KEYS)
-    ref = content_ref(ex.session, KIND, data)
     meta = {"messages": len(stretch), "first": first, "last": last, "tokens": tokens_of(stretch)}
-    await store.put(BlobInfo(ref, ex.session, KIND, len(data), time.time(), ex.owner, meta), data)
-    return ref
+    return entry(ex, KIND, data, **meta)
 
 
 def summary_message(summary: str, count: int, ref: str, window: int, recall: bool) -> Message:

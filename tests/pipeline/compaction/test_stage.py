@@ -7,194 +7,43 @@ simulated model over a loopback socket; failure cases use scripted summarize cal
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
 
-from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.messages import Message, estimate_tokens, pairing_problems
-from proxy.metrics import Metrics
-from proxy.model_catalog import ModelCatalog
-from proxy.pipeline import fit_memo
-from proxy.pipeline.base import StageContext, Summarizer
-from proxy.pipeline.compaction import CompactionStage
-from proxy.pipeline.fit_budget import message_tokens, tokens_of
-from proxy.pipeline.summarizer import SYSTEM_PROMPT, make_summarizer, render_transcript
-from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy, ServerSettings
+from proxy.pipeline.base import Summarizer
+from proxy.pipeline.compaction import CompactionStage, memo
+from proxy.pipeline.compaction.budget import message_tokens, tokens_of
+from proxy.policies.spec import CompactionSpec, Deployment, Policy
 from proxy.store.base import BlobInfo
 from proxy.store.memory import MemoryStore
 from proxy.testing.sim_model import summary_sections
 from proxy.testing.simulator import Simulator
 from proxy.upstream.pool import Upstreams
-
-WINDOW = 2_000
-SIM_KEY = "sk-sim-upstream-secret"
-GOAL = "Build a CSV report tool in src/report.py that sums the amounts per customer"
-SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent."}
-SPEC = CompactionSpec(truncate_min_chars=400, truncate_head_chars=40)
-POLICY = Policy(name="test", compaction=SPEC)
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                "required": ["path"],
-            },
-        },
-    }
-    for name in ("write_file", "read_file")
-]
-
-
-# --- factories ----------------------------------------------------------------------------
-
-
-def target(window: int | None = WINDOW, api_base: str = "http://127.0.0.1:9/v1") -> Deployment:
-    return Deployment(
-        alias="sim",
-        model="openai/sim",
-        provider="openai",
-        upstream_model="sim",
-        api_base=api_base,
-        api_key=SIM_KEY,
-        max_input_tokens=window,
-    )
-
-
-def exchange(
-    messages: list[Message],
-    *,
-    policy: Policy = POLICY,
-    session: str = "s1",
-    deployment: Deployment | None = None,
-    **body: Any,
-) -> Exchange:
-    chosen = deployment or target()
-    ex = Exchange(
-        request_id="req-1",
-        config=Config(version="t", sources=(), loaded_at=0, deployments={"sim": (chosen,)}),
-        key=None,
-        body={"model": "sim", "messages": messages, **body},
-        alias="sim",
-        policy=policy,
-        session=session,
-    )
-    ex.deployment = chosen
-    return ex
-
-
-class Scripted:
-    """A summarize callable that answers from a script and remembers what it was given."""
-
-    def __init__(self, answer: str | BaseException | None = None, delay_s: float = 0.0) -> None:
-        self.answer = answer
-        self.delay_s = delay_s
-        self.calls: list[list[Message]] = []
-
-    async def __call__(self, ex: Exchange, messages: list[Message]) -> str:
-        self.calls.append(messages)
-        await asyncio.sleep(self.delay_s)
-        if isinstance(self.answer, BaseException):
-            raise self.answer
-        if self.answer is not None:
-            return self.answer
-        first = next(m["content"] for m in messages if m.get("role") == "user")
-        intent = summary_sections(first).get("SESSION INTENT", first)  # carried forward
-        return f"SESSION INTENT:\n{intent}\n\nSUMMARY:\n{len(messages)} messages\n\nNEXT STEPS:\ngo"
-
-
-def context(summarize: Summarizer, store: MemoryStore | None = None) -> StageContext:
-    return StageContext(
-        store=store or MemoryStore(),
-        catalog=ModelCatalog(),
-        metrics=Metrics(),
-        events=EventLog(None),
-        summarize=summarize,
-    )
-
-
-def user(text: str) -> Message:
-    return {"role": "user", "content": text}
-
-
-def call(call_id: str, name: str, **arguments: Any) -> Message:
-    function = {"name": name, "arguments": orjson.dumps(arguments).decode()}
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-    }
-
-
-def result(call_id: str, text: str) -> Message:
-    return {"role": "tool", "tool_call_id": call_id, "content": text}
-
-
-def coding_session(turns: int, content_chars: int = 600) -> list[Message]:
-    """System, the goal, then per turn: write a file, its result, a short user follow-up."""
-    history = [SYSTEM, user(GOAL)]
-    for i in range(turns):
-        body = f"# module {i}\n" + "x = 1\n" * (content_chars // 6)
-        history += [
-            call(f"call_{i}", "write_file", path=f"src/mod{i}.py", content=body),
-            result(f"call_{i}", f"wrote {len(body)} bytes to src/mod{i}.py"),
-            user(f"Good. Now step {i + 1}."),
-        ]
-    return history
-
-
-def actions(ex: Exchange) -> list[str]:
-    return [n.action for n in ex.notes]
-
-
-def note(ex: Exchange, action: str) -> dict[str, Any]:
-    return next(n.fields for n in ex.notes if n.action == action)
-
-
-def is_summary_request(body: dict[str, Any]) -> bool:
-    return bool(body["messages"][0]["content"] == SYSTEM_PROMPT)
-
-
-def wire(messages: list[Message]) -> list[bytes]:
-    """What each message looks like on the wire: the unit of byte-for-byte stability."""
-    return [orjson.dumps(m) for m in messages]
-
-
-# --- the simulated model over a real socket -----------------------------------------------
-
-
-@pytest.fixture
-def small_sim() -> Simulator:
-    # The model's real window is larger than the 2,000 tokens the proxy is told, so every
-    # request the stage lets through must be accepted; the simulator also checks pairing.
-    return Simulator(context_window=4096, api_key=SIM_KEY)
-
-
-@pytest.fixture
-async def small_sim_server(aiohttp_server: Any, small_sim: Simulator) -> TestServer:
-    server: TestServer = await aiohttp_server(small_sim.app())
-    return server
-
-
-@pytest.fixture
-async def upstreams() -> AsyncIterator[Upstreams]:
-    pool = Upstreams(lambda: ServerSettings())
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
-def sim_target(small_sim_server: TestServer) -> Deployment:
-    return target(api_base=str(small_sim_server.make_url("/v1")))
+from tests.pipeline.compaction.factories import (
+    GOAL,
+    SPEC,
+    SYSTEM,
+    TOOLS,
+    WINDOW,
+    Scripted,
+    actions,
+    call,
+    coding_session,
+    context,
+    exchange,
+    is_summary_request,
+    note,
+    real_summarizer,
+    result,
+    target,
+    user,
+    wire,
+)
 
 
 class Counting:
@@ -267,7 +116,7 @@ async def test_a_warm_turn_estimates_only_the_new_messages(
         estimated.append(message)
         return message_tokens(message)
 
-    monkeypatch.setattr(fit_memo, "message_tokens", counting)
+    monkeypatch.setattr(memo, "message_tokens", counting)
     stage, ctx = CompactionStage(), context(Scripted())
     history = coding_session(20, content_chars=280)
     await stage.run(exchange(history), history, ctx)
@@ -334,7 +183,7 @@ async def test_summary_keeps_the_intent_and_the_archive_holds_the_raw_messages(
     history = coding_session(20, content_chars=280)
     store = MemoryStore()
     ex = exchange(history, deployment=sim_target)
-    out = await CompactionStage().run(ex, history, context(make_summarizer(upstreams), store))
+    out = await CompactionStage().run(ex, history, context(real_summarizer(upstreams), store))
     assert out is not None and pairing_problems(out) == []
     assert actions(ex)[-1] == "summarized"
     assert out[0] == SYSTEM
@@ -543,7 +392,7 @@ async def test_generated_histories_always_come_out_valid(fails: bool) -> None:
 async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event(
     upstreams: Upstreams, sim_target: Deployment, small_sim: Simulator
 ) -> None:
-    summarizer = Counting(make_summarizer(upstreams))
+    summarizer = Counting(real_summarizer(upstreams))
     ctx = context(summarizer)
     stage = CompactionStage()
     history: list[Message] = [SYSTEM, user(GOAL)]
@@ -577,14 +426,3 @@ async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event
     assert summaries >= 2, "the test must cross several compaction events"
     assert summarizer.calls == summaries
     assert sum(is_summary_request(r.body) for r in small_sim.requests) == summaries
-
-
-# --- the summarizer's transcript ----------------------------------------------------------
-
-
-def test_the_transcript_is_bounded_per_message_and_in_total() -> None:
-    history = coding_session(30, content_chars=5_000)
-    text = render_transcript(history, 1_000, 20_000)
-    assert len(text) <= 20_100
-    assert "[#2 user]" in text and "chars of the transcript left out" in text
-    assert "[#4 tool result for call_0]" in text

@@ -9,15 +9,19 @@ through instead of looping.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 import xxhash
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.compaction import CompactionStage
-from proxy.pipeline.fit_budget import tokens_of
-from proxy.pipeline.fit_summarize import STAGE
+from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.compaction.summarize import STAGE
+
+if TYPE_CHECKING:  # the stage calls in here (its on-overflow hook)
+    from proxy.pipeline.compaction.stage import CompactionStage
 
 # Lower-case fragments of the providers' "context exceeded" errors. litellm's
 # ContextWindowExceededError reaches the client with code "context_length_exceeded".

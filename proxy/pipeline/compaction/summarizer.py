@@ -1,6 +1,10 @@
 """The summarizer: one non-streaming chat call that turns a stretch of history into a
 structured summary (SESSION INTENT, SUMMARY, ARTIFACTS, NEXT STEPS).
 
+The call goes through control like any other (retries, fallbacks, deployment circuits, the
+request's deadline) as a child exchange of the request, and what it used is charged to the
+request: to its budgets, and to the token and cost metrics under the summarizer's model.
+
 Intent and next steps are what keep an agent on task after compaction (deepagents' lesson);
 artifacts keep it from redoing work. The transcript is bounded so the summarizer's own
 request cannot overflow: each message and the whole are capped, the middle cut first.
@@ -8,17 +12,19 @@ request cannot overflow: each message and the whole are capped, the middle cut f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 import orjson
 
 from proxy.exchange import Exchange
 from proxy.messages import Message, text_of
+from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import Summarizer
-from proxy.policies.spec import Deployment
-from proxy.upstream.pool import Upstreams
+from proxy.policies.spec import Deployment, Policy
 
 SECTIONS = ("SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS")
 SYSTEM_PROMPT = """\
@@ -54,30 +60,86 @@ class SummarizerError(Exception):
     """The summarizer's answer had no usable text."""
 
 
-def make_summarizer(upstreams: Upstreams, catalog: ModelCatalog | None = None) -> Summarizer:
-    """A Summarizer calling the policy's summarizer model (or the request's own model)."""
+class Caller(Protocol):
+    """Control as the summarizer uses it: fallback ⊃ retry ⊃ circuit ⊃ upstream call."""
+
+    def route(self, ex: Exchange) -> None: ...
+
+    async def call(self, ex: Exchange, *, stream: bool) -> Any: ...
+
+
+def make_summarizer(
+    control: Caller, metrics: Metrics, catalog: ModelCatalog | None = None
+) -> Summarizer:
+    """A Summarizer calling the policy's summarizer model (or the request's own model) through
+    control, charged to the request; every call timed and counted by result."""
 
     async def summarize(ex: Exchange, messages: list[Message]) -> str:
-        deployment = summarizer_deployment(ex, upstreams)
-        limit = transcript_limit(deployment, catalog)
-        body = summary_request(deployment, messages, limit)
-        upstream = upstreams.for_deployment(deployment)
-        reply = await upstream.complete(deployment, body, ex.request_id)
+        started = time.perf_counter()
+        result = "failed"
+        try:
+            summary = await _summarize(ex, messages)
+            result = "ok"
+            return summary
+        finally:
+            elapsed = time.perf_counter() - started
+            metrics.child(metrics.summarizer_duration, result).observe(elapsed)
+
+    async def _summarize(ex: Exchange, messages: list[Message]) -> str:
+        child = summary_exchange(ex)
+        if child.deployment is None:
+            control.route(child)  # round-robin over the alias, open circuits skipped
+        deployment = child.deployment
+        assert deployment is not None
+        child.body = summary_request(deployment, messages, transcript_limit(deployment, catalog))
+        child.body_bytes = len(orjson.dumps(child.body))  # what an unreported usage is charged
+        try:
+            reply = await control.call(child, stream=False)  # no fitter: sent as built
+        finally:
+            ex.add_side_call(child)  # charged to the request whatever happened
         return summary_text(reply.data)
 
     return summarize
 
 
-def summarizer_deployment(ex: Exchange, upstreams: Upstreams) -> Deployment:
+def summary_exchange(ex: Exchange) -> Exchange:
+    """The summary request as an exchange of its own: the request's owner, session, key and
+    deadline, its policy's retries, fallbacks and circuits, but neither compaction (the
+    transcript is bounded already; a summary must not summon another) nor recall. Its body is
+    the caller's to set."""
     alias = ex.policy.compaction.summarizer_model
+    deployment = None
     if alias is None:
         if ex.deployment is None:
             raise LookupError("no deployment chosen for this request yet")
-        return ex.deployment
-    deployments = ex.config.deployments.get(alias)
-    if not deployments:
+        alias, deployment = ex.alias, ex.deployment
+    elif not ex.config.deployments.get(alias):
         raise LookupError(f"summarizer_model {alias!r} is not a configured model alias")
-    return upstreams.pick(deployments)
+    child = Exchange(
+        request_id=ex.request_id,
+        config=ex.config,
+        key=ex.key,
+        body={},
+        alias=alias,
+        policy=_for_summaries(ex.policy),
+        session=ex.session,
+        session_name=ex.session_name,
+        owner=ex.owner,
+        parent_session=ex.parent_session,
+        route=ex.route,
+        deployment=deployment,
+        started=ex.started,  # the request's deadline covers its summaries
+    )
+    child.recovery.deadline = ex.recovery.deadline
+    return child
+
+
+def _for_summaries(policy: Policy) -> Policy:
+    return replace(
+        policy,
+        compaction=replace(policy.compaction, enabled=False),
+        recall=replace(policy.recall, enabled=False),
+    )
 
 
 def transcript_limit(deployment: Deployment, catalog: ModelCatalog | None) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -11,14 +10,13 @@ from aiohttp.test_utils import TestServer
 
 from proxy.messages import Message, pairing_problems
 from proxy.pipeline.compaction import CompactionStage
-from proxy.pipeline.fit_budget import tokens_of
-from proxy.pipeline.overflow import compact_after_overflow, is_context_overflow
-from proxy.pipeline.summarizer import make_summarizer
-from proxy.policies.spec import CompactionSpec, Policy, ServerSettings
+from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
+from proxy.policies.spec import CompactionSpec, Policy
 from proxy.testing.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.upstream.pool import Upstreams
-from tests.pipeline.test_compaction import (
+from tests.pipeline.compaction.factories import (
     GOAL,
     SIM_KEY,
     SPEC,
@@ -27,6 +25,7 @@ from tests.pipeline.test_compaction import (
     coding_session,
     context,
     exchange,
+    real_summarizer,
     target,
     user,
 )
@@ -84,13 +83,6 @@ def test_a_successful_answer_is_never_an_overflow() -> None:
 
 
 @pytest.fixture
-async def upstreams() -> AsyncIterator[Upstreams]:
-    pool = Upstreams(lambda: ServerSettings())
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
 def narrow_sim() -> Simulator:
     # The model's real window (2,000) is smaller than the proxy believes (3,000): our estimate
     # fits, the provider overflows — the case reactive compaction exists for.
@@ -110,7 +102,7 @@ async def test_an_overflow_is_compacted_to_the_tighter_target_and_the_retry_succ
     deployment = target(window=3_000, api_base=str(narrow_server.make_url("/v1")))
     history = coding_session(17, content_chars=280)  # ~2,200 tokens: under 0.85 of 3,000
     stage = CompactionStage()
-    ctx = context(make_summarizer(upstreams))
+    ctx = context(real_summarizer(upstreams))
     ex = exchange(history, deployment=deployment)
     assert await stage.run(ex, history, ctx) is None  # the estimate says it fits
 

@@ -9,7 +9,6 @@ turn cost one hash per truncated message and no store writes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +19,10 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.json_depth import nested_too_deep
 from proxy.messages import Message, message_hash
-from proxy.pipeline.fit_budget import message_tokens
+from proxy.pipeline.archive import Archive, Entry, entry
+from proxy.pipeline.compaction.budget import message_tokens
+from proxy.pipeline.compaction.summarize import STAGE
 from proxy.policies.spec import CompactionSpec
-from proxy.store.base import BlobInfo, Store, content_ref
 
 KIND = "tool_arguments"
 MARKER = "… [agentproxy] {chars} chars truncated; the full value is archived as {ref} ({how})"
@@ -35,10 +35,17 @@ CacheKey = tuple[str, int, int, int, tuple[str, ...], bool]
 @dataclass(slots=True)
 class Truncated:
     messages: list[Message]  # the given slice, truncated messages replaced by copies
+    start: int = 0  # where the slice starts in the history
     arguments: int = 0  # arguments truncated in the slice
     stored: int = 0  # of which written to the store just now (not seen before in this process)
-    failed: int = 0  # store writes that failed (those arguments stay whole)
     saved: dict[int, int] = field(default_factory=dict)  # message index → tokens saved
+
+    def use(self, index: int, done: tuple[Message, int, int, int]) -> None:
+        """Message `index` (of the whole history) becomes its truncated copy."""
+        self.messages[index - self.start] = done[0]
+        self.arguments += done[1]
+        if done[1]:
+            self.saved[index] = done[2]
 
 
 def truncatable(message: Message, spec: CompactionSpec) -> bool:
@@ -68,12 +75,13 @@ class Truncator:
         return self._done
 
     async def apply(
-        self, ex: Exchange, store: Store, messages: Sequence[Message], start: int, stop: int
+        self, ex: Exchange, archive: Archive, messages: Sequence[Message], start: int, stop: int
     ) -> Truncated:
         spec = ex.policy.compaction
         recall = ex.policy.recall.enabled
         out = list(messages[start:stop])
-        result = Truncated(out)
+        result = Truncated(out, start)
+        fresh: list[tuple[int, CacheKey, _Plan]] = []  # not truncated before in this process
         for offset, message in enumerate(out):
             if not truncatable(message, spec):
                 continue
@@ -87,25 +95,47 @@ class Truncator:
             )
             done = self._done.get(key)
             if done is None:
-                (short, count), failed = await _truncate_message(ex, store, message, spec, recall)
-                kept = message_tokens(short)
-                done = (short, count, message_tokens(message) - kept, 4 * kept + 256)
-                result.failed += failed
-                result.stored += count
-                if not failed:  # a failed write is retried on a later turn
-                    self._done[key] = done
-            out[offset] = done[0]
-            result.arguments += done[1]
-            if done[1]:
-                result.saved[start + offset] = done[2]
+                fresh.append((offset, key, _plan(ex, message, spec)))
+            else:
+                result.use(start + offset, done)
+        if not fresh:
+            return result
+        # Recoverable law: every value is stored before it is cut; one batch for the slice.
+        entries = [long.entry for _, _, plan in fresh for long in plan.longs]
+        stored = await archive.keep(ex, STAGE, entries)
+        for offset, key, plan in fresh:
+            short, count = _shortened(plan, stored, spec, recall)
+            kept = message_tokens(short)
+            done = (short, count, message_tokens(plan.message) - kept, 4 * kept + 256)
+            result.stored += count
+            if all(long.entry.ref in stored for long in plan.longs):
+                self._done[key] = done  # a failed write is retried on a later turn
+            result.use(start + offset, done)
         return result
 
 
-async def _truncate_message(
-    ex: Exchange, store: Store, message: Message, spec: CompactionSpec, recall: bool
-) -> tuple[tuple[Message, int], int]:
-    calls, count, failed = [], 0, 0
-    for call in message["tool_calls"]:
+@dataclass(frozen=True, slots=True)
+class _Long:
+    """One long string argument: where it is, and its archive entry."""
+
+    call: int  # index in the message's tool_calls
+    path: str  # inside the call's parsed arguments, e.g. "edits[0].new_string"
+    value: str
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    message: Message
+    parsed: dict[int, Any]  # call index → its parsed arguments (calls with long values only)
+    longs: list[_Long]
+
+
+def _plan(ex: Exchange, message: Message, spec: CompactionSpec) -> _Plan:
+    """The long values of a message's writing-tool calls, each with its archive entry."""
+    parsed_calls: dict[int, Any] = {}
+    longs: list[_Long] = []
+    for index, call in enumerate(message["tool_calls"]):
         function = call.get("function") if isinstance(call, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
         if (
@@ -114,34 +144,49 @@ async def _truncate_message(
             or not isinstance(arguments, str)
             or len(arguments) <= spec.truncate_min_chars
         ):
-            calls.append(call)
             continue
         try:
             parsed = orjson.loads(arguments)
         except orjson.JSONDecodeError:
-            calls.append(call)  # malformed: repair reports it; never make it worse
-            continue
+            continue  # malformed: repair reports it; never make it worse
         if nested_too_deep(arguments, parsed):
-            calls.append(call)  # walked by recursion below; the provider will refuse it anyway
+            continue  # walked by recursion below; the provider will refuse it anyway
+        found: list[tuple[str, str]] = []  # (path, value)
+        _collect_long(parsed, "", spec.truncate_min_chars, found)
+        if not found:
             continue
-        long_values: list[tuple[str, str]] = []  # (path, value)
-        _collect_long(parsed, "", spec.truncate_min_chars, long_values)
-        replaced: dict[str, str] = {}
-        for path, value in long_values:
-            ref = await _store_value(ex, store, value, function["name"], call, path)
-            if ref is None:
-                failed += 1
-                continue
-            how = HOW_RECALL if recall else HOW_HTTP.format(ref=ref)
-            marker = MARKER.format(chars=len(value), ref=ref, how=how)
-            replaced[path] = value[: spec.truncate_head_chars] + marker
-        if not replaced:
+        parsed_calls[index] = parsed
+        for path, value in found:
+            meta = {"tool": function["name"], "call_id": call.get("id"), "argument": path}
+            longs.append(_Long(index, path, value, entry(ex, KIND, value.encode(), **meta)))
+    return _Plan(message, parsed_calls, longs)
+
+
+def _shortened(
+    plan: _Plan, stored: set[str], spec: CompactionSpec, recall: bool
+) -> tuple[Message, int]:
+    """The message with every stored long value cut to its head and a marker (the values
+    whose write failed stay whole), and how many were cut."""
+    replaced: dict[int, dict[str, str]] = {}  # call index → path → its shortened value
+    for long in plan.longs:
+        ref = long.entry.ref
+        if ref not in stored:
+            continue
+        how = HOW_RECALL if recall else HOW_HTTP.format(ref=ref)
+        marker = MARKER.format(chars=len(long.value), ref=ref, how=how)
+        replaced.setdefault(long.call, {})[long.path] = (
+            long.value[: spec.truncate_head_chars] + marker
+        )
+    calls, count = [], 0
+    for index, call in enumerate(plan.message["tool_calls"]):
+        paths = replaced.get(index)
+        if not paths:
             calls.append(call)
             continue
-        count += len(replaced)
-        shortened = orjson.dumps(_replace(parsed, "", replaced)).decode()
-        calls.append({**call, "function": {**function, "arguments": shortened}})
-    return ({**message, "tool_calls": calls}, count), failed
+        count += len(paths)
+        shortened = orjson.dumps(_replace(plan.parsed[index], "", paths)).decode()
+        calls.append({**call, "function": {**call["function"], "arguments": shortened}})
+    return {**plan.message, "tool_calls": calls}, count
 
 
 def _collect_long(value: Any, path: str, min_chars: int, found: list[tuple[str, str]]) -> None:
@@ -168,18 +213,3 @@ def _replace(value: Any, path: str, replaced: dict[str, str]) -> Any:
     if isinstance(value, list):
         return [_replace(item, f"{path}[{i}]", replaced) for i, item in enumerate(value)]
     return value
-
-
-async def _store_value(
-    ex: Exchange, store: Store, value: str, tool: str, call: dict[str, Any], path: str
-) -> str | None:
-    """Written before it leaves the context (recoverable); None when the store failed."""
-    data = value.encode()
-    ref = content_ref(ex.session, KIND, data)
-    meta = {"tool": tool, "call_id": call.get("id"), "argument": path}
-    try:
-        info = BlobInfo(ref, ex.session, KIND, len(data), time.time(), ex.owner, meta)
-        await store.put(info, data)
-    except Exception:
-        return None
-    return ref
