@@ -49,6 +49,9 @@ class AnthropicView:
     _turns: dict[str, list[Block]] = field(default_factory=dict)
     # The client's tool_result blocks by tool_use id: a rewritten result keeps its fields.
     _results: dict[str, Block] = field(default_factory=dict)
+    # The client's tools by id() of their chat-shaped twins (kept out of the chat tools, whose
+    # JSON the stages count as the schemas' tokens).
+    _tools: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> AnthropicView:
@@ -63,7 +66,11 @@ class AnthropicView:
     def chat_body(self) -> dict[str, Any]:
         """The chat-shaped request the stages rewrite (its messages are the view)."""
         chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
-        tools = [_chat_tool(t) for t in self.body.get("tools") or [] if isinstance(t, dict)]
+        tools = []
+        for tool in self.body.get("tools") or []:
+            if isinstance(tool, dict):
+                tools.append(chat_tool := _chat_tool(tool))
+                self._tools[id(chat_tool)] = tool
         if tools:
             chat["tools"] = tools
         # No max_tokens: current Claude models do not count it against the window (Claude Code
@@ -78,10 +85,7 @@ class AnthropicView:
         """The stages' output as a plain Chat Completions request, for a deployment that does
         not speak Anthropic (what this loses: thinking blocks, cache_control, citations and
         every other Anthropic-only field; images and documents pass as they are)."""
-        out = {k: v for k, v in chat.items() if k != "tools"}
-        tools = [{k: v for k, v in t.items() if k != "native"} for t in chat.get("tools") or []]
-        if tools:
-            out["tools"] = tools
+        out = dict(chat)
         for name in ("max_tokens", "temperature", "top_p", "stop_sequences"):
             if name in self.body:
                 out["stop" if name == "stop_sequences" else name] = self.body[name]
@@ -108,7 +112,7 @@ class AnthropicView:
         elif "system" in out:
             del out["system"]
         out["messages"] = list(self._native_messages(messages[start:]))
-        _render_tools(out, chat)
+        _render_tools(out, chat, self._tools)
         _cache_replacement(out, self.body["messages"])
         return out
 
@@ -357,7 +361,7 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
         function["description"] = tool["description"]
     if "input_schema" in tool:
         function["parameters"] = tool["input_schema"]
-    return {"type": "function", "function": function, "native": tool}
+    return {"type": "function", "function": function}
 
 
 def _chat_tool_choice(choice: Any) -> Any:
@@ -369,15 +373,17 @@ def _chat_tool_choice(choice: Any) -> Any:
     return {"any": "required", "none": "none", "auto": "auto"}.get(str(kind))
 
 
-def _render_tools(out: dict[str, Any], chat: dict[str, Any]) -> None:
+def _render_tools(
+    out: dict[str, Any], chat: dict[str, Any], natives: dict[int, dict[str, Any]]
+) -> None:
     """Tools and tool_choice as the stages left them: the client's own tools as sent, the
     proxy's recall tool in Anthropic's form, "none" when a guard took tool use away."""
     tools = chat.get("tools")
     if tools:
         native = []
         for tool in tools:
-            if "native" in tool:
-                native.append(tool["native"])
+            if id(tool) in natives:
+                native.append(natives[id(tool)])
             else:
                 function = tool.get("function") or {}
                 native.append(
