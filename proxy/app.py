@@ -28,7 +28,7 @@ from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.recorder import Recorder
-from proxy.routes import admin, anthropic, archive, health, openai
+from proxy.routes import admin, anthropic, archive, health, openai, responses
 from proxy.state import (
     CATALOG,
     CONFIG,
@@ -94,6 +94,7 @@ def build_app(
     metrics.watch_memos(rewriter.memos())
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
+    app.add_routes(responses.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)

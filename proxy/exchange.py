@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.dialects.responses_view import ResponsesView
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 from proxy.upstream.anthropic import speaks_anthropic
 
@@ -121,10 +122,12 @@ class Exchange:
     stream: bool = False
     client_wants_usage: bool = False
     route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
-    wire: str = "chat"  # the client's wire format: "chat" or "anthropic"
-    # An Anthropic client's request: `body` is then its chat-shaped view (what the stages
-    # rewrite), and this renders the native request back from it.
-    view: AnthropicView | None = None
+    wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
+    # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
+    # the stages rewrite), and this renders the native request back from it.
+    view: AnthropicView | ResponsesView | None = None
+    # The history lives at the provider (previous_response_id): nothing of it is rewritten.
+    opaque_history: bool = False
     # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
     forward_headers: dict[str, str] = field(default_factory=dict)
     # Why the request failed after its answer began (a stream cut midway): it counts as failed.
@@ -183,8 +186,8 @@ class Exchange:
         when the deployment speaks it, else the chat-shaped request."""
         if self.view is None:
             return self.body, None
-        if speaks_anthropic(deployment):
-            return self.view.render(self.body), self.forward_headers
+        if isinstance(self.view, ResponsesView) or speaks_anthropic(deployment):
+            return self.view.render(self.body), self.forward_headers or None
         return self.view.translated(self.body), None
 
     def estimated_prompt(self) -> int:

@@ -98,7 +98,10 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = _error_response(request, from_http_exception(exc), request_id)
+        refused = from_http_exception(exc)
+        if exc.status in (404, 405):  # say what is served here
+            refused.message = f"{request.method} {request.path} is not served; {_served(request)}"
+        response = _error_response(request, refused, request_id)
     except Exception as exc:
         if isinstance(exc, ConnectionError) and _client_gone(request):
             # Hung up while its body was read or its answer written: nothing to answer.
@@ -147,6 +150,18 @@ def _error_response(request: web.Request, error: ProxyError, request_id: str) ->
     if request.path.startswith(ANTHROPIC_PATHS):
         return error_response(error, request_id, body=anthropic.error_body(error, request_id))
     return error_response(error, request_id)
+
+
+def _served(request: web.Request) -> str:
+    """The routes this app serves, for a client that called one it does not."""
+    routes = sorted(
+        {
+            f"{route.method} {route.resource.canonical}"
+            for route in request.app.router.routes()
+            if route.resource is not None and route.method in ("GET", "POST")
+        }
+    )
+    return "it serves: " + ", ".join(routes)
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -22,9 +22,9 @@ from proxy.policies.spec import ApiKey, Keys
 
 SESSION_HEADER = "x-agentproxy-session"
 PARENT_HEADER = "x-agentproxy-parent-session"
-# Session ids real agents already send: Claude Code's (constant over a conversation, resumes
-# included); it is also inside its metadata.user_id JSON.
-CLIENT_SESSION_HEADERS = ("x-claude-code-session-id",)
+# Session ids real agents already send, constant over a conversation (resumes included):
+# Claude Code's (also inside its metadata.user_id JSON), Codex's.
+CLIENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "thread-id")
 MAX_SESSION_CHARS = 128
 
 

@@ -86,6 +86,7 @@ class BudgetStage:
     one counter set per (budget, scope, window), added to atomically."""
 
     name = "budget"
+    guard = True  # runs on every request, its history seen whole or not
     preserves_pairing = True  # it only ever appends a user note
 
     def __init__(self) -> None:

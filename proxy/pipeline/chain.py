@@ -39,6 +39,8 @@ class Chain:
         ex.stable_prefix = self._stable_prefix(ex, original)
         messages = original
         for stage in self.stages:
+            if ex.opaque_history and not getattr(stage, "guard", False):
+                continue  # the history lives at the provider: only the guards run
             if stage.enabled(ex.policy):
                 messages = await self._run(stage, ex, messages, ctx)
         if messages is not original and not ex.dry_run:

@@ -140,6 +140,7 @@ class _Level:
 
 class LoopStage:
     name = "loops"
+    guard = True  # runs on every request, its history seen whole or not
 
     def enabled(self, policy: Policy) -> bool:
         return policy.loops.enabled

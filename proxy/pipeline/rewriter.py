@@ -91,7 +91,9 @@ class Rewriter:
 
     async def after_overflow(self, ex: Exchange) -> bool:
         """The provider said the context is exceeded: compact tighter. False = give up."""
-        if ex.dry_run or not ex.policy.compaction.enabled or not ex.policy.compaction.reactive:
+        if ex.dry_run or ex.opaque_history:
+            return False
+        if not ex.policy.compaction.enabled or not ex.policy.compaction.reactive:
             return False
         compacted = await self.compaction.after_overflow(ex, ex.messages, self.ctx)
         if compacted is None:

@@ -80,7 +80,7 @@ class AnthropicWire:
     """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
 
     def __init__(self, ex: Exchange) -> None:
-        assert ex.view is not None
+        assert isinstance(ex.view, AnthropicView)
         self.view = ex.view
         self.replies = anthropic.Replies(ex.view)
 

@@ -10,12 +10,14 @@ from proxy.upstream.anthropic import AnthropicUpstream, speaks_anthropic
 from proxy.upstream.base import Upstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai_compat import OpenAICompatUpstream
+from proxy.upstream.responses import ResponsesUpstream, speaks_responses
 
 
 class Upstreams:
     def __init__(self, settings: Callable[[], ServerSettings]) -> None:
         self.fast = OpenAICompatUpstream(settings)
         self.anthropic = AnthropicUpstream(settings)
+        self.responses = ResponsesUpstream(settings)
         self.litellm = LiteLLMUpstream(settings)
         self._turns: dict[str, itertools.count[int]] = {}
 
@@ -42,6 +44,8 @@ class Upstreams:
         path, or litellm's translation to the provider)."""
         if wire == "anthropic" and speaks_anthropic(deployment):
             return self.anthropic
+        if wire == "responses" and speaks_responses(deployment):
+            return self.responses
         return self.fast if deployment.fast_path else self.litellm
 
     def prepare(self, config: Config) -> None:
@@ -56,4 +60,5 @@ class Upstreams:
     async def close(self) -> None:
         await self.fast.close()
         await self.anthropic.close()
+        await self.responses.close()
         await self.litellm.close()

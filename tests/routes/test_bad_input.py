@@ -93,15 +93,24 @@ async def test_bad_input_then_good_input(
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405)],
+    [
+        ("GET", "/v1/nothing", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("POST", "/v1/embeddings", 404),
+        ("POST", "/chat/completions", 404),  # the /v1 prefix missing from a base URL
+    ],
 )
-async def test_unknown_routes_answer_openai_style(
+async def test_unknown_routes_answer_openai_style_and_list_the_routes_served(
     guarded: TestServer, method: str, path: str, status: int
 ) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.request(method, str(guarded.make_url(path))) as r:
             assert r.status == status
-            assert (await r.json())["error"]["type"] == "invalid_request_error"
+            error = (await r.json())["error"]
+    assert error["type"] == "invalid_request_error"
+    assert f"{method} {path} is not served" in error["message"]
+    for served in ("POST /v1/chat/completions", "POST /v1/messages", "POST /v1/responses"):
+        assert served in error["message"]
 
 
 async def test_streaming_bad_upstream_before_first_byte_is_json_error(

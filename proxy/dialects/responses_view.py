@@ -1,0 +1,287 @@
+"""An OpenAI Responses request as the rewrite stages see it, and back.
+
+The input items map onto chat-shaped messages: `instructions` and system/developer messages
+lead, message items are messages, a run of `function_call` / `custom_tool_call` items is one
+assistant turn with `tool_calls`, each `*_output` item a `tool` result. Items the stages have no
+word for (reasoning with its `encrypted_content`, web searches, `additional_tools`, anything
+new) ride along with the view message after them, so they go back where they were.
+
+Going back is lossless for everything the stages left alone: a view message still the very
+object built here is replaced by its items as the client sent them. What a stage changed keeps
+its other fields (an offloaded output keeps its call_id and type; a truncated call its id and
+status); what a stage added is built in the Responses form (repair's synthetic output, a
+summary as a user message, the proxy's recall call and its answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.messages import Message
+
+Item = dict[str, Any]
+CALLS = ("function_call", "custom_tool_call")
+OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+@dataclass(slots=True)
+class ResponsesView:
+    body: dict[str, Any]  # the client's request, never mutated
+    messages: list[Message] = field(default_factory=list)
+    _origins: dict[int, list[int]] = field(default_factory=dict)  # view id() -> item indexes
+    _items: list[Item] = field(default_factory=list)  # the client's input as a list
+    _calls: dict[str, Item] = field(default_factory=dict)  # call_id -> the client's call item
+    _outputs: dict[str, Item] = field(default_factory=dict)  # call_id -> its output item
+    # Output items of replies the proxy continued itself (recall rounds), by first call_id.
+    _turns: dict[str, list[Item]] = field(default_factory=dict)
+    _tail: list[int] = field(default_factory=list)  # unmapped items after the last message
+    _tools: dict[int, dict[str, Any]] = field(default_factory=dict)  # chat tool id() -> native
+    _instructions: Message | None = None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> ResponsesView:
+        view = cls(body)
+        instructions = body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            view._instructions = {"role": "system", "content": instructions}
+            view.messages.append(view._instructions)
+        raw = body.get("input")
+        view._items = (
+            [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
+        )
+        view._map()
+        return view
+
+    def chat_body(self) -> dict[str, Any]:
+        chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
+        tools = []
+        for tool in self.body.get("tools") or []:
+            if isinstance(tool, dict):
+                tools.append(chat_tool := _chat_tool(tool))
+                self._tools[id(chat_tool)] = tool
+        if tools:
+            chat["tools"] = tools
+        limit = self.body.get("max_output_tokens")
+        if isinstance(limit, int):
+            chat["max_tokens"] = limit
+        choice = self.body.get("tool_choice")
+        if isinstance(choice, str):
+            chat["tool_choice"] = choice
+        return chat
+
+    def remember_turn(self, output: list[Item]) -> None:
+        """A reply the proxy continues itself: its items go back whole (reasoning first)."""
+        first = next((i.get("call_id") for i in output if i.get("type") in CALLS), None)
+        if isinstance(first, str):
+            self._turns[first] = [i for i in output if i.get("type") != "message"]
+
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        out = dict(self.body)
+        messages: list[Message] = chat["messages"]
+        if messages and messages[0] is self._instructions:
+            messages = messages[1:]
+        elif self._instructions is not None:
+            if (
+                messages
+                and messages[0].get("role") == "system"
+                and id(messages[0]) not in self._origins
+            ):
+                out["instructions"] = _text(messages[0].get("content"))  # rewritten
+                messages = messages[1:]
+            else:
+                out.pop("instructions", None)
+        items = [item for message in messages for item in self._native(message)]
+        items += [self._items[i] for i in self._tail]
+        if isinstance(self.body.get("input"), str) and items == self._items:
+            out["input"] = self.body["input"]
+        else:
+            out["input"] = items
+        _render_tools(out, chat, self._tools)
+        return out
+
+    # --- to the view --------------------------------------------------------------------------
+
+    def _map(self) -> None:
+        pending: list[int] = []  # items riding along with the next view message
+        turn: Message | None = None
+        for index, item in enumerate(self._items):
+            if not isinstance(item, dict):
+                pending.append(index)
+                continue
+            kind = item.get("type", "message")
+            if kind in CALLS:
+                call_id = item.get("call_id")
+                if isinstance(call_id, str):
+                    self._calls[call_id] = item
+                if turn is None:
+                    turn = {"role": "assistant", "content": None, "tool_calls": []}
+                    self._add(turn, pending)
+                    pending = []
+                turn["tool_calls"].append(_chat_call(item))
+                self._origins[id(turn)].append(index)
+                continue
+            turn = None
+            if kind in OUTPUTS:
+                call_id = item.get("call_id")
+                if isinstance(call_id, str):
+                    self._outputs[call_id] = item
+                result = {"role": "tool", "tool_call_id": call_id, "content": _output(item)}
+                self._add(result, [*pending, index])
+            elif kind == "message" and isinstance(item.get("role"), str):
+                message = {"role": item["role"], "content": _content(item.get("content"))}
+                self._add(message, [*pending, index])
+            else:
+                pending.append(index)  # reasoning, web search, additional_tools, ...
+                continue
+            pending = []
+        self._tail = pending
+
+    def _add(self, message: Message, indexes: list[int]) -> None:
+        self.messages.append(message)
+        self._origins[id(message)] = list(indexes)
+
+    # --- back to native -----------------------------------------------------------------------
+
+    def _native(self, message: Message) -> Iterable[Item]:
+        indexes = self._origins.get(id(message))
+        if indexes is not None:
+            return [self._items[i] for i in indexes]
+        role = message.get("role")
+        if role == "tool":
+            return [self._output_item(message)]
+        if role == "assistant" and message.get("tool_calls"):
+            return self._turn(message)
+        text = _text(message.get("content"))
+        if role == "assistant":
+            return [{"role": "assistant", "content": text}]
+        return [{"role": "user" if role not in ("user", "developer") else role, "content": text}]
+
+    def _output_item(self, message: Message) -> Item:
+        call_id = message.get("tool_call_id")
+        content = message.get("content")
+        output = content if isinstance(content, str) else _native_parts(content)
+        original = self._outputs.get(call_id) if isinstance(call_id, str) else None
+        if original is not None:
+            return {**original, "output": output}
+        call = self._calls.get(call_id) if isinstance(call_id, str) else None
+        kind = (
+            "custom_tool_call_output"
+            if call and call.get("type") == "custom_tool_call"
+            else "function_call_output"
+        )
+        return {"type": kind, "call_id": call_id, "output": output}
+
+    def _turn(self, message: Message) -> list[Item]:
+        """An assistant turn a stage rewrote (truncated arguments) or the proxy added (recall):
+        the items it came from, each call with its arguments now."""
+        calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        first = calls[0].get("id") if calls else None
+        items: list[Item] = []
+        kept = self._turns.get(first) if isinstance(first, str) else None
+        if kept is None:  # the client's own turn: its items, in order
+            kept = [self._calls[c["id"]] for c in calls if c.get("id") in self._calls]
+        by_id = {c.get("id"): c for c in calls}
+        for item in kept:
+            if item.get("type") not in CALLS:
+                items.append(item)
+            elif (call := by_id.pop(item.get("call_id"), None)) is not None:
+                items.append(_with_arguments(item, call))
+        items += [_new_call(call) for call in by_id.values()]
+        return items
+
+
+def _chat_call(item: Item) -> dict[str, Any]:
+    arguments = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+    return {
+        "id": item.get("call_id"),
+        "type": "function",
+        "function": {
+            "name": item.get("name"),
+            "arguments": arguments if isinstance(arguments, str) else "",
+        },
+    }
+
+
+def _with_arguments(item: Item, call: dict[str, Any]) -> Item:
+    arguments = (call.get("function") or {}).get("arguments", "")
+    key = "arguments" if item.get("type") == "function_call" else "input"
+    return item if item.get(key) == arguments else {**item, key: arguments}
+
+
+def _new_call(call: dict[str, Any]) -> Item:
+    function = call.get("function") or {}
+    return {
+        "type": "function_call",
+        "call_id": call.get("id"),
+        "name": function.get("name"),
+        "arguments": function.get("arguments") or "{}",
+    }
+
+
+def _output(item: Item) -> Any:
+    output = item.get("output")
+    if isinstance(output, list):
+        return [_part(p) for p in output if isinstance(p, dict)]
+    return output if isinstance(output, str) else ""
+
+
+def _content(content: Any) -> Any:
+    if isinstance(content, list):
+        return [_part(p) for p in content if isinstance(p, dict)]
+    return content
+
+
+def _part(part: Item) -> Item:
+    """A content part as a chat part: text parts read as text by the stages, the rest as is."""
+    if part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    return part
+
+
+def _native_parts(content: Any) -> list[Item]:
+    if not isinstance(content, list):
+        return []
+    return [
+        {"type": "input_text", "text": p["text"]} if p.get("type") == "text" else p
+        for p in content
+        if isinstance(p, dict)
+    ]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool in chat's shape (the stages read it); any other kind as it is."""
+    if tool.get("type") != "function":
+        return dict(tool)
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
+
+
+def _render_tools(
+    out: dict[str, Any], chat: dict[str, Any], natives: dict[int, dict[str, Any]]
+) -> None:
+    tools = chat.get("tools")
+    if not tools:
+        out.pop("tools", None)
+        return
+    native = []
+    for tool in tools:
+        if id(tool) in natives:
+            native.append(natives[id(tool)])
+        else:  # the proxy's own (recall), in Responses' flat form
+            native.append({"type": "function", **tool.get("function", {})})
+    out["tools"] = native
+    if chat.get("tool_choice") == "none":
+        out["tool_choice"] = "none"

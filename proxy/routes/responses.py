@@ -1,0 +1,115 @@
+"""OpenAI Responses surface: POST /v1/responses (JSON and SSE).
+
+The stages rewrite the request's chat-shaped view (proxy/dialects/responses_view.py); the
+deployment gets the client's body back with only what they changed. Deployments that do not
+speak Responses are refused with a 400 that says so (translation is not offered yet).
+
+`previous_response_id` is passed through untouched: the history it names lives at the
+provider, so the proxy rewrites nothing of the request (the guards still apply). Codex sends
+`store: false` and its whole input every turn, which the proxy sees and rewrites.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.auth import authenticate
+from proxy.dialects import chat, chat_degraded, responses
+from proxy.dialects.responses_stream import Relay
+from proxy.dialects.responses_view import ResponsesView
+from proxy.errors import BadRequest
+from proxy.exchange import Exchange
+from proxy.flow import Flow
+from proxy.middleware import CLIENT_GONE
+from proxy.routes.body import read_body
+from proxy.routes.responses_request import parse_responses_request
+from proxy.routes.serve import open_exchange, proxy_headers, serve
+from proxy.session import session_id
+from proxy.state import CONFIG
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.responses import speaks_responses
+
+routes = web.RouteTableDef()
+RESPONSES_ROUTE = "/v1/responses"  # also the `route` label of its metrics
+
+
+@routes.post(RESPONSES_ROUTE)
+async def create_response(request: web.Request) -> web.StreamResponse:
+    config = request.app[CONFIG].current
+    key = authenticate(request, config.keys)
+    raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    body = parse_responses_request(raw)
+    view = ResponsesView.of(body)
+    cache_key = body.get("prompt_cache_key")
+    identity = {"metadata": {"session_id": cache_key}, "messages": view.messages}
+    session = session_id(request.headers, identity, key.name if key else None)
+    ex = open_exchange(
+        request,
+        config,
+        key,
+        view.chat_body(),
+        session,
+        stream=body.get("stream") is True,
+        client_wants_usage=True,
+        body_bytes=len(raw),
+        route=RESPONSES_ROUTE,
+        wire="responses",
+        view=view,
+        opaque_history=body.get("previous_response_id") is not None,
+    )
+    for deployment in config.deployments[ex.alias]:
+        if not speaks_responses(deployment):
+            raise BadRequest(
+                f"model '{ex.alias}' is served by '{deployment.model}', which does not speak "
+                "the Responses API; use /v1/chat/completions for it",
+                param="model",
+                code="responses_not_supported",
+            )
+    return await serve(request, ex, ResponsesWire(view))
+
+
+class ResponsesWire:
+    """Responses answers: a response object, its event stream, OpenAI-shaped errors."""
+
+    def __init__(self, view: ResponsesView) -> None:
+        self.view = view
+        self.replies = responses.Replies(view)
+
+    async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
+        reply = await flow.complete(ex, self.replies)
+        return web.Response(
+            body=reply.body,
+            content_type="application/json",
+            headers={**reply.headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
+        )
+
+    async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
+        source = await flow.open_stream(ex)
+        response = web.StreamResponse(
+            headers={
+                **source.headers,
+                **proxy_headers(ex),
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-request-id": ex.request_id,
+            }
+        )
+        relay = Relay(request, ex, response, self.view)
+        try:
+            await flow.relay(ex, source, relay)
+            await relay.end()
+        except ConnectionResetError:
+            request[CLIENT_GONE] = True
+        return response
+
+    def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
+        return web.Response(
+            status=error.status,
+            body=chat.passthrough_body(error, ex.request_id),
+            content_type="application/json",
+            headers={**error.headers, **proxy_headers(ex)},
+        )
+
+    def degraded(self, ex: Exchange, error: Exception) -> web.Response:
+        # A degraded answer in chat's shape would confuse a Responses client: say it plainly.
+        return chat_degraded.answer(ex, error, proxy_headers(ex))
