@@ -26,7 +26,7 @@ CLIENTS := clients/node_modules/.package-lock.json
 $(CLIENTS): clients/package.json clients/package-lock.json
 	@if command -v npm >/dev/null; then \
 		npm ci --prefix clients --no-audit --no-fund --loglevel=error >/dev/null && touch $@; \
-	else echo "npm not found: skipping clients/ (the Claude Code CLI tests will skip)"; fi
+	else echo "npm not found: skipping clients/ (the Claude Code and Codex CLI tests will skip)"; fi
 
 clients: $(CLIENTS)
 

@@ -16,6 +16,10 @@ from .sim_model import JSON, text_of
 # Claude Code's shell tool, as its requests declare it: {"command": str, "description": str,
 # "timeout": number, "run_in_background": bool, ...}; only "command" is required.
 CLAUDE_CODE_SHELL_TOOL = "Bash"
+# Codex's shell tool (0.171), a Responses function tool: {"cmd": str, "workdir": str,
+# "yield_time_ms": number, "max_output_tokens": number, "login": bool, "tty": bool, "shell": str,
+# "sandbox_permissions": "use_default" | "require_escalated", ...}; only "cmd" is required.
+CODEX_SHELL_TOOL = "exec_command"
 
 
 def _offered_tools(chat: JSON) -> set[str]:
@@ -114,3 +118,9 @@ class ToolRounds(ToolRoundTrip):
                 if description.startswith("step ") and description[5:].isdigit():
                     steps.append(int(description[5:]))
         return max(steps)
+
+
+def codex_shell_round_trip(command: str = "ls") -> ToolRoundTrip:
+    """ToolRoundTrip for Codex: call its `exec_command` with `{"cmd": command}` once, then
+    answer with text quoting the output Codex sent back."""
+    return ToolRoundTrip(tool=CODEX_SHELL_TOOL, arguments={"cmd": command})

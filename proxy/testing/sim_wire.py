@@ -1,4 +1,4 @@
-"""What the two wire dialects (OpenAI, Anthropic) of the simulator share."""
+"""What the simulator's wire dialects (OpenAI chat, OpenAI Responses, Anthropic) share."""
 
 from __future__ import annotations
 
@@ -67,6 +67,11 @@ class Dialect(ABC):
 
     @abstractmethod
     def check_context(self, body: JSON, prompt_tokens: int, window: int) -> ApiError | None: ...
+
+    def stream_failure(self, body: JSON, error: ApiError, meta: Meta) -> list[Event] | None:
+        """The events telling a streamed request of `error` inside a 200 stream, where the API
+        does that (Responses: `response.failed`); None answers with the HTTP error."""
+        return None
 
     def annotate(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> Meta:
         """The answer's facts beyond the scripted reply (prompt cache, reasoning); called once

@@ -1,4 +1,5 @@
-"""A scripted, deterministic OpenAI-compatible (and Anthropic-compatible) model server.
+"""A scripted, deterministic model server speaking OpenAI Chat Completions, OpenAI Responses
+and Anthropic Messages.
 
 Tests, benchmarks and the demo point the proxy at it instead of a real provider. It checks
 requests the way the real APIs do (same statuses and error texts), answers from a script, and
@@ -32,6 +33,7 @@ from .sim_model import (
     scripted_reply,
 )
 from .sim_openai import OPENAI
+from .sim_responses import ResponsesDialect
 from .sim_wire import ApiError, Dialect, Event, Meta
 
 Responder = Callable[[JSON], JSON | Awaitable[JSON]]
@@ -120,6 +122,8 @@ class Simulator:
         # The Anthropic twin's state: its thinking-signature secret and its prompt cache
         # (prefixes shorter than cache_min_tokens are not cached, as at the API).
         self.anthropic = AnthropicDialect(cache_min_tokens=cache_min_tokens)
+        # The Responses twin's: the secret its encrypted reasoning is sealed with, its cache.
+        self.responses = ResponsesDialect(cache_min_tokens=cache_min_tokens)
 
     def inject(self, *faults: Fault) -> None:
         # Copies: consuming a fault decrements `times`, which must not touch the caller's object.
@@ -132,6 +136,7 @@ class Simulator:
         self.faults.clear()
         self.request_count = 0
         self.anthropic.prompt_cache.clear()
+        self.responses.prompt_cache.clear()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
@@ -139,6 +144,7 @@ class Simulator:
         app.on_shutdown.append(_wake_sleepers)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/sim/faults", self._post_faults)
@@ -153,6 +159,9 @@ class Simulator:
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         return await self._exchange(request, self.anthropic, "msg_sim")
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._exchange(request, self.responses, "resp_sim")
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
         return await self._exchange(request, self.anthropic, "", count_tokens=True)
@@ -196,9 +205,12 @@ class Simulator:
             return call.error(error)
         chat = dialect.to_chat(body)
         prompt_tokens = estimate_prompt_tokens(chat)
-        if error := dialect.check_context(body, prompt_tokens, self.context_window):
-            return call.error(error)
         model = str(body.get("model", ""))
+        if error := dialect.check_context(body, prompt_tokens, self.context_window):
+            meta = Meta(f"{id_prefix}{seq:08d}", int(time.time()), model, prompt_tokens, 0)
+            if (failure := dialect.stream_failure(body, error, meta)) is not None:
+                return await self._stream(call, failure, meta, None)
+            return call.error(error)
         fault = self._take_fault(model)
         if fault and (faulted := await self._fault_answer(call, fault, model)):
             return faulted

@@ -1,14 +1,16 @@
 """Real agent CLIs, run headless against any loopback base URL (the simulator or the proxy).
 
-The CLI comes from clients/ (pinned in clients/package-lock.json; `make test` runs
+The CLIs come from clients/ (pinned in clients/package-lock.json; `make test` runs
 `npm ci --prefix clients`). Where it is not installed the tests skip and say how to get it,
 except under CI, which must run them.
 
 Each run is sealed off from the machine: a clean environment (no inherited ANTHROPIC_*,
-CLAUDE_* or proxy variables), HOME and CLAUDE_CONFIG_DIR in a temporary folder, Claude Code's
-non-essential traffic (telemetry, error reports, auto-update) off, and HTTP(S)_PROXY pointed at a
-closed loopback port so any request to a host other than 127.0.0.1 fails instead of leaving the
-machine. With `trace=True` (and strace present) the run also reports every socket it connected.
+CLAUDE_*, OPENAI_*, CODEX_* or proxy variables), HOME (and CLAUDE_CONFIG_DIR / CODEX_HOME) in a
+temporary folder, Claude Code's non-essential traffic (telemetry, error reports, auto-update)
+off, and HTTP(S)_PROXY pointed at a closed loopback port so any request to a host other than
+127.0.0.1 fails instead of leaving the machine. Codex ignores OPENAI_BASE_URL: its CODEX_HOME
+config.toml names a model provider whose base_url is the one given. With `trace=True` (and
+strace present) the run also reports every socket it connected.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ REPO = Path(__file__).resolve().parents[2]
 CLIENTS = REPO / "clients"
 CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
 CLAUDE_BIN = CLIENTS / "node_modules" / ".bin" / "claude"
+CODEX_PACKAGE = "@openai/codex"
+CODEX_BIN = CLIENTS / "node_modules" / ".bin" / "codex"
+CODEX_MODEL = "sim-codex"  # the alias Codex asks for (unknown to it: fallback model metadata)
+CODEX_KEY_VAR = "AGENTPROXY_TEST_KEY"  # the provider's env_key
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
 RUN_TIMEOUT_S = 120.0
 SCRATCH_FILES = {
@@ -115,29 +121,109 @@ class ClaudeCode:
         Async, so a server on this event loop (run_simulator, a test proxy) can answer it."""
         (self.home / "tmp").mkdir(parents=True, exist_ok=True)
         command = [str(self.binary), "-p", prompt, "--dangerously-skip-permissions", *args]
-        trace_file = self.home / "connect.trace"
-        if trace and strace_works():
-            command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace_file)]
-            command += [str(self.binary), "-p", prompt, "--dangerously-skip-permissions", *args]
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            cwd=self.workdir,
-            env=self.environment(base_url, api_key),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group: a timeout ends its children too
-        )
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            pytest.fail(f"claude -p did not finish within {timeout_s:g} s")
-        connections = _connections(trace_file) if trace_file.exists() else None
-        assert process.returncode is not None
-        return ClientRun(process.returncode, out.decode(), err.decode(), connections)
+        env = self.environment(base_url, api_key)
+        return await run_client(command, self.workdir, env, self.home, timeout_s, trace)
+
+
+async def run_client(
+    command: list[str], cwd: Path, env: dict[str, str], home: Path, timeout_s: float, trace: bool
+) -> ClientRun:
+    """Run a client CLI with stdin from /dev/null; with `trace` (and strace working) record
+    every socket it connected."""
+    trace_file = home / "connect.trace"
+    if trace and strace_works():
+        command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace_file), *command]
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # its own process group: a timeout ends its children too
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        pytest.fail(f"{Path(command[0]).name} did not finish within {timeout_s:g} s")
+    connections = _connections(trace_file) if trace_file.exists() else None
+    assert process.returncode is not None
+    return ClientRun(process.returncode, out.decode(), err.decode(), connections)
+
+
+@dataclass
+class Codex:
+    """The pinned `codex` CLI, with a scratch git repository, a private HOME and a CODEX_HOME
+    whose config.toml points a model provider at the base URL of each run."""
+
+    binary: Path
+    workdir: Path
+    home: Path
+    model: str = CODEX_MODEL
+    provider_options: dict[str, str | int | bool] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def codex_home(self) -> Path:
+        return self.home / ".codex"
+
+    def config(self, base_url: str) -> str:
+        """config.toml: the model alias, and a Responses provider at `base_url` + "/v1"."""
+        if not _is_loopback(urlsplit(base_url).hostname or ""):
+            raise ValueError(f"refusing to point Codex at {base_url}: loopback only")
+        provider: dict[str, str | int | bool] = {
+            "name": "AgentProxy test upstream",
+            "base_url": base_url.rstrip("/") + "/v1",
+            "env_key": CODEX_KEY_VAR,
+            "wire_api": "responses",
+            "request_max_retries": 0,
+            "stream_max_retries": 0,
+            **self.provider_options,
+        }
+        lines = [
+            f"model = {json.dumps(self.model)}",
+            'model_provider = "agentproxy"',
+            "",
+            "[model_providers.agentproxy]",
+            *(f"{key} = {json.dumps(value)}" for key, value in provider.items()),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def environment(self, base_url: str, api_key: str) -> dict[str, str]:
+        self.codex_home.mkdir(parents=True, exist_ok=True)
+        (self.codex_home / "config.toml").write_text(self.config(base_url))
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "TMPDIR": str(self.home / "tmp"),
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "CODEX_HOME": str(self.codex_home),
+            CODEX_KEY_VAR: api_key,
+            "HTTP_PROXY": DEAD_PROXY,
+            "HTTPS_PROXY": DEAD_PROXY,
+            "NO_PROXY": "127.0.0.1,localhost,::1",
+            **self.extra_env,
+        }
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        base_url: str,
+        api_key: str,
+        args: Sequence[str] = (),
+        timeout_s: float = RUN_TIMEOUT_S,
+        trace: bool = False,
+    ) -> ClientRun:
+        """`codex exec --skip-git-repo-check PROMPT < /dev/null` in the scratch repository."""
+        (self.home / "tmp").mkdir(parents=True, exist_ok=True)
+        env = self.environment(base_url, api_key)
+        command = [str(self.binary), "exec", "--skip-git-repo-check", *args, prompt]
+        return await run_client(command, self.workdir, env, self.home, timeout_s, trace)
 
 
 def _is_loopback(host: str) -> bool:
@@ -163,6 +249,21 @@ def strace_works() -> bool:
         return False
     probe = subprocess.run(["strace", "-o", os.devnull, "true"], capture_output=True, check=False)
     return probe.returncode == 0
+
+
+@cache
+def _installed_codex() -> tuple[Path | None, str]:
+    """The pinned binary, or None and why it cannot be used."""
+    pinned = pinned_version(CODEX_PACKAGE)
+    if not CODEX_BIN.exists():
+        how = "run `make clients`" if shutil.which("npm") else "npm is not installed"
+        return None, f"Codex CLI not installed in clients/ ({how})"
+    shown = subprocess.run(
+        [str(CODEX_BIN), "--version"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout.strip()
+    if shown != f"codex-cli {pinned}":
+        return None, f"clients/ has Codex {shown!r}, pinned {pinned}: `make clients`"
+    return CODEX_BIN, ""
 
 
 @cache
@@ -205,3 +306,20 @@ def claude_code(claude_binary: Path, tmp_path: Path) -> ClaudeCode:
     home = tmp_path / "home"
     home.mkdir()
     return ClaudeCode(claude_binary, scratch_repo(tmp_path / "repo", SCRATCH_FILES), home)
+
+
+@pytest.fixture(scope="session")
+def codex_binary() -> Path:
+    binary, why = _installed_codex()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must run the Codex tests")
+        pytest.skip(why)
+    return binary
+
+
+@pytest.fixture
+def codex(codex_binary: Path, tmp_path: Path) -> Codex:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Codex(codex_binary, scratch_repo(tmp_path / "repo", SCRATCH_FILES), home)
