@@ -96,7 +96,7 @@ async def test_claude_codes_long_task_is_offloaded_and_compacted(
     sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY, responder=responder)
     async with run_simulator(sim) as url:
         offload = "policies:\n  - name: agent\n    offload: {min_tokens: 4000}\n"
-        proxy = await proxy_for(start_proxy, tmp_path, url, window=40_000, policy=offload)
+        proxy = await proxy_for(start_proxy, tmp_path, url, window=30_000, policy=offload)
         base = str(proxy.make_url("")).rstrip("/")
         run = await claude_code.run(
             "count with seq for me", base_url=base, api_key=PROXY_KEY, timeout_s=180
@@ -113,4 +113,4 @@ async def test_claude_codes_long_task_is_offloaded_and_compacted(
     last = [r for r in sim.requests if r.body.get("tools")][-1]
     sent = orjson.dumps(last.body["messages"]).decode()
     assert "This tool result was offloaded" in sent or "summarized" in sent
-    assert len(sent) < 4 * 40_000  # what reached the model fits the window it was given
+    assert len(sent) < 4 * 30_000  # what reached the model fits the window it was given
