@@ -82,10 +82,13 @@ class ToolRoundTrip:
 class ToolRounds(ToolRoundTrip):
     """Call `tool` once per entry of `commands` (one per turn, in order), then answer with
     text quoting the last result: a long agent task in a few lines, for compaction and offload
-    to act on. The step is read from the last call's description ("step N"), which stays in
-    the recent part of a compacted history, so a proxy's rewrites do not restart the task."""
+    to act on. The step rides in the command as a shell comment ("# step N"), which stays in
+    the recent part of a compacted history, so a proxy's rewrites do not restart the task.
+    `key` names the command argument (Claude Code's Bash: "command"; Codex's exec_command:
+    "cmd")."""
 
     commands: list[str] = field(default_factory=lambda: ["ls"])
+    key: str = "command"
 
     def __call__(self, chat: JSON) -> JSON:
         if self.tool not in _offered_tools(chat):
@@ -94,7 +97,7 @@ class ToolRounds(ToolRoundTrip):
         if done >= len(self.commands):
             results = self.results(chat)
             return {"role": "assistant", "content": self.final_text(results[-1][-200:])}
-        arguments = {"command": self.commands[done], "description": f"step {done + 1}"}
+        arguments = {self.key: f"{self.commands[done]}  # step {done + 1}"}
         call = {
             "type": "function",
             "function": {"name": self.tool, "arguments": orjson.dumps(arguments).decode()},
@@ -107,16 +110,17 @@ class ToolRounds(ToolRoundTrip):
             return 0
         steps = [0]
         for message in chat.get("messages") or []:
-            for call in (
-                message.get("tool_calls") or [] if message.get("role") == "assistant" else []
-            ):
+            if message.get("role") != "assistant":
+                continue
+            for call in message.get("tool_calls") or []:
                 arguments = (call.get("function") or {}).get("arguments") or "{}"
                 try:
-                    description = str(orjson.loads(arguments).get("description", ""))
+                    command = str(orjson.loads(arguments).get(self.key, ""))
                 except (orjson.JSONDecodeError, AttributeError):
                     continue
-                if description.startswith("step ") and description[5:].isdigit():
-                    steps.append(int(description[5:]))
+                _, mark, step = command.rpartition("# step ")
+                if mark and step.isdigit():
+                    steps.append(int(step))
         return max(steps)
 
 
