@@ -196,6 +196,56 @@ ANTHROPIC = FuzzTarget(
     headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
     is_error_body=anthropic_error_body,
 )
+_RESPONSES_INPUT = [
+    {
+        "type": "message",
+        "role": "developer",
+        "content": [{"type": "input_text", "text": "Be careful."}],
+    },
+    {"role": "user", "content": "Fix the failing test."},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA-x"},
+    {
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "read_file",
+        "arguments": '{"path": "a.py"}',
+    },
+    {
+        "type": "function_call_output",
+        "call_id": "call_1",
+        "output": "def f():\n    return 1\n" * 40,
+    },
+    {"role": "user", "content": [{"type": "input_text", "text": "Now run the tests."}]},
+]
+_RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
+RESPONSES_PARAMS = (
+    "model", "input", "instructions", "tools", "tool_choice", "stream", "store", "include",
+    "max_output_tokens", "prompt_cache_key", "reasoning", "temperature", "metadata",
+)  # fmt: skip
+RESPONSES = FuzzTarget(
+    route="/v1/responses",
+    seeds=(
+        {"model": "sim", "input": "hello there"},
+        {"model": "sim", "input": _RESPONSES_INPUT, "tools": _RESPONSES_TOOLS, "store": False},
+        {
+            "model": "sim",
+            "instructions": "You are Codex.",
+            "input": _RESPONSES_INPUT,
+            "tools": _RESPONSES_TOOLS,
+            "stream": True,
+            "prompt_cache_key": "fuzz-thread",
+        },
+    ),
+    params=RESPONSES_PARAMS,
+    headers={"Authorization": f"Bearer {KEY}"},
+)
 # Small window, low thresholds: offload, compaction and recall run on the mutated histories too.
 FUZZ_CONFIG = f"""
 keys:
@@ -321,8 +371,7 @@ async def send_all(
     return [problem for problem in found if problem]
 
 
-# The Responses route (/v1/responses) joins here when it arrives.
-TARGETS = [CHAT, ANTHROPIC]
+TARGETS = [CHAT, ANTHROPIC, RESPONSES]
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.route for t in TARGETS])
