@@ -87,6 +87,11 @@ class RequestTimeout(ProxyError):
     closes_connection = True
 
 
+class UpgradeRequired(ProxyError):
+    status = 426
+    type = "invalid_request_error"
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"

@@ -17,7 +17,7 @@ from proxy.auth import authenticate
 from proxy.dialects import chat, chat_degraded, responses
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
-from proxy.errors import BadRequest
+from proxy.errors import BadRequest, UpgradeRequired
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.middleware import CLIENT_GONE
@@ -66,6 +66,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 code="responses_not_supported",
             )
     return await serve(request, ex, ResponsesWire(view))
+
+
+@routes.get(RESPONSES_ROUTE)
+async def websocket_probe(request: web.Request) -> web.Response:
+    """Codex (with `supports_websockets`) first tries a WebSocket upgrade here. 426 makes it
+    fall back to HTTP at once; a 404 would cost it seven tries, a 400 the whole turn."""
+    raise UpgradeRequired(
+        "this proxy serves the Responses API over HTTP only: POST /v1/responses "
+        "(the WebSocket transport is not offered)",
+        code="websocket_not_supported",
+    )
 
 
 class ResponsesWire:

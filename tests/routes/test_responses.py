@@ -268,3 +268,14 @@ async def test_bad_input_gets_an_openai_error_and_the_next_request_succeeds(
         assert error["message"] and error["type"]
     reply = await client(proxy).responses.create(model="gpt", input="still here?")
     assert reply.output_text
+
+
+async def test_a_websocket_probe_is_told_to_use_http_at_once(proxy: TestServer) -> None:
+    """Codex with supports_websockets tries GET /v1/responses with an upgrade first: 426 makes
+    it fall back to HTTP without retrying."""
+    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(str(proxy.make_url("/v1/responses")), headers=headers) as r:
+            assert r.status == 426
+            error = (await r.json())["error"]
+    assert error["code"] == "websocket_not_supported" and "POST /v1/responses" in error["message"]
