@@ -1,7 +1,8 @@
 """Load generators for the overhead benchmark: wrk (throughput) and an aiohttp client (latency).
 
 Both POST one fixed body over keep-alive connections at a fixed concurrency for a bounded time
-and request count, and return a `LoadResult`. Only loopback URLs are accepted.
+and request count, and return a `LoadResult`. Only loopback URLs are accepted. A `Wire` says
+which headers go with the body and what a good answer looks like (chat or Anthropic).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,6 +26,15 @@ MAX_ERROR_EXAMPLES = 3
 REQUEST_TIMEOUT_S = 10.0
 
 
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """A client's protocol, as far as a load run needs it."""
+
+    headers: Mapping[str, str]  # sent with every request, besides Content-Type
+    stream_end: bytes  # a complete stream ends with these bytes
+    first_token: bytes  # the first text piece of a stream: its arrival is the time to first token
+
+
 @dataclass(slots=True)
 class LoadResult:
     tool: str  # "wrk" or "python"
@@ -32,7 +43,7 @@ class LoadResult:
     elapsed_s: float
     p50_ms: float
     p99_ms: float
-    ttfb_p50_ms: float | None = None  # streaming, python client only
+    ttfb_p50_ms: float | None = None  # to the first token; streaming, python client only
     ttfb_p99_ms: float | None = None
     error_examples: list[str] = field(default_factory=list)
 
@@ -74,26 +85,39 @@ class _Tally:
 
 
 def python_load(
-    url: str, body: bytes, *, concurrency: int, stream: bool, seconds: float, max_requests: int
+    url: str,
+    body: bytes,
+    wire: Wire,
+    *,
+    concurrency: int,
+    stream: bool,
+    seconds: float,
+    max_requests: int,
 ) -> LoadResult:
     """Runs the aiohttp client in this process; the caller is not the proxy's process."""
     check_loopback(url)
-    return asyncio.run(_python_load(url, body, concurrency, stream, seconds, max_requests))
+    return asyncio.run(_python_load(url, body, wire, concurrency, stream, seconds, max_requests))
 
 
 async def _python_load(
-    url: str, body: bytes, concurrency: int, stream: bool, seconds: float, max_requests: int
+    url: str,
+    body: bytes,
+    wire: Wire,
+    concurrency: int,
+    stream: bool,
+    seconds: float,
+    max_requests: int,
 ) -> LoadResult:
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **wire.headers}
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, headers=headers
     ) as session:
         started = time.perf_counter()
         tally = _Tally(deadline=started + seconds, budget=max_requests)
         await asyncio.gather(
-            *(_worker(session, url, body, stream, tally) for _ in range(concurrency))
+            *(_worker(session, url, body, wire, stream, tally) for _ in range(concurrency))
         )
         elapsed = time.perf_counter() - started
     latencies = sorted(tally.latencies)
@@ -112,16 +136,21 @@ async def _python_load(
 
 
 async def _worker(
-    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, tally: _Tally
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    wire: Wire,
+    stream: bool,
+    tally: _Tally,
 ) -> None:
     while tally.budget > 0 and time.perf_counter() < tally.deadline:
         tally.budget -= 1
         sent = time.perf_counter()
         try:
             async with session.post(url, data=body) as response:
-                first, tail = await _drain(response)
+                first, tail = await _drain(response, wire.first_token if stream else b"")
                 done = time.perf_counter()
-                problem = _problem(response.status, tail, stream)
+                problem = _problem(response.status, tail, wire, stream, first)
         except (TimeoutError, aiohttp.ClientError) as exc:
             tally.fail(f"{type(exc).__name__}: {exc}")
             continue
@@ -133,22 +162,27 @@ async def _worker(
             tally.ttfbs.append(first - sent)
 
 
-async def _drain(response: aiohttp.ClientResponse) -> tuple[float, bytes]:
-    """Reads the whole body; returns when its first bytes arrived and its last 64 bytes."""
+async def _drain(response: aiohttp.ClientResponse, marker: bytes) -> tuple[float, bytes]:
+    """Reads the whole body; returns when `marker` arrived (when its first bytes did, for an
+    empty marker; 0.0 if it never did) and the body's last 64 bytes."""
     first = 0.0
     tail = b""
+    keep = max(64, len(marker))
     async for chunk in response.content.iter_any():
-        if not first:
+        seen = tail + chunk
+        if not first and marker in seen:
             first = time.perf_counter()
-        tail = (tail + chunk)[-64:]
-    return first, tail
+        tail = seen[-keep:]
+    return first, tail[-64:]
 
 
-def _problem(status: int, tail: bytes, stream: bool) -> str | None:
+def _problem(status: int, tail: bytes, wire: Wire, stream: bool, first: float) -> str | None:
     if status != 200:
         return f"HTTP {status}: {tail!r}"
-    if stream and not tail.endswith(b"data: [DONE]\n\n"):
-        return f"stream did not end with [DONE]: ...{tail!r}"
+    if stream and not tail.endswith(wire.stream_end):
+        return f"stream did not end with {wire.stream_end!r}: ...{tail!r}"
+    if stream and not first:
+        return f"stream had no {wire.first_token!r}"
     if not stream and not tail.rstrip().endswith(b"}"):
         return f"JSON body cut short: ...{tail!r}"
     return None
@@ -159,7 +193,7 @@ def _problem(status: int, tail: bytes, stream: bool) -> str | None:
 _WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-local f = assert(io.open("{body_path}", "rb"))
+{headers}local f = assert(io.open("{body_path}", "rb"))
 wrk.body = f:read("*a")
 f:close()
 
@@ -188,7 +222,7 @@ def wrk_version() -> str:
     return f"wrk {found.group() if found else '(unknown version)'}"
 
 
-def wrk_load(url: str, body: bytes, *, concurrency: int, seconds: float) -> LoadResult:
+def wrk_load(url: str, body: bytes, wire: Wire, *, concurrency: int, seconds: float) -> LoadResult:
     """Full-response latency and throughput; wrk counts HTTP >= 400 as errors (status)."""
     check_loopback(url)
     path = wrk_path()
@@ -198,7 +232,7 @@ def wrk_load(url: str, body: bytes, *, concurrency: int, seconds: float) -> Load
         body_path = Path(tmp) / "body.json"
         body_path.write_bytes(body)
         script = Path(tmp) / "post.lua"
-        script.write_text(_WRK_SCRIPT.format(body_path=body_path))
+        script.write_text(_wrk_script(body_path, wire.headers))
         command = [
             path,
             "-t1",
@@ -213,6 +247,18 @@ def wrk_load(url: str, body: bytes, *, concurrency: int, seconds: float) -> Load
             command, capture_output=True, text=True, timeout=duration + 30, check=False
         )
     return _parse_wrk(done)
+
+
+def _wrk_script(body_path: Path, headers: Mapping[str, str]) -> str:
+    lines = "".join(f"wrk.headers[{_lua(k)}] = {_lua(v)}\n" for k, v in headers.items())
+    return _WRK_SCRIPT.format(body_path=body_path, headers=lines)
+
+
+def _lua(text: str) -> str:
+    """A Lua string literal (header names and values: printable ASCII)."""
+    if not text.isprintable() or not text.isascii():
+        raise ValueError(f"not a plain header text: {text!r}")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _parse_wrk(done: subprocess.CompletedProcess[str]) -> LoadResult:

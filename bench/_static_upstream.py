@@ -1,9 +1,11 @@
-"""A static OpenAI-compatible upstream for benchmarks: canned answers, as fast as asyncio allows.
+"""A static upstream for benchmarks, OpenAI-compatible and Anthropic: canned answers, as fast as
+asyncio allows.
 
 Run as its own process: `python bench/_static_upstream.py [--port N]`. It prints
 `listening <port>` on stdout once bound, then answers every `POST /v1/chat/completions`
-with a canned chat.completion (or, when the body has `"stream": true`, a canned SSE stream)
-over HTTP/1.1 keep-alive. Everything else gets a 404.
+with a canned chat.completion, and every `POST /v1/messages` with a canned Anthropic message
+(when the body has `"stream": true`, a canned SSE stream of either) over HTTP/1.1 keep-alive.
+Everything else gets a 404. Both streams carry the same text pieces, `FIRST_WORD` first.
 
 A raw `asyncio.Protocol` instead of aiohttp's server: the upstream must not be the
 bottleneck of the numbers it is a baseline for.
@@ -26,6 +28,12 @@ CONTENT_PIECES = 10
 MAX_HEADER_BYTES = 64 * 1024
 STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
 CHAT_PATH = b"/v1/chat/completions"
+MESSAGES_PATH = b"/v1/messages"
+FIRST_WORD = "word0 "  # the first streamed text piece, both wires: marks the first token
+
+
+def _words() -> list[str]:
+    return [f"word{i} " for i in range(CONTENT_PIECES)]
 
 
 def completion_body() -> bytes:
@@ -66,7 +74,7 @@ def stream_events() -> list[bytes]:
         return [{"index": 0, "delta": content, "finish_reason": finish}]
 
     events = [chunk(delta({"role": "assistant", "content": ""}))]
-    events += [chunk(delta({"content": f"word{i} "})) for i in range(CONTENT_PIECES)]
+    events += [chunk(delta({"content": word})) for word in _words()]
     events.append(chunk(delta({}, "stop")))
     usage = {"prompt_tokens": 25, "completion_tokens": CONTENT_PIECES, "total_tokens": 35}
     events.append(chunk([], usage))
@@ -74,24 +82,98 @@ def stream_events() -> list[bytes]:
     return events
 
 
+ANTHROPIC_USAGE = {
+    "input_tokens": 25,
+    "cache_creation_input_tokens": 0,
+    "cache_read_input_tokens": 0,
+}
+
+
+def message_body() -> bytes:
+    """A canned Anthropic Messages API answer."""
+    return orjson.dumps(
+        {
+            "id": "msg_bench",
+            "type": "message",
+            "role": "assistant",
+            "model": MODEL,
+            "content": [{"type": "text", "text": "The answer is 42. " * 4}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {**ANTHROPIC_USAGE, "output_tokens": 20},
+        }
+    )
+
+
+def message_events() -> list[bytes]:
+    """The SSE events of one streamed Anthropic message, each ending with its blank line."""
+
+    def event(name: str, data: dict[str, object]) -> bytes:
+        return b"event: %s\ndata: %s\n\n" % (name.encode(), orjson.dumps({"type": name, **data}))
+
+    start: dict[str, object] = {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": MODEL,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**ANTHROPIC_USAGE, "output_tokens": 1},
+    }
+    events = [
+        event("message_start", {"message": start}),
+        event("ping", {}),
+        event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    events += [
+        event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word}})
+        for word in _words()
+    ]
+    events.append(event("content_block_stop", {"index": 0}))
+    events.append(
+        event(
+            "message_delta",
+            {
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": CONTENT_PIECES},
+            },
+        )
+    )
+    events.append(event("message_stop", {}))
+    return events
+
+
 def _http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-JSON_RESPONSE = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-    % len(completion_body())
-) + completion_body()
+def _json_response(body: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
     b"Transfer-Encoding: chunked\r\n\r\n"
 )
-# Head and role chunk go out in the first write, one write per later event, then the end.
-STREAM_WRITES = [
-    STREAM_HEAD + _http_chunk(stream_events()[0]),
-    *(_http_chunk(event) for event in stream_events()[1:]),
-    b"0\r\n\r\n",
-]
+
+
+def _stream_writes(events: list[bytes]) -> list[bytes]:
+    """Head and first event (role chunk; message_start) in the first write, one write per
+    later event, then the end."""
+    return [
+        STREAM_HEAD + _http_chunk(events[0]),
+        *(_http_chunk(event) for event in events[1:]),
+        b"0\r\n\r\n",
+    ]
+
+
+# path -> (JSON answer, stream writes)
+ANSWERS = {
+    CHAT_PATH: (_json_response(completion_body()), _stream_writes(stream_events())),
+    MESSAGES_PATH: (_json_response(message_body()), _stream_writes(message_events())),
+}
 NOT_FOUND = (
     b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nnot found"
 )
@@ -147,15 +229,16 @@ class StaticHTTP(asyncio.Protocol):
 
     def _respond(self, method: bytes, path: bytes, body: bytes) -> None:
         assert self.transport is not None
-        if method != b"POST" or path.split(b"?", 1)[0] != CHAT_PATH:
+        answer = ANSWERS.get(path.split(b"?", 1)[0]) if method == b"POST" else None
+        if answer is None:
             self.transport.write(NOT_FOUND)
         elif STREAM_FLAG.search(body):
-            for piece in STREAM_WRITES:
+            for piece in answer[1]:
                 if self.transport.is_closing():  # the client hung up mid-stream
                     return
                 self.transport.write(piece)
         else:
-            self.transport.write(JSON_RESPONSE)
+            self.transport.write(answer[0])
 
     def _fail(self) -> None:
         assert self.transport is not None

@@ -1,11 +1,15 @@
 """How much latency, CPU and memory the proxy adds on top of a (static, instant) upstream.
 
-One run starts a static OpenAI-compatible upstream (bench/_static_upstream.py) and the proxy,
-each in its own process, then loads the upstream directly and through the proxy with the same
-client, for concurrency 1 and 16, a tiny and a ~30 KB agent-turn body, JSON and streaming.
+One run starts a static upstream (bench/_static_upstream.py: OpenAI chat and Anthropic Messages)
+and the proxy, each in its own process, then loads the upstream directly and through the proxy
+with the same client, for concurrency 1 and 16, JSON and streaming: on the chat route a tiny and
+a ~30 KB agent-turn body, and on both the chat and the Anthropic route (POST /v1/messages) a
+~77 KB Claude Code turn, to compare the two routes at the same size. The 77 KB rows go through a
+second proxy whose configuration adds an `anthropic/` deployment (which makes the proxy import
+litellm at start): the first one's start-up figures stay those of a chat-only configuration.
 
-    python bench/overhead.py            # 5 s per run, ~2 minutes in all
-    python bench/overhead.py --quick    # 1 s per run smoke test
+    python bench/overhead.py            # 5 s per run, ~4 minutes in all
+    python bench/overhead.py --quick    # 1 s per run smoke test, ~45 s
     python bench/overhead.py --json     # results as JSON on stdout (progress goes to stderr)
 
 Traffic goes to 127.0.0.1 only. Every process started here is stopped on exit.
@@ -25,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -35,27 +38,48 @@ from typing import Any
 
 import _payloads
 import orjson
-from _load import LoadResult, python_load, wrk_load, wrk_path, wrk_version
+from _load import LoadResult, Wire, python_load, wrk_load, wrk_path, wrk_version
+from _static_upstream import FIRST_WORD
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"
+ANTHROPIC_ALIAS = _payloads.CLAUDE_MODEL
+UPSTREAM_KEY = "bench-upstream-key"  # what the proxy sends the static upstream (ignored there)
 MAX_REQUESTS_PER_RUN = 1_000_000
 WARMUP_MAX_REQUESTS = 2_000
 READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.010
-BODIES: dict[str, Callable[[bool], bytes]] = {
-    "tiny": _payloads.tiny,
-    "30KB": _payloads.agent_turn,
+CHAT = "chat"
+ANTHROPIC = "anth"
+SIZED = "77KB"  # the body size both routes are compared at
+BODIES: dict[tuple[str, str], Callable[[bool], bytes]] = {
+    (CHAT, "tiny"): _payloads.tiny,
+    (CHAT, "30KB"): _payloads.agent_turn,
+    (CHAT, SIZED): _payloads.claude_code_chat_turn,
+    (ANTHROPIC, SIZED): _payloads.claude_code_turn,
 }
+WIRES = {
+    CHAT: Wire(headers={}, stream_end=b"data: [DONE]\n\n", first_token=FIRST_WORD.encode()),
+    ANTHROPIC: Wire(
+        headers={"x-api-key": "bench-client-key", "anthropic-version": "2023-06-01"},
+        stream_end=b'data: {"type":"message_stop"}\n\n',
+        first_token=FIRST_WORD.encode(),
+    ),
+}
+PATHS = {CHAT: CHAT_PATH, ANTHROPIC: MESSAGES_PATH}
 
 
 # --- targets ---------------------------------------------------------------------------------
 
+# The absolute targets are for the chat route's tiny and 30 KB rows.
 TARGET_ADDED_P50_MS = 0.5  # c=1, 30 KB
 TARGET_RPS = 2000.0  # c=16
 TARGET_CPU_MS = 0.5  # per proxied request
 TARGET_TTFB_ADDED_MS = 0.5  # streaming, c=1
+# Anthropic route ÷ chat route at 77 KB: added p50 (c=1) and proxy CPU ms per request.
+TARGET_ANTHROPIC_RATIO = 1.2
 TARGET_RSS_MB = 60.0  # idle, right after ready
 TARGET_READY_S = 1.0
 # Other processes using more CPU than this on average while we measure spoil the numbers.
@@ -111,19 +135,29 @@ def free_port() -> int:
         return port
 
 
-def write_config(directory: Path, upstream_port: int) -> Path:
-    path = directory / "bench.yaml"
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            model_list:
-              - model_name: bench
-                litellm_params:
-                  model: openai/bench
-                  api_base: http://127.0.0.1:{upstream_port}/v1
-            """
+def write_config(directory: Path, upstream_port: int, *, anthropic: bool = False) -> Path:
+    """The chat alias `bench`; with `anthropic`, also an `anthropic/` deployment (native
+    /v1/messages passthrough to the static upstream)."""
+    deployments = [("bench", "openai/bench", f"http://127.0.0.1:{upstream_port}/v1", None)]
+    if anthropic:
+        deployments.append(
+            (
+                ANTHROPIC_ALIAS,
+                f"anthropic/{ANTHROPIC_ALIAS}",
+                f"http://127.0.0.1:{upstream_port}",
+                UPSTREAM_KEY,
+            )
         )
-    )
+    text = "model_list:\n"
+    for alias, model, api_base, api_key in deployments:
+        text += (
+            f"  - model_name: {alias}\n    litellm_params:\n      model: {model}\n"
+            f"      api_base: {api_base}\n"
+        )
+        if api_key:
+            text += f"      api_key: {api_key}\n"
+    path = directory / ("bench-anthropic.yaml" if anthropic else "bench.yaml")
+    path.write_text(text)
     return path
 
 
@@ -134,9 +168,8 @@ class Proxy:
     log_path: Path
     ready_s: float
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}{CHAT_PATH}"
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
@@ -254,6 +287,7 @@ class Settings:
 @dataclass(slots=True)
 class Scenario:
     concurrency: int
+    route: str  # CHAT or ANTHROPIC
     body_name: str
     stream: bool
 
@@ -263,16 +297,29 @@ class Scenario:
 
     @property
     def name(self) -> str:
-        return f"c={self.concurrency} {self.body_name} {self.mode}"
+        return f"c={self.concurrency} {self.route} {self.body_name} {self.mode}"
 
     @property
     def row(self) -> str:
         """The name in aligned columns, for the table."""
-        return f"{f'c={self.concurrency}':<4} {self.body_name:<5} {self.mode}"
+        return f"{f'c={self.concurrency}':<4} {self.route:<4} {self.body_name:<5} {self.mode}"
 
     @property
     def body(self) -> bytes:
-        return BODIES[self.body_name](self.stream)
+        return BODIES[self.route, self.body_name](self.stream)
+
+    @property
+    def wire(self) -> Wire:
+        return WIRES[self.route]
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.route]
+
+    @property
+    def sized(self) -> bool:
+        """One of the 77 KB rows comparing the routes (served by the second proxy)."""
+        return self.body_name == SIZED
 
 
 @dataclass(slots=True)
@@ -323,11 +370,46 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+@dataclass(slots=True)
+class RouteComparison:
+    """The Anthropic route against the chat route, same concurrency and mode, 77 KB bodies."""
+
+    chat: Outcome
+    anthropic: Outcome
+
+    @property
+    def label(self) -> str:
+        return f"c={self.chat.scenario.concurrency} {SIZED} {self.chat.scenario.mode}"
+
+    @property
+    def p50_ratio(self) -> float:
+        """Anthropic's added p50 ÷ chat's (NaN when chat's added nothing measurable)."""
+        chat = self.chat.added_p50_ms
+        return self.anthropic.added_p50_ms / chat if chat > 0 else math.nan
+
+    @property
+    def cpu_ratio(self) -> float:
+        return _ratio(
+            self.anthropic.proxy.cpu_ms_per_req or 0.0, self.chat.proxy.cpu_ms_per_req or 0.0
+        )
+
+
+def route_comparisons(outcomes: list[Outcome]) -> list[RouteComparison]:
+    by_key = {(o.scenario.route, o.scenario.concurrency, o.scenario.stream): o for o in outcomes}
+    return [
+        RouteComparison(chat, anthropic)
+        for (route, concurrency, stream), chat in by_key.items()
+        if route == CHAT
+        and chat.scenario.sized
+        and (anthropic := by_key.get((ANTHROPIC, concurrency, stream))) is not None
+    ]
+
+
 def scenarios() -> list[Scenario]:
     return [
-        Scenario(concurrency, body, stream)
+        Scenario(concurrency, route, body, stream)
         for concurrency in (1, 16)
-        for body in BODIES
+        for route, body in BODIES
         for stream in (False, True)
     ]
 
@@ -340,6 +422,7 @@ def measure(
     warm = python_load(
         url,
         body,
+        scenario.wire,
         concurrency=scenario.concurrency,
         stream=scenario.stream,
         seconds=settings.warmup_s,
@@ -367,10 +450,13 @@ def _load(
     url: str, body: bytes, scenario: Scenario, settings: Settings, by_wrk: bool
 ) -> LoadResult:
     if by_wrk:
-        return wrk_load(url, body, concurrency=scenario.concurrency, seconds=settings.seconds)
+        return wrk_load(
+            url, body, scenario.wire, concurrency=scenario.concurrency, seconds=settings.seconds
+        )
     return python_load(
         url,
         body,
+        scenario.wire,
         concurrency=scenario.concurrency,
         stream=scenario.stream,
         seconds=settings.seconds,
@@ -379,16 +465,19 @@ def _load(
 
 
 def run_scenarios(
-    proxy: Proxy, upstream_port: int, upstream_pid: int, settings: Settings
+    proxies: tuple[Proxy, Proxy], upstream_port: int, upstream_pid: int, settings: Settings
 ) -> list[Outcome]:
-    direct_url = f"http://127.0.0.1:{upstream_port}{CHAT_PATH}"
+    """`proxies`: the chat-only one, and the one with the `anthropic/` deployment (77 KB rows)."""
     outcomes = []
     for scenario in scenarios():
-        progress(f"{scenario.name}: direct ...")
+        proxy = proxies[1] if scenario.sized else proxies[0]
+        direct_url = f"http://127.0.0.1:{upstream_port}{scenario.path}"
+        progress(f"{scenario.name} ({len(scenario.body):,} bytes): direct ...")
         direct = measure(direct_url, scenario, settings, None, upstream_pid)
         progress(f"{scenario.name}: proxy ...")
         try:
-            proxied = measure(proxy.url, scenario, settings, proxy.process.pid, upstream_pid)
+            url = proxy.url(scenario.path)
+            proxied = measure(url, scenario, settings, proxy.process.pid, upstream_pid)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\nproxy log (last lines):\n{proxy.log_tail()}") from exc
         if proxy.process.poll() is not None:
@@ -424,14 +513,15 @@ class Target:
         return self.value >= self.limit if self.at_least else self.value <= self.limit
 
     def describe(self) -> str:
-        digits = {"rps": 0, "MB": 1, "s": 2}.get(self.unit, 3)
+        digits = {"rps": 0, "MB": 1, "s": 2, "x": 2}.get(self.unit, 3)
         bound = ">=" if self.at_least else "<="
         return f"{self.value:.{digits}f} {self.unit} (target {bound} {self.limit:g})"
 
 
 @dataclass(slots=True)
 class Report:
-    startup: Startup
+    startup: Startup  # the chat-only proxy
+    anthropic_startup: Startup  # the proxy whose configuration adds the anthropic/ deployment
     outcomes: list[Outcome]
     environment: dict[str, Any]
     quietness: Quietness
@@ -456,7 +546,7 @@ class Report:
 
 
 def evaluate(report: Report) -> list[Target]:
-    outcomes = report.outcomes
+    outcomes = [o for o in report.outcomes if not o.scenario.sized]
     targets = [
         Target(f"added p50 {o.scenario.name}", o.added_p50_ms, TARGET_ADDED_P50_MS, "ms")
         for o in outcomes
@@ -473,9 +563,19 @@ def evaluate(report: Report) -> list[Target]:
         if (cpu := o.proxy.cpu_ms_per_req) is not None
     ]
     targets += [
-        Target(f"first byte {o.scenario.name}", added, TARGET_TTFB_ADDED_MS, "ms")
+        Target(f"first token {o.scenario.name}", added, TARGET_TTFB_ADDED_MS, "ms")
         for o in outcomes
         if o.scenario.concurrency == 1 and (added := o.added_ttfb_ms) is not None
+    ]
+    comparisons = route_comparisons(report.outcomes)
+    targets += [
+        Target(f"anth/chat added p50 {c.label}", c.p50_ratio, TARGET_ANTHROPIC_RATIO, "x")
+        for c in comparisons
+        if c.chat.scenario.concurrency == 1
+    ]
+    targets += [
+        Target(f"anth/chat CPU/req {c.label}", c.cpu_ratio, TARGET_ANTHROPIC_RATIO, "x")
+        for c in comparisons
     ]
     startup = report.startup
     targets.append(Target("idle RSS", startup.idle_rss_mb, TARGET_RSS_MB, "MB"))
@@ -489,7 +589,7 @@ def _ms(value: float | None) -> str:
 
 def format_table(report: Report) -> str:
     header = (
-        f"{'scenario':<20} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} "
+        f"{'scenario':<25} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} "
         f"{'ratio':>7} {'direct p99':>10} {'proxy p99':>10} {'direct rps':>10} "
         f"{'proxy rps':>10} {'rps ratio':>9} {'proxy CPU ms/req':>16}"
     )
@@ -498,36 +598,47 @@ def format_table(report: Report) -> str:
         d, p = o.direct.load, o.proxy.load
         flag = "  !!! ERRORS" if o.direct.errors or o.proxy.errors else ""
         lines.append(
-            f"{o.scenario.row:<20} {p.tool:<6} {_ms(d.p50_ms):>10} {_ms(p.p50_ms):>10} "
+            f"{o.scenario.row:<25} {p.tool:<6} {_ms(d.p50_ms):>10} {_ms(p.p50_ms):>10} "
             f"{_ms(o.added_p50_ms):>10} {o.p50_ratio:>6.2f}x {_ms(d.p99_ms):>10} "
             f"{_ms(p.p99_ms):>10} {d.rps:>10.0f} {p.rps:>10.0f} {o.rps_ratio:>8.2f}x "
             f"{_ms(o.proxy.cpu_ms_per_req):>16}{flag}"
         )
-    lines.append("(latencies in ms; stream latency is the full stream)")
+    lines.append(
+        "(latencies in ms; stream latency is the full stream; chat = POST /v1/chat/completions, "
+        "anth = POST /v1/messages; 77KB rows: the second proxy, with the anthropic/ deployment)"
+    )
     lines.append("")
     lines.append(
-        f"{'first byte (stream)':<20} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} "
+        f"{'first token (stream)':<25} {'tool':<6} {'direct p50':>10} {'proxy p50':>10} "
         f"{'added p50':>10}"
     )
     for o in report.outcomes:
         if o.scenario.stream:
             lines.append(
-                f"{o.scenario.row:<20} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
+                f"{o.scenario.row:<25} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
                 f"{_ms(o.ttfb_ms('proxy')):>10} {_ms(o.added_ttfb_ms):>10}"
             )
-    s = report.startup
+    lines.append("")
+    lines.extend(format_comparison(route_comparisons(report.outcomes)))
+    s, a = report.startup, report.anthropic_startup
     lines.append("")
     lines.append(
         f"ready in {s.ready_s:.2f} s, idle RSS {s.idle_rss_mb:.1f} MB (end {s.end_rss_mb:.1f} MB)"
     )
     lines.append(
+        f"with the anthropic/ deployment (litellm imported at start): ready in {a.ready_s:.2f} s, "
+        f"idle RSS {a.idle_rss_mb:.1f} MB (end {a.end_rss_mb:.1f} MB)"
+    )
+    lines.append(
         f"targets: added p50 <= {TARGET_ADDED_P50_MS} ms (c=1, 30 KB), >= {TARGET_RPS:.0f} rps "
-        f"(c=16), <= {TARGET_CPU_MS} CPU ms/req, first byte within {TARGET_TTFB_ADDED_MS} ms of "
-        f"direct, RSS <= {TARGET_RSS_MB:.0f} MB, ready <= {TARGET_READY_S:.0f} s"
+        f"(c=16), <= {TARGET_CPU_MS} CPU ms/req, first token within {TARGET_TTFB_ADDED_MS} ms of "
+        f"direct (chat, tiny and 30 KB), RSS <= {TARGET_RSS_MB:.0f} MB, ready <= "
+        f"{TARGET_READY_S:.0f} s (chat-only proxy); at 77 KB the Anthropic route's added p50 "
+        f"(c=1) and CPU ms/req within {TARGET_ANTHROPIC_RATIO}x of the chat route's"
     )
     for target in report.targets:
         lines.append(
-            f"  {'met   ' if target.met else 'MISSED'}  {target.name:<28} {target.describe()}"
+            f"  {'met   ' if target.met else 'MISSED'}  {target.name:<36} {target.describe()}"
         )
     errors = report.errors()
     if errors:
@@ -548,12 +659,28 @@ def format_table(report: Report) -> str:
     return "\n".join(lines)
 
 
+def format_comparison(comparisons: list[RouteComparison]) -> list[str]:
+    lines = [
+        f"{'77 KB: anth vs chat':<20} {'chat added':>10} {'anth added':>10} {'ratio':>7} "
+        f"{'chat CPU ms/req':>15} {'anth CPU ms/req':>15} {'ratio':>7}"
+    ]
+    for c in comparisons:
+        lines.append(
+            f"{c.label:<20} {_ms(c.chat.added_p50_ms):>10} {_ms(c.anthropic.added_p50_ms):>10} "
+            f"{c.p50_ratio:>6.2f}x {_ms(c.chat.proxy.cpu_ms_per_req):>15} "
+            f"{_ms(c.anthropic.proxy.cpu_ms_per_req):>15} {c.cpu_ratio:>6.2f}x"
+        )
+    lines.append("(added p50 in ms: proxy p50 - direct p50; ratio = anth / chat)")
+    return lines
+
+
 def as_json(report: Report) -> bytes:
     outcomes = []
     for o in report.outcomes:
         outcomes.append(
             {
                 "scenario": o.scenario.name,
+                "route": o.scenario.path,
                 "concurrency": o.scenario.concurrency,
                 "body": o.scenario.body_name,
                 "body_bytes": o.body_bytes,
@@ -569,8 +696,21 @@ def as_json(report: Report) -> bytes:
     document = {
         "environment": report.environment,
         "startup": asdict(report.startup),
+        "anthropic_startup": asdict(report.anthropic_startup),
         "quietness": {**asdict(report.quietness), "disturbed": report.disturbed},
         "scenarios": outcomes,
+        "anthropic_vs_chat": [
+            {
+                "scenario": c.label,
+                "chat_added_p50_ms": c.chat.added_p50_ms,
+                "anthropic_added_p50_ms": c.anthropic.added_p50_ms,
+                "added_p50_ratio": c.p50_ratio,
+                "chat_cpu_ms_per_req": c.chat.proxy.cpu_ms_per_req,
+                "anthropic_cpu_ms_per_req": c.anthropic.proxy.cpu_ms_per_req,
+                "cpu_ratio": c.cpu_ratio,
+            }
+            for c in route_comparisons(report.outcomes)
+        ],
         "targets": [{**asdict(t), "met": t.met} for t in report.targets],
         "errors": report.errors(),
     }
@@ -618,7 +758,7 @@ def environment(settings: Settings) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_generator": (
-            f"{wrk_version()} for c=16, python aiohttp for c=1 and first byte"
+            f"{wrk_version()} for c=16, python aiohttp for c=1 and first token"
             if settings.use_wrk
             else "python aiohttp client"
         ),
@@ -630,20 +770,31 @@ def environment(settings: Settings) -> dict[str, Any]:
 def benchmark(procs: Processes, workdir: Path, settings: Settings) -> Report:
     upstream_port, upstream = start_upstream(procs)
     progress(f"static upstream on 127.0.0.1:{upstream_port}")
-    config = write_config(workdir, upstream_port)
-    proxy = start_proxy(procs, config, workdir / "proxy.log")
+    proxy, idle_rss = _started(procs, write_config(workdir, upstream_port), workdir / "proxy.log")
+    # Started once the first is ready and settled: its litellm import does not slow the first.
+    config = write_config(workdir, upstream_port, anthropic=True)
+    second, second_idle_rss = _started(procs, config, workdir / "proxy-anthropic.log")
+    quietness: list[Quietness] = []
+    pids = [proxy.process.pid, second.process.pid, upstream.pid]
+    with watch_others(pids, quietness):
+        outcomes = run_scenarios((proxy, second), upstream_port, upstream.pid, settings)
+    startup = Startup(proxy.ready_s, idle_rss, rss_mb(proxy.process.pid))
+    second_startup = Startup(second.ready_s, second_idle_rss, rss_mb(second.process.pid))
+    report = Report(startup, second_startup, outcomes, environment(settings), quietness[0])
+    report.targets = evaluate(report)
+    return report
+
+
+def _started(procs: Processes, config: Path, log: Path) -> tuple[Proxy, float]:
+    """A ready and settled proxy, and its RSS right after ready."""
+    proxy = start_proxy(procs, config, log)
     idle_rss = rss_mb(proxy.process.pid)
     settle(proxy.process.pid)
     progress(
-        f"proxy on 127.0.0.1:{proxy.port}, ready in {proxy.ready_s:.2f} s (log {proxy.log_path})"
+        f"proxy ({config.name}) on 127.0.0.1:{proxy.port}, ready in {proxy.ready_s:.2f} s "
+        f"(log {proxy.log_path})"
     )
-    quietness: list[Quietness] = []
-    with watch_others([proxy.process.pid, upstream.pid], quietness):
-        outcomes = run_scenarios(proxy, upstream_port, upstream.pid, settings)
-    startup = Startup(proxy.ready_s, idle_rss, rss_mb(proxy.process.pid))
-    report = Report(startup, outcomes, environment(settings), quietness[0])
-    report.targets = evaluate(report)
-    return report
+    return proxy, idle_rss
 
 
 @contextlib.contextmanager
