@@ -8,8 +8,8 @@ litellm's own retries are off: the proxy has exactly one retry loop.
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
