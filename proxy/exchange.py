@@ -13,38 +13,56 @@ from proxy.upstream.anthropic import speaks_anthropic
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
     from proxy.dialects.anthropic_view import AnthropicView
 
-ANTHROPIC_PROMPT_FIELDS = (
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-)
-
 
 @dataclass(slots=True)
 class Usage:
+    """Tokens one or more calls used. `cache_read` and `cache_write` are the parts of the
+    prompt read from and written to the provider's prompt cache (priced at their own rates)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
 
     @classmethod
     def of(cls, usage: Any) -> Usage | None:
-        """A reply's usage, in OpenAI's shape or Anthropic's (whose prompt is its uncached
-        input plus what was read from and written to the prompt cache)."""
+        """A reply's usage in any of the three wire formats: Chat Completions (prompt_tokens,
+        prompt_tokens_details.cached_tokens), Responses (input_tokens, which include
+        input_tokens_details.cached_tokens) or Anthropic (input_tokens beside
+        cache_read_input_tokens and cache_creation_input_tokens)."""
         if not isinstance(usage, dict):
             return None
-        if "input_tokens" in usage:
-            return cls.from_anthropic(usage)
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(prompt, int) or not isinstance(completion, int):
-            return None
-        return cls(prompt, completion)
-
-    @classmethod
-    def from_anthropic(cls, usage: dict[str, Any]) -> Usage | None:
-        counts = [usage.get(name) for name in ANTHROPIC_PROMPT_FIELDS]
+        if "input_tokens" not in usage:
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if not isinstance(prompt, int) or not isinstance(completion, int):
+                return None
+            return cls(prompt, completion, _cached(usage.get("prompt_tokens_details")))
+        counts = [usage.get(name) for name in ("input_tokens", *ANTHROPIC_CACHE_FIELDS)]
         output = usage.get("output_tokens", 0)
         if not all(isinstance(c, int) or c is None for c in counts) or not isinstance(output, int):
             return None
-        return cls(sum(c or 0 for c in counts), output)
+        uncached, read, written = (c or 0 for c in counts)
+        if "input_tokens_details" in usage:  # Responses: cached tokens are within input_tokens
+            return cls(uncached, output, _cached(usage.get("input_tokens_details")))
+        return cls(uncached + read + written, output, read, written)
+
+    @property
+    def uncached(self) -> int:
+        return max(0, self.prompt_tokens - self.cache_read - self.cache_write)
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cache_read += other.cache_read
+        self.cache_write += other.cache_write
+
+
+ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def _cached(details: Any) -> int:
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and cached > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +178,7 @@ class Exchange:
             return
         if self.usage is None:
             self.usage = Usage()
-        self.usage.prompt_tokens += usage.prompt_tokens
-        self.usage.completion_tokens += usage.completion_tokens
+        self.usage.add(usage)
 
     def add_side_call(self, child: Exchange) -> None:
         """`child` was a call made for this request (a summary): what it used is charged here,

@@ -184,6 +184,13 @@ class Flow:
         metrics = self.metrics
         metrics.child(metrics.tokens, alias, "prompt").inc(usage.prompt_tokens)
         metrics.child(metrics.tokens, alias, "completion").inc(usage.completion_tokens)
+        for kind, tokens in (
+            ("uncached", usage.uncached),
+            ("cache_read", usage.cache_read),
+            ("cache_write", usage.cache_write),
+        ):
+            if tokens:
+                metrics.child(metrics.prompt_tokens, alias, kind).inc(tokens)
         cost = self.catalog.cost(deployment, usage) if deployment else None
         if cost:
             metrics.child(metrics.cost, alias).inc(cost)
@@ -205,9 +212,10 @@ class Flow:
 def _total(one: Usage | None, other: Usage | None) -> Usage | None:
     if one is None or other is None:
         return one or other
-    return Usage(
-        one.prompt_tokens + other.prompt_tokens, one.completion_tokens + other.completion_tokens
-    )
+    total = Usage()
+    total.add(one)
+    total.add(other)
+    return total
 
 
 def _degradable(error: Exception) -> bool:

@@ -94,6 +94,13 @@ class Metrics:
             ["model", "kind"],
             registry=r,
         )
+        self.prompt_tokens = Counter(
+            "agentproxy_prompt_tokens",
+            "Prompt tokens from upstream usage by how the provider's prompt cache served them "
+            "(cache_read, cache_write, uncached), by model alias: the cache hit ratio.",
+            ["model", "kind"],
+            registry=r,
+        )
         self.cost = Counter(
             "agentproxy_cost_usd",
             "Estimated spend in US dollars from reported usage and the model's prices.",

@@ -28,6 +28,9 @@ class ModelFacts(NamedTuple):
     max_input_tokens: int | None
     input_cost_per_token: float | None
     output_cost_per_token: float | None
+    # Prompt-cache prices: a read, and a write (Anthropic); the input price when unknown.
+    cache_read_cost_per_token: float | None = None
+    cache_write_cost_per_token: float | None = None
 
 
 def _read_price_map() -> dict[str, ModelFacts]:
@@ -45,6 +48,8 @@ def _read_price_map() -> dict[str, ModelFacts]:
             entry.get("max_input_tokens"),
             entry.get("input_cost_per_token"),
             entry.get("output_cost_per_token"),
+            entry.get("cache_read_input_token_cost"),
+            entry.get("cache_creation_input_token_cost"),
         )
         for name, entry in entries.items()
         if isinstance(entry, dict)
@@ -75,15 +80,25 @@ class ModelCatalog:
             _first(deployment.max_input_tokens, known.max_input_tokens),
             _first(deployment.input_cost_per_token, known.input_cost_per_token),
             _first(deployment.output_cost_per_token, known.output_cost_per_token),
+            _first(deployment.cache_read_cost_per_token, known.cache_read_cost_per_token),
+            _first(deployment.cache_write_cost_per_token, known.cache_write_cost_per_token),
         )
 
     def cost(self, deployment: Deployment, usage: Usage) -> float | None:
+        """The usage priced at the model's rates: cached reads and cache writes at their own
+        (the input rate where the model has none), reasoning as output."""
         facts = self.facts(deployment)
-        if facts.input_cost_per_token is None or facts.output_cost_per_token is None:
+        price_in, price_out = facts.input_cost_per_token, facts.output_cost_per_token
+        if price_in is None or price_out is None:
             return None
+        read = _first(facts.cache_read_cost_per_token, price_in)
+        write = _first(facts.cache_write_cost_per_token, price_in)
+        assert read is not None and write is not None
         return (
-            usage.prompt_tokens * facts.input_cost_per_token
-            + usage.completion_tokens * facts.output_cost_per_token
+            usage.uncached * price_in
+            + usage.cache_read * read
+            + usage.cache_write * write
+            + usage.completion_tokens * price_out
         )
 
 

@@ -235,7 +235,8 @@ class Relay:
         if name == "message_start":
             usage = Usage.of((data.get("message") or {}).get("usage"))
             if usage is not None:  # the prompt; output follows in message_delta
-                self.ex.add_usage(Usage(usage.prompt_tokens, 0))
+                usage.completion_tokens = 0
+                self.ex.add_usage(usage)
         elif name == "message_delta":
             output = (data.get("usage") or {}).get("output_tokens")
             if isinstance(output, int):

@@ -463,6 +463,8 @@ def _deployment(entry: _Entry, report: _Report) -> Deployment:
         max_output_tokens=info.get("max_output_tokens"),
         input_cost_per_token=_float_or_none(info.get("input_cost_per_token")),
         output_cost_per_token=_float_or_none(info.get("output_cost_per_token")),
+        cache_read_cost_per_token=_float_or_none(info.get("cache_read_input_token_cost")),
+        cache_write_cost_per_token=_float_or_none(info.get("cache_creation_input_token_cost")),
         source=entry.where,
     )
 

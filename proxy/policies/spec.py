@@ -55,6 +55,8 @@ class Deployment:
     max_output_tokens: int | None = None
     input_cost_per_token: float | None = None
     output_cost_per_token: float | None = None
+    cache_read_cost_per_token: float | None = None  # model_info.cache_read_input_token_cost
+    cache_write_cost_per_token: float | None = None  # model_info.cache_creation_input_token_cost
     source: str = ""  # "file.yaml: model_list[3]", for messages
 
     @property

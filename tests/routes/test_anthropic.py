@@ -45,6 +45,7 @@ async def start(
     *,
     window: int = 8192,
     policies: str = "",
+    prices: str = "",
 ) -> TestServer:
     url = str(upstream.make_url("")).rstrip("/")
     text = f"""\
@@ -58,7 +59,7 @@ async def start(
               api_base: {url}
               api_key: {UPSTREAM_KEY}
             model_info:
-              max_input_tokens: {window}
+              max_input_tokens: {window}{prices}
         """
     path = tmp_path / "anthropic.yaml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent(policies))
@@ -417,3 +418,45 @@ async def test_the_sync_sdk_works_too(proxy: TestServer) -> None:
 
     whole, streamed = await asyncio.to_thread(talk)
     assert whole == streamed == "You said: sync hello"
+
+
+async def test_prompt_cache_reads_are_counted_and_priced_at_their_rate(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator
+) -> None:
+    prices = (
+        "\n              input_cost_per_token: 3.0e-6"
+        "\n              output_cost_per_token: 1.5e-5"
+        "\n              cache_read_input_token_cost: 3.0e-7"
+        "\n              cache_creation_input_token_cost: 3.75e-6"
+    )
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), prices=prices)
+    system = [{"type": "text", "text": "Rules. " * 1500, "cache_control": {"type": "ephemeral"}}]
+    sdk = client(proxy)
+    for turn in range(3):
+        await sdk.messages.create(
+            model="claude",
+            max_tokens=64,
+            system=system,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": f"turn {turn}"}],
+        )
+    async with aiohttp.ClientSession() as http:
+        async with http.get(str(proxy.make_url("/metrics"))) as r:
+            text = await r.text()
+
+    def metric(name: str, **labels: str) -> float:
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            match = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+            if match and ",".join(sorted(match.group(1).split(","))) == wanted:
+                return float(match.group(2))
+        return 0.0
+
+    read = metric("agentproxy_prompt_tokens_total", model="claude", kind="cache_read")
+    written = metric("agentproxy_prompt_tokens_total", model="claude", kind="cache_write")
+    uncached = metric("agentproxy_prompt_tokens_total", model="claude", kind="uncached")
+    assert read > 0 and written > 0  # the first turn wrote the prefix, the next two read it
+    completion = metric("agentproxy_tokens_total", model="claude", kind="completion")
+    expected = uncached * 3e-6 + read * 3e-7 + written * 3.75e-6 + completion * 1.5e-5
+    assert metric("agentproxy_cost_usd_total", model="claude") == pytest.approx(expected)
+    full = (uncached + read + written) * 3e-6 + completion * 1.5e-5
+    assert expected < full  # a cache-heavy session costs less than at the full input rate
