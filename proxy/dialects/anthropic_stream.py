@@ -10,7 +10,6 @@ blocks numbered on from those the client already has.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from aiohttp import web
 
 from proxy.dialects.anthropic import error_body, passthrough_body
 from proxy.dialects.anthropic_view import AnthropicView, assistant_message
+from proxy.dialects.relay import StreamRelay
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
@@ -87,46 +87,24 @@ class Held:
         }
 
 
-class Relay:
+class Relay(StreamRelay):
     """Writes one Anthropic response stream to the client over the rounds' upstream streams."""
 
     def __init__(
         self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: AnthropicView
     ) -> None:
-        self.request = request
-        self.ex = ex
-        self.response = response
+        super().__init__(request, ex, response)
         self.view = view
-        self.hold_tool_calls = False  # set when the recall tool was offered
-        self.usage_reported = False
-        self.relayed = 0
         self._rounds = 0
         self._offset = 0  # content blocks the client already has, from earlier rounds
         self._sent_blocks = 0  # ...and from this round, so far
 
-    @property
-    def started(self) -> bool:
-        return self.response.prepared
-
-    async def write(self, data: bytes) -> None:
-        if not self.response.prepared:
-            self.response.headers["server-timing"] = self.ex.server_timing()
-            await self.response.prepare(self.request)
-        waited = time.perf_counter()
-        await self.response.write(data)
-        self.ex.client_wait += time.perf_counter() - waited
-
     async def run(self, source: UpstreamStream) -> Held | None:
-        self.usage_reported, self.relayed = False, 0
         self._rounds += 1
         self._offset += self._sent_blocks
         self._sent_blocks = 0
-        try:
-            return await self._relay(source)
-        except BaseException:
-            if not self.usage_reported:
-                self.ex.add_unreported_usage(completion_tokens=self.relayed)
-            raise
+        held: Held | None = await super().run(source)
+        return held
 
     async def release(self, held: Held) -> None:
         """The held events without the recall blocks (the rest renumbered), and the end."""
@@ -147,16 +125,10 @@ class Relay:
             out += frame(name, self._shifted(data))
         await self.write(bytes(out))
 
-    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
+    def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
-            data = passthrough_body(error, self.ex.request_id)
-        else:
-            data = orjson.dumps(error_body(error, self.ex.request_id))
-        with contextlib.suppress(ConnectionResetError):
-            await self.response.write(b"event: error\ndata: " + data + b"\n\n")
-
-    async def end(self) -> None:
-        await self.response.write_eof()
+            return passthrough_body(error, self.ex.request_id)
+        return orjson.dumps(error_body(error, self.ex.request_id))
 
     async def _relay(self, source: UpstreamStream) -> Held | None:
         ex, stopped = self.ex, False

@@ -8,17 +8,16 @@ model only called `agentproxy_recall`, the proxy answers and streams the next ro
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
-from aiohttp import web
 
 from proxy.dialects.chat import passthrough_body
+from proxy.dialects.relay import StreamRelay
 from proxy.errors import ProxyError, UpstreamBadResponse
-from proxy.exchange import Exchange, Usage
+from proxy.exchange import Usage
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import is_json_object
@@ -73,60 +72,21 @@ class HeldCalls:
         return out
 
 
-class Relay:
+class Relay(StreamRelay):
     """Writes one response stream to the client, over one or more upstream streams (the
-    recall rounds), and ends it: with [DONE], or with an error event once bytes went out."""
+    recall rounds), and ends it: with [DONE], or with an error event once bytes went out
+    (the openai SDK raises it as an APIError)."""
 
-    def __init__(self, request: web.Request, ex: Exchange, response: web.StreamResponse) -> None:
-        self.request = request
-        self.ex = ex
-        self.response = response
-        self.hold_tool_calls = False  # set when the recall tool was offered
-        self.usage_reported = False  # the stream being relayed carried its usage
-        self.relayed = 0  # events of that stream relayed (or held) so far
-
-    @property
-    def started(self) -> bool:
-        """Bytes went out: a failure can only end the stream now, not replace it."""
-        return self.response.prepared
-
-    async def write(self, data: bytes) -> None:
-        if not self.response.prepared:
-            self.response.headers["server-timing"] = self.ex.server_timing()
-            await self.response.prepare(self.request)
-        waited = time.perf_counter()
-        await self.response.write(data)
-        self.ex.client_wait += time.perf_counter() - waited
-
-    async def run(self, source: UpstreamStream) -> HeldCalls | None:
-        """Forward one upstream stream. Returns the held tool calls if there were any (the
-        caller decides what becomes of them, and of the final [DONE])."""
-        self.usage_reported, self.relayed = False, 0
-        try:
-            return await self._relay(source)
-        except BaseException:
-            # Cut short (the client left, the upstream broke) before the usage chunk came:
-            # still charged, estimated from what was relayed.
-            if not self.usage_reported:
-                self.ex.add_unreported_usage(completion_tokens=self.relayed)
-            raise
+    error_prefix = b"data: "
 
     async def release(self, held: HeldCalls) -> None:
         """The held events, without the proxy's own calls, and the end of the stream."""
         await self.write(b"".join(held.without_recall()) + DONE)
 
-    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
-        """Bytes already reached the client: end the stream with an error event it can read
-        (the openai SDK raises it as an APIError)."""
+    def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
-            data = passthrough_body(error, self.ex.request_id)
-        else:
-            data = orjson.dumps(error.body(self.ex.request_id))
-        with contextlib.suppress(ConnectionResetError):
-            await self.response.write(b"data: " + data + b"\n\n")
-
-    async def end(self) -> None:
-        await self.response.write_eof()
+            return passthrough_body(error, self.ex.request_id)
+        return super().error_data(error)
 
     async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
         ex, done, held = self.ex, False, None

@@ -10,7 +10,6 @@ something to the archive are offered recall; their first byte waits for the roun
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from proxy.dialects.chat import passthrough_body
+from proxy.dialects.relay import StreamRelay
 from proxy.dialects.responses import reply_message, without_recall_items
 from proxy.dialects.responses_view import CALLS, ResponsesView
 from proxy.errors import ProxyError, UpstreamBadResponse
@@ -46,38 +46,12 @@ class Held:
         return reply_message(self.output)
 
 
-class Relay:
+class Relay(StreamRelay):
     def __init__(
         self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: ResponsesView
     ) -> None:
-        self.request = request
-        self.ex = ex
-        self.response = response
+        super().__init__(request, ex, response)
         self.view = view
-        self.hold_tool_calls = False  # set when the recall tool was offered
-        self.usage_reported = False
-        self.relayed = 0
-
-    @property
-    def started(self) -> bool:
-        return self.response.prepared
-
-    async def write(self, data: bytes) -> None:
-        if not self.response.prepared:
-            self.response.headers["server-timing"] = self.ex.server_timing()
-            await self.response.prepare(self.request)
-        waited = time.perf_counter()
-        await self.response.write(data)
-        self.ex.client_wait += time.perf_counter() - waited
-
-    async def run(self, source: UpstreamStream) -> Held | None:
-        self.usage_reported, self.relayed = False, 0
-        try:
-            return await self._relay(source)
-        except BaseException:
-            if not self.usage_reported:
-                self.ex.add_unreported_usage(completion_tokens=self.relayed)
-            raise
 
     async def release(self, held: Held) -> None:
         """The kept round, without the proxy's calls (later items renumbered)."""
@@ -104,16 +78,10 @@ class Relay:
             out += frame(name, data)
         await self.write(bytes(out))
 
-    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
+    def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
-            data = passthrough_body(error, self.ex.request_id)
-        else:
-            data = orjson.dumps(error.body(self.ex.request_id))
-        with contextlib.suppress(ConnectionResetError):
-            await self.response.write(b"event: error\ndata: " + data + b"\n\n")
-
-    async def end(self) -> None:
-        await self.response.write_eof()
+            return passthrough_body(error, self.ex.request_id)
+        return super().error_data(error)
 
     async def _relay(self, source: UpstreamStream) -> Held | None:
         ex, ended = self.ex, False

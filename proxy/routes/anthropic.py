@@ -18,11 +18,17 @@ from proxy.dialects.anthropic_view import AnthropicView
 from proxy.dialects.chat_degraded import TEXT as DEGRADED_TEXT
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.middleware import CLIENT_GONE
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.routes.body import read_body
 from proxy.routes.messages_request import parse_messages_request
-from proxy.routes.serve import open_exchange, proxy_headers, serve
+from proxy.routes.serve import (
+    json_answer,
+    open_exchange,
+    proxy_headers,
+    relay_stream,
+    serve,
+    upstream_error,
+)
 from proxy.session import session_id
 from proxy.state import CONFIG
 from proxy.upstream.anthropic import DEFAULT_VERSION, speaks_anthropic
@@ -86,47 +92,20 @@ class AnthropicWire:
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)
-        return web.Response(
-            body=anthropic.client_body(reply, ex.alias, ex.request_id),
-            content_type="application/json",
-            headers={**reply.headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
-        )
+        return json_answer(ex, anthropic.client_body(reply, ex.alias, ex.request_id), reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
         if ex.deployment is not None and not speaks_anthropic(ex.deployment):
             # Translated: the chat reply is asked for whole, then sent as Anthropic's events.
             reply = await flow.complete(ex, self.replies)
             message = orjson.loads(anthropic.client_body(reply, ex.alias, ex.request_id))
-            return web.Response(
-                body=message_stream(message),
-                content_type="text/event-stream",
-                headers={**reply.headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
-            )
-        source = await flow.open_stream(ex)
-        response = web.StreamResponse(
-            headers={
-                **source.headers,
-                **proxy_headers(ex),
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-request-id": ex.request_id,
-            }
-        )
-        relay = Relay(request, ex, response, self.view)
-        try:
-            await flow.relay(ex, source, relay)
-            await relay.end()
-        except ConnectionResetError:
-            request[CLIENT_GONE] = True
-        return response
+            answer = json_answer(ex, message_stream(message), reply.headers)
+            answer.content_type = "text/event-stream"
+            return answer
+        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
-        return web.Response(
-            status=error.status,
-            body=anthropic.passthrough_body(error, ex.request_id),
-            content_type="application/json",
-            headers={**error.headers, **proxy_headers(ex)},
-        )
+        return upstream_error(ex, error, anthropic.passthrough_body(error, ex.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
         reason = (

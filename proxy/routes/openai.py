@@ -12,10 +12,16 @@ from proxy.dialects import chat, chat_degraded
 from proxy.dialects.chat_stream import Relay
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.middleware import CLIENT_GONE
 from proxy.routes.body import read_body
 from proxy.routes.chat_request import parse_chat_request
-from proxy.routes.serve import open_exchange, proxy_headers, serve
+from proxy.routes.serve import (
+    json_answer,
+    open_exchange,
+    proxy_headers,
+    relay_stream,
+    serve,
+    upstream_error,
+)
 from proxy.session import session_id
 from proxy.state import CONFIG
 from proxy.upstream.base import UpstreamHTTPError
@@ -54,40 +60,15 @@ class ChatWire:
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, chat)
-        return web.Response(
-            body=reply.body,
-            content_type="application/json",
-            headers={**reply.headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
-        )
+        return json_answer(ex, reply.body, reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
-        source = await flow.open_stream(ex)
-        response = web.StreamResponse(
-            headers={
-                **source.headers,
-                **proxy_headers(ex),
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-request-id": ex.request_id,
-            }
-        )
-        relay = Relay(request, ex, response)
-        try:
-            await flow.relay(ex, source, relay)
-            await relay.end()
-        except ConnectionResetError:
-            request[CLIENT_GONE] = True
-        return response
+        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
         """Provider errors pass through unchanged when they are JSON (anything else is
         wrapped), plus what recovery tried when it tried anything."""
-        return web.Response(
-            status=error.status,
-            body=chat.passthrough_body(error, ex.request_id),
-            content_type="application/json",
-            headers={**error.headers, **proxy_headers(ex)},
-        )
+        return upstream_error(ex, error, chat.passthrough_body(error, ex.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
         return chat_degraded.answer(ex, error, proxy_headers(ex))

@@ -5,15 +5,16 @@ charge. A route supplies only how its format is parsed and rendered (a `Wire`)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from proxy.dialects.relay import StreamRelay
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
 from proxy.flow import Flow, status_of
-from proxy.middleware import MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
+from proxy.middleware import CLIENT_GONE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.session import owner_of, parent_session_id, scoped
 from proxy.state import FLOW
@@ -67,6 +68,52 @@ async def serve(request: web.Request, ex: Exchange, wire: Wire) -> web.StreamRes
         # A client that leaves cancels this handler, maybe in the middle of charging it: the
         # charging runs to its end regardless (what was used is always charged).
         await asyncio.shield(flow.finish(ex, ok))
+
+
+async def relay_stream(
+    request: web.Request,
+    ex: Exchange,
+    flow: Flow,
+    relay_for: Callable[[web.StreamResponse], StreamRelay],
+) -> web.StreamResponse:
+    """A streamed answer: the first round opened (its headers go out with ours), then relayed
+    by the wire's relay, recall rounds and all."""
+    source = await flow.open_stream(ex)
+    response = web.StreamResponse(
+        headers={
+            **source.headers,
+            **proxy_headers(ex),
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-request-id": ex.request_id,
+        }
+    )
+    relay = relay_for(response)
+    try:
+        await flow.relay(ex, source, relay)
+        await relay.end()
+    except ConnectionResetError:
+        request[CLIENT_GONE] = True
+    return response
+
+
+def json_answer(ex: Exchange, body: bytes, headers: Mapping[str, str]) -> web.Response:
+    """A whole answer, with the upstream's headers worth passing on and ours."""
+    return web.Response(
+        body=body,
+        content_type="application/json",
+        headers={**headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
+    )
+
+
+def upstream_error(ex: Exchange, error: UpstreamHTTPError, body: bytes) -> web.Response:
+    """A provider's error as the client gets it (its body in the client's format)."""
+    return web.Response(
+        status=error.status,
+        body=body,
+        content_type="application/json",
+        headers={**error.headers, **proxy_headers(ex)},
+    )
 
 
 def open_exchange(

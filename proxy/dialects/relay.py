@@ -1,0 +1,75 @@
+"""What every wire's stream relay shares: writing to the client (its time kept apart from the
+proxy's own), charging a stream cut before its usage came, and ending a stream that already
+began with an error event in the wire's framing. A wire says how it relays one upstream stream
+(`_relay`), what it holds back for a recall round, and how its error events look."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.errors import ProxyError
+from proxy.exchange import Exchange
+from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
+
+
+class StreamRelay:
+    # How an error event starts on this wire: OpenAI chat's is a bare data line.
+    error_prefix = b"event: error\ndata: "
+
+    def __init__(self, request: web.Request, ex: Exchange, response: web.StreamResponse) -> None:
+        self.request = request
+        self.ex = ex
+        self.response = response
+        self.hold_tool_calls = False  # set when the recall tool was offered
+        self.usage_reported = False  # the stream being relayed carried its usage
+        self.relayed = 0  # events of that stream relayed (or held) so far
+
+    @property
+    def started(self) -> bool:
+        """Bytes went out: a failure can only end the stream now, not replace it."""
+        return self.response.prepared
+
+    async def write(self, data: bytes) -> None:
+        if not self.response.prepared:
+            self.response.headers["server-timing"] = self.ex.server_timing()
+            await self.response.prepare(self.request)
+        waited = time.perf_counter()
+        await self.response.write(data)
+        self.ex.client_wait += time.perf_counter() - waited
+
+    async def run(self, source: UpstreamStream) -> Any:
+        """Forward one upstream stream; what was held back for a recall round, if anything."""
+        self.usage_reported, self.relayed = False, 0
+        try:
+            return await self._relay(source)
+        except BaseException:
+            # Cut short (the client left, the upstream broke) before the usage came: still
+            # charged, estimated from what was relayed.
+            if not self.usage_reported:
+                self.ex.add_unreported_usage(completion_tokens=self.relayed)
+            raise
+
+    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
+        """Bytes already reached the client: end the stream with an error event it reads."""
+        with contextlib.suppress(ConnectionResetError):
+            await self.response.write(self.error_prefix + self.error_data(error) + b"\n\n")
+
+    def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
+        if isinstance(error, UpstreamHTTPError):
+            return error.body
+        return orjson.dumps(error.body(self.ex.request_id))
+
+    async def end(self) -> None:
+        await self.response.write_eof()
+
+    async def release(self, held: Any) -> None:
+        """What `run` held back, without the proxy's own calls, and the stream's end."""
+        raise NotImplementedError
+
+    async def _relay(self, source: UpstreamStream) -> Any:
+        raise NotImplementedError
