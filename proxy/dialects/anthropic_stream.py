@@ -10,7 +10,6 @@ blocks numbered on from those the client already has.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,16 +134,7 @@ class Relay(StreamRelay):
         held: Held | None = None
         watch = self.hold_tool_calls or self._rounds > 1
         blocks = Blocks() if self.hold_tool_calls else None
-        batches = source.events()
-        while True:
-            waited = time.perf_counter()
-            try:
-                batch = await anext(batches)
-            except StopAsyncIteration:
-                break
-            finally:
-                ex.upstream_wait += time.perf_counter() - waited
-            self.relayed += len(batch)
+        async for batch in self.batches(source):
             out = bytearray()
             for event in batch:
                 name, data = self._read(event)

@@ -8,7 +8,6 @@ model only called `agentproxy_recall`, the proxy answers and streams the next ro
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -90,16 +89,7 @@ class Relay(StreamRelay):
 
     async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
         ex, done, held = self.ex, False, None
-        batches = source.events()
-        while True:
-            waited = time.perf_counter()
-            try:
-                batch = await anext(batches)
-            except StopAsyncIteration:
-                break
-            finally:
-                ex.upstream_wait += time.perf_counter() - waited
-            self.relayed += len(batch)
+        async for batch in self.batches(source):
             out = bytearray()
             for event in batch:
                 if not event.startswith(b"data:"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -66,6 +67,21 @@ class StreamRelay:
 
     async def end(self) -> None:
         await self.response.write_eof()
+
+    async def batches(self, source: UpstreamStream) -> AsyncIterator[list[bytes]]:
+        """The upstream's events in the batches they arrived in; the time spent waiting for
+        them is the upstream's, not the proxy's."""
+        events = source.events()
+        while True:
+            waited = time.perf_counter()
+            try:
+                batch = await anext(events)
+            except StopAsyncIteration:
+                return
+            finally:
+                self.ex.upstream_wait += time.perf_counter() - waited
+            self.relayed += len(batch)
+            yield batch
 
     async def release(self, held: Any) -> None:
         """What `run` held back, without the proxy's own calls, and the stream's end."""

@@ -10,7 +10,6 @@ something to the archive are offered recall; their first byte waits for the roun
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,16 +85,7 @@ class Relay(StreamRelay):
     async def _relay(self, source: UpstreamStream) -> Held | None:
         ex, ended = self.ex, False
         held = Held() if self.hold_tool_calls else None
-        batches = source.events()
-        while True:
-            waited = time.perf_counter()
-            try:
-                batch = await anext(batches)
-            except StopAsyncIteration:
-                break
-            finally:
-                ex.upstream_wait += time.perf_counter() - waited
-            self.relayed += len(batch)
+        async for batch in self.batches(source):
             out = bytearray()
             for event in batch:
                 name = _name(event)
