@@ -50,11 +50,11 @@ class Upstreams:
 
     def prepare(self, config: Config) -> None:
         """Start importing litellm in the background if any deployment will need it."""
-        if any(not d.fast_path for group in config.deployments.values() for d in group):
+        if any(_warms_litellm(d) for group in config.deployments.values() for d in group):
             self.litellm.warm_up()
 
     def ready(self, config: Config) -> bool:
-        needs_litellm = any(not d.fast_path for g in config.deployments.values() for d in g)
+        needs_litellm = any(_warms_litellm(d) for g in config.deployments.values() for d in g)
         return self.litellm.loaded or not needs_litellm
 
     async def close(self) -> None:
@@ -62,3 +62,10 @@ class Upstreams:
         await self.anthropic.close()
         await self.responses.close()
         await self.litellm.close()
+
+
+def _warms_litellm(deployment: Deployment) -> bool:
+    """Whether litellm is imported at start for this deployment (seconds, ~150 MB). An
+    Anthropic deployment is mostly called natively by Anthropic clients: litellm is then
+    imported on first need (an OpenAI client of it, its summaries), not at start."""
+    return not deployment.fast_path and not speaks_anthropic(deployment)
