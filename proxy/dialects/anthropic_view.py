@@ -43,15 +43,14 @@ class AnthropicView:
     body: dict[str, Any]  # the client's request, never mutated
     messages: list[Message] = field(default_factory=list)  # the view, in order
     _origins: dict[int, _Origin] = field(default_factory=dict)  # by id() of a view message
-    # An assistant turn's blocks by its first tool_use id (the client's turns, and replies the
-    # proxy continued itself in recall rounds): a turn a stage rewrote, or one the proxy
-    # added, goes back with all of its blocks (thinking and its signature first).
+    # Replies the proxy continued itself (recall rounds), by their first tool_use id: a turn
+    # the proxy added goes back with all of its blocks (thinking and its signature first).
     _turns: dict[str, list[Block]] = field(default_factory=dict)
-    # The client's tool_result blocks by tool_use id: a rewritten result keeps its fields.
-    _results: dict[str, Block] = field(default_factory=dict)
     # The client's tools by id() of their chat-shaped twins (kept out of the chat tools, whose
     # JSON the stages count as the schemas' tokens).
     _tools: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What chat_body() handed the stages (messages, tools, tool_choice), to see they left it.
+    _untouched: tuple[Any, Any, Any] = (None, None, None)
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> AnthropicView:
@@ -79,6 +78,7 @@ class AnthropicView:
         choice = _chat_tool_choice(self.body.get("tool_choice"))
         if choice is not None:
             chat["tool_choice"] = choice
+        self._untouched = (self.messages, chat.get("tools"), chat.get("tool_choice"))
         return chat
 
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +101,10 @@ class AnthropicView:
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The native request for `chat` (the stages' output): the client's body with its
         system prompt, messages, tools and tool_choice as the stages left them."""
+        if (chat["messages"], chat.get("tools")) == self._untouched[:2] and chat.get(
+            "tool_choice"
+        ) == self._untouched[2]:
+            return self.body  # the common turn: nothing rewritten, the client's own body
         out = dict(self.body)
         messages: list[Message] = chat["messages"]
         start = 0
@@ -131,13 +135,10 @@ class AnthropicView:
         blocks = [b for b in content if isinstance(b, dict)]
         if role == "assistant":
             self._add(assistant_message(blocks), index, blocks)
-            self.remember_turn(blocks)
             return
         rest: list[Block] = []
         for block in blocks:
             if block.get("type") == "tool_result":
-                if isinstance(block.get("tool_use_id"), str):
-                    self._results[block["tool_use_id"]] = block
                 result = {
                     "role": "tool",
                     "tool_call_id": block.get("tool_use_id"),
@@ -209,7 +210,7 @@ class AnthropicView:
         or made (repair's stand-in for a result that never came, an error; a recall answer)."""
         call_id = message.get("tool_call_id")
         content = _native_content(message.get("content"))
-        original = self._results.get(call_id) if isinstance(call_id, str) else None
+        original = self._client_result(call_id) if isinstance(call_id, str) else None
         if original is not None:
             return {**original, "content": content}
         block: Block = {"type": "tool_result", "tool_use_id": call_id, "content": content}
@@ -217,12 +218,48 @@ class AnthropicView:
             block["is_error"] = True
         return block
 
+    def _client_turn(self, first_call: str) -> list[Block] | None:
+        """The blocks of the turn whose first tool_use is `first_call`: a reply the proxy
+        continued, else one of the client's (looked up only when a turn was rewritten)."""
+        if first_call in self._turns:
+            return self._turns[first_call]
+        for message in self.body["messages"]:
+            content = message.get("content")
+            if message.get("role") != "assistant" or not isinstance(content, list):
+                continue
+            first = next(
+                (
+                    b.get("id")
+                    for b in content
+                    if isinstance(b, dict) and b.get("type") == "tool_use"
+                ),
+                None,
+            )
+            if first == first_call:
+                return [b for b in content if isinstance(b, dict)]
+        return None
+
+    def _client_result(self, call_id: str) -> Block | None:
+        """The client's tool_result block for `call_id` (looked up only when one was rewritten)."""
+        for message in self.body["messages"]:
+            content = message.get("content")
+            if message.get("role") != "user" or not isinstance(content, list):
+                continue
+            for block in content:
+                if (
+                    isinstance(block, dict)
+                    and block.get("tool_use_id") == call_id
+                    and block.get("type") == "tool_result"
+                ):
+                    return block
+        return None
+
     def _assistant_turn(self, message: Message) -> Message:
         """An assistant message a stage rewrote (truncated arguments) or the proxy added (a
         recall round): its blocks as they came, each tool_use with its call's input now."""
         calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
         first = calls[0].get("id") if calls else None
-        blocks = self._turns.get(first) if isinstance(first, str) else None
+        blocks = self._client_turn(first) if isinstance(first, str) else None
         if blocks is None:
             fresh: list[Block] = []
             if message.get("content"):
