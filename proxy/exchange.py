@@ -6,12 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from proxy.dialects.responses_view import ResponsesView
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
-from proxy.upstream.anthropic import speaks_anthropic
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
     from proxy.dialects.anthropic_view import AnthropicView
+    from proxy.dialects.responses_view import ResponsesView
 
 
 @dataclass(slots=True)
@@ -203,7 +202,7 @@ class Exchange:
         when the deployment speaks it, else the chat-shaped request."""
         if self.view is None:
             return self.body, None
-        if isinstance(self.view, ResponsesView) or speaks_anthropic(deployment):
+        if self.view.native_for(deployment):
             return self.view.render(self.body), self.forward_headers or None
         return self.view.translated(self.body), None
 

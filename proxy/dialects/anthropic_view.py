@@ -24,6 +24,8 @@ import orjson
 
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
+from proxy.policies.spec import Deployment
+from proxy.upstream.anthropic import speaks_anthropic
 
 Block = dict[str, Any]
 CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoints per request
@@ -80,6 +82,10 @@ class AnthropicView:
             chat["tool_choice"] = choice
         self._untouched = (self.messages, chat.get("tools"), chat.get("tool_choice"))
         return chat
+
+    @staticmethod
+    def native_for(deployment: Deployment) -> bool:
+        return speaks_anthropic(deployment)
 
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The stages' output as a plain Chat Completions request, for a deployment that does

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects import chat
 from proxy.dialects.responses_view import CALLS, ResponsesView
 from proxy.messages import Message
 from proxy.pipeline import recall
@@ -54,6 +55,100 @@ def without_recall_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def client_body(reply: UpstreamReply, alias: str, request_id: str) -> bytes:
+    """The reply as the Responses client reads it: as sent, or translated from chat."""
+    if "choices" not in reply.data:
+        return reply.body
+    return orjson.dumps(response_from_chat(reply.data, alias, request_id))
+
+
+def response_from_chat(data: dict[str, Any], alias: str, request_id: str) -> dict[str, Any]:
+    choice = (data.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    output: list[dict[str, Any]] = []
+    if message.get("content"):
+        text = {"type": "output_text", "text": message["content"], "annotations": []}
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{request_id}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [text],
+            }
+        )
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{call.get('id')}",
+                "call_id": call.get("id"),
+                "name": function.get("name"),
+                "arguments": function.get("arguments") or "{}",
+                "status": "completed",
+            }
+        )
+    usage = data.get("usage") or {}
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {
+        "id": f"resp_{data.get('id') or request_id}",
+        "object": "response",
+        "created_at": data.get("created", 0),
+        "status": "completed",
+        "model": alias,
+        "output": output,
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": cached or 0},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+def response_events(response: dict[str, Any]) -> bytes:
+    """A whole response as the event sequence a Responses client expects."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    started = {**response, "status": "in_progress", "output": []}
+    events.append(("response.created", {"response": started}))
+    events.append(("response.in_progress", {"response": started}))
+    for index, item in enumerate(response["output"]):
+        opened = {**item, "status": "in_progress"}
+        if item["type"] == "message":
+            opened["content"] = []
+        elif item["type"] == "function_call":
+            opened["arguments"] = ""
+        events.append(("response.output_item.added", {"output_index": index, "item": opened}))
+        if item["type"] == "message":
+            part = item["content"][0]
+            at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(("response.content_part.added", {**at, "part": {**part, "text": ""}}))
+            events.append(("response.output_text.delta", {**at, "delta": part["text"]}))
+            events.append(("response.output_text.done", {**at, "text": part["text"]}))
+            events.append(("response.content_part.done", {**at, "part": part}))
+        elif item["type"] == "function_call":
+            at = {"item_id": item["id"], "output_index": index}
+            events.append(
+                ("response.function_call_arguments.delta", {**at, "delta": item["arguments"]})
+            )
+            events.append(
+                ("response.function_call_arguments.done", {**at, "arguments": item["arguments"]})
+            )
+        events.append(("response.output_item.done", {"output_index": index, "item": item}))
+    events.append(("response.completed", {"response": response}))
+    return b"".join(
+        b"event: "
+        + name.encode()
+        + b"\ndata: "
+        + orjson.dumps({"type": name, "sequence_number": number, **data})
+        + b"\n\n"
+        for number, (name, data) in enumerate(events)
+    )
+
+
 class Replies:
     """Reads replies for one Responses exchange (Flow's `Replies`)."""
 
@@ -61,11 +156,15 @@ class Replies:
         self.view = view
 
     def reply_message(self, reply: UpstreamReply) -> Message:
+        if "choices" in reply.data:  # a translated call's chat completion
+            return chat.reply_message(reply)
         output = [i for i in reply.data.get("output") or [] if isinstance(i, dict)]
         self.view.remember_turn(output)
         return reply_message(output)
 
     def without_recall(self, reply: UpstreamReply, theirs: list[dict[str, Any]]) -> UpstreamReply:
+        if "choices" in reply.data:
+            return chat.without_recall(reply, theirs)
         data = reply.data
         data["output"] = without_recall_items(data.get("output") or [])
         return UpstreamReply(data, orjson.dumps(data), reply.headers)

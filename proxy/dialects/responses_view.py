@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.messages import Message
+from proxy.policies.spec import Deployment
+from proxy.upstream.responses import speaks_responses
 
 Item = dict[str, Any]
 CALLS = ("function_call", "custom_tool_call")
@@ -71,6 +73,29 @@ class ResponsesView:
         if isinstance(choice, str):
             chat["tool_choice"] = choice
         return chat
+
+    @staticmethod
+    def native_for(deployment: Deployment) -> bool:
+        return speaks_responses(deployment)
+
+    def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The stages' output as a plain Chat Completions request, for a deployment that lacks
+        Responses (what this loses: reasoning items and their encrypted content, tools other
+        than functions, `include`, `store`, `previous_response_id`)."""
+        out = dict(chat)
+        out["messages"] = [_chat_message(m) for m in chat["messages"]]
+        tools = [
+            t for t in chat.get("tools") or [] if t.get("type") == "function" and "function" in t
+        ]
+        if tools:
+            out["tools"] = tools
+        else:
+            out.pop("tools", None)
+            out.pop("tool_choice", None)
+        for name in ("temperature", "top_p"):
+            if name in self.body:
+                out[name] = self.body[name]
+        return out  # never streamed: a translated reply comes back whole (routes/responses.py)
 
     def remember_turn(self, output: list[Item]) -> None:
         """A reply the proxy continues itself: its items go back whole (reasoning first)."""
@@ -191,6 +216,22 @@ class ResponsesView:
                 items.append(_with_arguments(item, call))
         items += [_new_call(call) for call in by_id.values()]
         return items
+
+
+def _chat_message(message: Message) -> Message:
+    """A view message as Chat Completions takes it: parts as text or image_url parts."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = [
+        p
+        if p.get("type") == "text"
+        else {"type": "image_url", "image_url": {"url": p["image_url"]}}
+        for p in content
+        if p.get("type") == "text"
+        or (p.get("type") == "input_image" and isinstance(p.get("image_url"), str))
+    ]
+    return {**message, "content": parts}
 
 
 def _chat_call(item: Item) -> dict[str, Any]:

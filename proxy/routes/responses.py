@@ -1,8 +1,8 @@
 """OpenAI Responses surface: POST /v1/responses (JSON and SSE).
 
-The stages rewrite the request's chat-shaped view (proxy/dialects/responses_view.py); the
-deployment gets the client's body back with only what they changed. Deployments that do not
-speak Responses are refused with a 400 that says so (translation is not offered yet).
+The stages rewrite the request's chat-shaped view (proxy/dialects/responses_view.py); a
+deployment that speaks Responses gets the client's body back with only what they changed, any
+other the view as a Chat Completions request, its answer translated back.
 
 `previous_response_id` is passed through untouched: the history it names lives at the
 provider, so the proxy rewrites nothing of the request (the guards still apply). Codex sends
@@ -11,13 +11,14 @@ provider, so the proxy rewrites nothing of the request (the guards still apply).
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
 from proxy.dialects import chat, chat_degraded, responses
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
-from proxy.errors import BadRequest, UpgradeRequired
+from proxy.errors import UpgradeRequired
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.routes.body import read_body
@@ -63,14 +64,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         view=view,
         opaque_history=body.get("previous_response_id") is not None,
     )
-    for deployment in config.deployments[ex.alias]:
-        if not speaks_responses(deployment):
-            raise BadRequest(
-                f"model '{ex.alias}' is served by '{deployment.model}', which does not speak "
-                "the Responses API; use /v1/chat/completions for it",
-                param="model",
-                code="responses_not_supported",
-            )
     return await serve(request, ex, ResponsesWire(view))
 
 
@@ -94,9 +87,16 @@ class ResponsesWire:
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)
-        return json_answer(ex, reply.body, reply.headers)
+        return json_answer(ex, responses.client_body(reply, ex.alias, ex.request_id), reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
+        if ex.deployment is not None and not speaks_responses(ex.deployment):
+            # Translated: the chat reply is asked for whole, then sent as Responses' events.
+            reply = await flow.complete(ex, self.replies)
+            body = orjson.loads(responses.client_body(reply, ex.alias, ex.request_id))
+            answer = json_answer(ex, responses.response_events(body), reply.headers)
+            answer.content_type = "text/event-stream"
+            return answer
         return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:

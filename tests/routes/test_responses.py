@@ -60,6 +60,7 @@ async def start(
             litellm_params:
               model: hosted_vllm/local
               api_base: {url}/v1
+              api_key: {UPSTREAM_KEY}
         """
     path = tmp_path / "responses.yaml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent(policies))
@@ -229,10 +230,28 @@ async def test_previous_response_id_is_passed_through_untouched(
     assert sim.requests[-1].body["input"] == [orphan]  # not "repaired": its call lives there
 
 
-async def test_a_deployment_without_responses_is_refused_clearly(proxy: TestServer) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client(proxy).responses.create(model="local", input="hi")
-    assert "does not speak the Responses API" in str(caught.value)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_deployment_without_responses_is_answered_by_translation(
+    proxy: TestServer, sim: Simulator, stream: bool
+) -> None:
+    """`local` (hosted_vllm) lacks Responses: the view goes out as Chat Completions, the
+    reply comes back as a response (streamed as Responses' events once whole)."""
+    sdk = client(proxy)
+    if stream:
+        async with sdk.responses.stream(model="local", input=ASK, tools=[WEATHER]) as events:
+            reply = await events.get_final_response()
+    else:
+        reply = await sdk.responses.create(model="local", input=ASK, tools=[WEATHER])
+    [call] = [item for item in reply.output if item.type == "function_call"]
+    assert call.name == "get_weather" and '"city"' in call.arguments
+    sent = sim.requests[-1]
+    assert sent.path == "/v1/chat/completions" and "stream" not in sent.body
+    assert sent.body["tools"] == [
+        {
+            "type": "function",
+            "function": {k: WEATHER[k] for k in ("name", "description", "parameters")},
+        }
+    ]
 
 
 HI = [{"role": "user", "content": "x"}]
