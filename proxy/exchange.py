@@ -197,6 +197,15 @@ class Exchange:
         self.add_usage(Usage(prompt, completion_tokens))
         self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
 
+    @property
+    def translated(self) -> bool:
+        """A client whose wire the chosen deployment does not speak: its view goes as chat."""
+        return (
+            self.view is not None
+            and self.deployment is not None
+            and not self.view.native_for(self.deployment)
+        )
+
     def outgoing(self, deployment: Deployment) -> tuple[dict[str, Any], dict[str, str] | None]:
         """The body (and protocol headers) to send to `deployment`: the client's own wire
         when the deployment speaks it, else the chat-shaped request."""

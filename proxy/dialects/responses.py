@@ -55,11 +55,17 @@ def without_recall_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def client_body(reply: UpstreamReply, alias: str, request_id: str) -> bytes:
-    """The reply as the Responses client reads it: as sent, or translated from chat."""
+def client_message(reply: UpstreamReply, alias: str, request_id: str) -> dict[str, Any]:
+    """The reply as the client reads it: as sent, or translated from chat."""
     if "choices" not in reply.data:
-        return reply.body
-    return orjson.dumps(response_from_chat(reply.data, alias, request_id))
+        return reply.data
+    return response_from_chat(reply.data, alias, request_id)
+
+
+def client_body(reply: UpstreamReply, alias: str, request_id: str) -> bytes:
+    if "choices" not in reply.data:
+        return reply.body  # the provider's bytes, untouched
+    return orjson.dumps(client_message(reply, alias, request_id))
 
 
 def response_from_chat(data: dict[str, Any], alias: str, request_id: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ deployment the view as a Chat Completions request, its answer translated back.
 
 from __future__ import annotations
 
-import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
@@ -22,6 +21,7 @@ from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.routes.body import read_body
 from proxy.routes.messages_request import parse_messages_request
 from proxy.routes.serve import (
+    events_answer,
     json_answer,
     open_exchange,
     proxy_headers,
@@ -31,7 +31,7 @@ from proxy.routes.serve import (
 )
 from proxy.session import session_id
 from proxy.state import CONFIG
-from proxy.upstream.anthropic import DEFAULT_VERSION, speaks_anthropic
+from proxy.upstream.anthropic import DEFAULT_VERSION
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
@@ -95,13 +95,10 @@ class AnthropicWire:
         return json_answer(ex, anthropic.client_body(reply, ex.alias, ex.request_id), reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
-        if ex.deployment is not None and not speaks_anthropic(ex.deployment):
-            # Translated: the chat reply is asked for whole, then sent as Anthropic's events.
+        if ex.translated:  # the chat reply is asked for whole, then sent as this wire's events
             reply = await flow.complete(ex, self.replies)
-            message = orjson.loads(anthropic.client_body(reply, ex.alias, ex.request_id))
-            answer = json_answer(ex, message_stream(message), reply.headers)
-            answer.content_type = "text/event-stream"
-            return answer
+            message = anthropic.client_message(reply, ex.alias, ex.request_id)
+            return events_answer(ex, message_stream(message), reply.headers)
         return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:

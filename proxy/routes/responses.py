@@ -11,7 +11,6 @@ provider, so the proxy rewrites nothing of the request (the guards still apply).
 
 from __future__ import annotations
 
-import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
@@ -24,6 +23,7 @@ from proxy.flow import Flow
 from proxy.routes.body import read_body
 from proxy.routes.responses_request import parse_responses_request
 from proxy.routes.serve import (
+    events_answer,
     json_answer,
     open_exchange,
     proxy_headers,
@@ -34,7 +34,6 @@ from proxy.routes.serve import (
 from proxy.session import session_id
 from proxy.state import CONFIG
 from proxy.upstream.base import UpstreamHTTPError
-from proxy.upstream.responses import speaks_responses
 
 routes = web.RouteTableDef()
 RESPONSES_ROUTE = "/v1/responses"  # also the `route` label of its metrics
@@ -90,13 +89,10 @@ class ResponsesWire:
         return json_answer(ex, responses.client_body(reply, ex.alias, ex.request_id), reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
-        if ex.deployment is not None and not speaks_responses(ex.deployment):
-            # Translated: the chat reply is asked for whole, then sent as Responses' events.
+        if ex.translated:  # the chat reply is asked for whole, then sent as this wire's events
             reply = await flow.complete(ex, self.replies)
-            body = orjson.loads(responses.client_body(reply, ex.alias, ex.request_id))
-            answer = json_answer(ex, responses.response_events(body), reply.headers)
-            answer.content_type = "text/event-stream"
-            return answer
+            message = responses.client_message(reply, ex.alias, ex.request_id)
+            return events_answer(ex, responses.response_events(message), reply.headers)
         return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:

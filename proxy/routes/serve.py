@@ -106,6 +106,13 @@ def json_answer(ex: Exchange, body: bytes, headers: Mapping[str, str]) -> web.Re
     )
 
 
+def events_answer(ex: Exchange, events: bytes, headers: Mapping[str, str]) -> web.Response:
+    """A whole answer sent as its wire's event stream (a translated reply, asked for whole)."""
+    answer = json_answer(ex, events, headers)
+    answer.content_type = "text/event-stream"
+    return answer
+
+
 def upstream_error(ex: Exchange, error: UpstreamHTTPError, body: bytes) -> web.Response:
     """A provider's error as the client gets it (its body in the client's format)."""
     return web.Response(
