@@ -195,3 +195,19 @@ def test_a_summary_carries_a_cache_breakpoint_when_one_is_free() -> None:
     chat = view.chat_body()
     out = view.render({**chat, "messages": [chat["messages"][0], summary, *chat["messages"][4:]]})
     assert out["messages"][0] == summary
+
+
+def test_a_moving_cache_breakpoint_leaves_the_view_of_older_turns_unchanged() -> None:
+    """Claude Code moves its breakpoint to the newest block each turn: the stages must still
+    see turn N as turn N-1 plus new messages (their memos compare the views)."""
+    first = claude_code_body()
+    second = copy.deepcopy(first)
+    del second["messages"][3]["content"][0]["cache_control"]  # moved on...
+    second["messages"].append(
+        {"role": "assistant", "content": [{"type": "text", "text": "Two files."}]}
+    )
+    second["messages"].append(
+        {"role": "user", "content": [{"type": "text", "text": "ok", "cache_control": CACHED}]}
+    )  # ...to the newest block
+    before, after = AnthropicView.of(first).messages, AnthropicView.of(second).messages
+    assert after[: len(before)] == before
