@@ -421,3 +421,31 @@ async def test_redis_backend_keeps_tenants_apart(
     assert status == 200 and body["content"] == PAYLOAD
     raw = await ask(proxy, ALICE, session("sr"))  # alice's "sr" still has a call left
     assert raw.http_response.status_code == 200
+
+
+# --- the same walls on every wire -------------------------------------------------------------
+
+
+async def test_claude_code_and_codex_session_ids_are_walled_per_key_too(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer
+) -> None:
+    """The session ids agents send themselves (Claude Code's header on /v1/messages, Codex's
+    on /v1/responses) name a session of the caller's own, like x-agentproxy-session."""
+    proxy = await start(start_proxy, tmp_path, sim_server, BUDGET)
+
+    async def post(path: str, key: str, headers: dict[str, str], body: dict[str, Any]) -> int:
+        async with aiohttp.ClientSession() as http:
+            url = str(proxy.make_url(path))
+            async with http.post(url, json=body, headers={"x-api-key": key, **headers}) as r:
+                return r.status
+
+    messages = {"model": "sim", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
+    responses = {"model": "sim", "input": "hi"}
+    for path, header, body in (
+        ("/v1/messages", "x-claude-code-session-id", messages),
+        ("/v1/responses", "session-id", responses),
+    ):
+        assert await post(path, ALICE, {header: f"{path}-s"}, body) == 200
+        statuses = [await post(path, BOB, {header: f"{path}-s"}, body) for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]  # bob spent his own session's three calls
+        assert await post(path, ALICE, {header: f"{path}-s"}, body) == 200  # alice: 2 of 3
