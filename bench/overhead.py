@@ -10,8 +10,8 @@ The 77 KB rows go through a second proxy whose configuration adds an `anthropic/
 (which makes the proxy import litellm at start): the first one's start-up figures stay those of
 a chat-only configuration, which also serves Responses (its `openai/` deployment speaks it).
 
-    python bench/overhead.py            # 5 s per run, ~4 minutes in all
-    python bench/overhead.py --quick    # 1 s per run smoke test, ~45 s
+    python bench/overhead.py            # 5 s per run, ~5 minutes in all
+    python bench/overhead.py --quick    # 1 s per run smoke test, ~70 s
     python bench/overhead.py --json     # results as JSON on stdout (progress goes to stderr)
 
 Traffic goes to 127.0.0.1 only. Every process started here is stopped on exit.
