@@ -191,16 +191,17 @@ def claude_code_chat_turn(stream: bool) -> bytes:
     return _padded(lambda pad: _encode(_as_chat(_claude_code_body(pad)), stream), size)
 
 
-def _padded(build: Callable[[int], bytes], size: int) -> bytes:
-    """`build(pad)` with the pad (characters added to each padded tool result) that comes
-    closest to `size` bytes from below."""
+def _padded(build: Callable[[int], bytes], size: int, padded: int | None = None) -> bytes:
+    """`build(pad)` with the pad (characters added to each of the `padded` tool results, by
+    default the Claude Code turn's) that comes closest to `size` bytes from below."""
+    slots = _PADDED_RESULTS if padded is None else padded
     pad = 0
     body = build(pad)
     for _ in range(8):
         missing = size - len(body)
-        if 0 <= missing < _PADDED_RESULTS:
+        if 0 <= missing < slots:
             break
-        pad = max(0, pad + missing // _PADDED_RESULTS)
+        pad = max(0, pad + missing // slots)
         body = build(pad)
     return body
 
@@ -1175,6 +1176,532 @@ _CLAUDE_TOOLS = [
 ]
 
 
+# --- Codex ---------------------------------------------------------------------------------
+#
+# A mid-task turn of the Codex CLI, as it POSTs to /v1/responses with `store: false`: no
+# `instructions`, the base prompt and the sandbox rules as two developer messages, a user
+# message (AGENTS.md, environment, task), then 15 rounds of a reasoning item (encrypted), now
+# and then a preamble, an `exec_command` call and its output; 8 function tools and web_search;
+# ~50 KB. `codex_chat_turn` is the same conversation as a Chat Completions request, padded to
+# the same size.
+
+CODEX_BYTES = 50_000
+CODEX_SEED = 50
+_CODEX_ROOT = "/home/dev/ledgerly"
+
+
+@functools.cache
+def codex_turn(stream: bool) -> bytes:
+    """A Codex turn for POST /v1/responses, ~50 KB, the same bytes every run."""
+    return _padded(lambda pad: _encode(_codex_body(pad), stream), CODEX_BYTES, _CODEX_PADDED)
+
+
+@functools.cache
+def codex_chat_turn(stream: bool) -> bytes:
+    """The same conversation as a Chat Completions request, as many bytes as the Responses one
+    (developer messages joined into the system message, reasoning dropped)."""
+    size = len(codex_turn(stream))
+    return _padded(lambda pad: _encode(_codex_as_chat(_codex_body(pad)), stream), size, 15)
+
+
+def _codex_body(pad: int) -> dict[str, Any]:
+    rng = random.Random(CODEX_SEED)  # ids and encrypted reasoning: the same for every pad
+    cache_key = "-".join(
+        "".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12)
+    )
+    items: list[dict[str, Any]] = [
+        _codex_message("developer", _CODEX_PROMPT),
+        _codex_message("developer", _CODEX_PERMISSIONS),
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": _CODEX_AGENTS_MD},
+                {"type": "input_text", "text": _CODEX_ENVIRONMENT},
+                {"type": "input_text", "text": _CODEX_TASK},
+            ],
+        },
+    ]
+    for step, (preamble, cmd, output) in enumerate(_CODEX_SCRIPT):
+        call_id = "call_" + "".join(rng.choice(_BASE62) for _ in range(24))
+        items.append(
+            {
+                "type": "reasoning",
+                "id": "rs_" + "".join(rng.choice("0123456789abcdef") for _ in range(48)),
+                "summary": [],
+                "content": None,
+                "encrypted_content": "gAAAAAB"
+                + "".join(rng.choice(_BASE64) for _ in range(rng.randrange(700, 1000)))
+                + "==",
+            }
+        )
+        if preamble:
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": preamble}],
+                }
+            )
+        items.append(
+            {
+                "type": "function_call",
+                "name": "exec_command",
+                "arguments": orjson.dumps({"cmd": cmd}).decode(),
+                "call_id": call_id,
+            }
+        )
+        items.append(
+            {"type": "function_call_output", "call_id": call_id, "output": _exec(output, pad, step)}
+        )
+    return {
+        "model": MODEL,
+        "input": items,
+        "tools": _CODEX_TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": cache_key,
+    }
+
+
+def _codex_message(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+
+def _exec(output: Output, pad: int, step: int) -> str:
+    """What exec_command returns: a header, then the command's output."""
+    if isinstance(output, str):
+        text = output
+    else:
+        kind, name, size = output
+        text = (_lines if kind == "read" else _test_log)(name, size + pad, step)
+    return (
+        f"Chunk ID: {step:04x}a1\nWall time: 0.{step + 1} seconds\nProcess exited with code 0\n"
+        f"Original token count: {len(text) // 4}\nOutput:\n{text}"
+    )
+
+
+def _lines(path: str, size: int, step: int) -> str:
+    """A file as `sed -n` prints it."""
+    out, total, n = [], 0, 0
+    while total < size:
+        line = _CODE[(n + step * 5) % len(_CODE)].format(n=n, step=step, path=path) + "\n"
+        out.append(line)
+        total += len(line)
+        n += 1
+    return "".join(out)[:size]
+
+
+def _codex_as_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The Chat Completions request a chat client would send for the same conversation."""
+    texts = [
+        "\n\n".join(part["text"] for part in item["content"])
+        for item in body["input"]
+        if item["type"] == "message" and item["role"] != "assistant"
+    ]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "\n\n".join(texts[:2])},
+        {"role": "user", "content": texts[2]},
+    ]
+    said: str | None = None
+    for item in body["input"]:
+        if item["type"] == "message" and item["role"] == "assistant":
+            said = item["content"][0]["text"]
+        elif item["type"] == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            messages.append({"role": "assistant", "content": said, "tool_calls": [call]})
+            said = None
+        elif item["type"] == "function_call_output":
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
+    tools = [
+        {
+            "type": "function",
+            "function": {k: t[k] for k in ("name", "description", "parameters")},
+        }
+        for t in body["tools"]
+        if t["type"] == "function"
+    ]
+    return {
+        "model": MODEL,
+        "messages": messages,
+        "tools": tools,
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning_effort": "medium",
+    }
+
+
+def _codex_tool(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "name": name,
+        "description": description,
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        },
+    }
+
+
+_CODEX_PROMPT_PARTS = [
+    (
+        "How you work",
+        "You are a coding agent running in the Codex CLI, a terminal-based coding assistant. "
+        "You are expected to be precise, safe and helpful. You can receive user prompts and "
+        "other context provided by the harness, such as files in the workspace; communicate "
+        "with the user by streaming thinking and responses, and by making and updating plans; "
+        "and emit function calls to run terminal commands and apply patches. Depending on how "
+        "this run is configured, you can request that these function calls be escalated to "
+        "the user for approval before running.",
+    ),
+    (
+        "Personality",
+        "Your default personality and tone is concise, direct and friendly. You communicate "
+        "efficiently, always keeping the user clearly informed about ongoing actions without "
+        "unnecessary detail. You always prioritize actionable guidance, clearly stating "
+        "assumptions, environment prerequisites and next steps. Unless explicitly asked, you "
+        "avoid excessively verbose explanations about your work.",
+    ),
+    (
+        "AGENTS.md spec",
+        "Repos often contain AGENTS.md files. These files can appear anywhere within the "
+        "repository. They are a way for humans to give you instructions or tips for working "
+        "within the container: coding conventions, information about how code is organized, "
+        "or how to run or test code. The scope of an AGENTS.md file is the entire directory "
+        "tree rooted at the folder that contains it. For every file you touch in the final "
+        "patch, you must obey instructions in any AGENTS.md file whose scope includes that "
+        "file. More-deeply-nested AGENTS.md files take precedence in the case of conflicting "
+        "instructions, and direct system, developer or user instructions take precedence over "
+        "AGENTS.md instructions.",
+    ),
+    (
+        "Preamble messages",
+        "Before making tool calls, send a brief preamble to the user explaining what you are "
+        "about to do. Logically group related actions: if you are about to run several related "
+        "commands, describe them together in one preamble rather than sending a separate note "
+        "for each. Keep it concise: one or two sentences, focused on immediate, tangible next "
+        "steps (8-12 words for quick updates). Build on prior context to create a sense of "
+        "momentum and clarity for the user, and keep your tone light, friendly and curious. "
+        "Exception: avoid adding a preamble for every trivial read such as catting a single "
+        "file, unless it is part of a larger grouped action.",
+    ),
+    (
+        "Planning",
+        "You have access to an update_plan tool which tracks steps and progress and renders "
+        "them to the user. Using the tool helps demonstrate that you have understood the task "
+        "and convey how you are approaching it. Plans can make complex, ambiguous or "
+        "multi-phase work clearer and more collaborative for the user. A good plan breaks the "
+        "task into meaningful, logically ordered steps that are easy to verify as you go. Do "
+        "not use plans for simple or single-step queries that you can just do or answer "
+        "immediately. Do not pad simple work with filler steps or state the obvious. Before "
+        "running a command, consider whether or not you have completed the previous step, and "
+        "make sure to mark it as completed before moving on to the next step.",
+    ),
+    (
+        "Task execution",
+        "You are a coding agent. Please keep going until the query is completely resolved "
+        "before ending your turn and yielding back to the user. Only terminate your turn when "
+        "you are sure that the problem is solved. Autonomously resolve the query to the best "
+        "of your ability, using the tools available to you, before coming back to the user. "
+        "Do NOT guess or make up an answer. Fix the problem at the root cause rather than "
+        "applying surface-level patches, when possible. Avoid unneeded complexity in your "
+        "solution. Do not attempt to fix unrelated bugs or broken tests. Keep changes "
+        "consistent with the style of the existing codebase: changes should be minimal and "
+        "focused on the task. Use git log and git blame to search the history of the codebase "
+        "if additional context is required. NEVER add copyright or license headers unless "
+        "specifically requested. Do not git commit your changes or create new git branches "
+        "unless explicitly requested. Do not add inline comments within code unless "
+        "explicitly requested.",
+    ),
+    (
+        "Sandbox and approvals",
+        "The Codex CLI harness supports several configurations for sandboxing and escalation "
+        "approvals that the user can choose from. Filesystem sandboxing defines which files "
+        "can be read or written: read-only, workspace-write (you can read files, and write to "
+        "files in your workspace folder, but editing files outside it requires approval) or "
+        "danger-full-access. Network sandboxing defines whether the network can be accessed "
+        "without approval. Approvals are your mechanism to get user consent to perform more "
+        "privileged actions; when you need to run a command that requires escalation, ask for "
+        "it with the with_escalated_permissions parameter and a one-sentence justification.",
+    ),
+    (
+        "Validating your work",
+        "If the codebase has tests or the ability to build or run, consider using them to "
+        "verify that your work is complete. When testing, start as specific as possible to "
+        "the code you changed so that you can catch issues efficiently, then make your way to "
+        "broader tests as you build confidence. If there is no test for the code you changed, "
+        "and the patterns in the codebase show that you could add one, you may do so. Once "
+        "you are confident in correctness, you can suggest or use formatting commands to make "
+        "sure that your code is well formatted. If there are issues you can iterate up to 3 "
+        "times to get formatting right, but if you still cannot manage it is better to save "
+        "the user time and present them a correct solution.",
+    ),
+    (
+        "Presenting your work and final message",
+        "Your final message should read naturally, like an update from a concise teammate. For "
+        "casual conversation, brainstorming tasks or quick questions from the user, respond in "
+        "a friendly, conversational tone. For substantial changes, lead with a quick "
+        "explanation of the change, and then give more details on the context covering where "
+        "and why a change was made. Do not start the explanation with an overview; lead with "
+        "the change. Reference files with inline code paths such as src/app.ts:42 so they are "
+        "clickable. Use headers only when they improve scanability, bullets with a bold "
+        "keyword and a short description, and monospace for commands, paths and identifiers.",
+    ),
+    (
+        "Shell commands",
+        "When using the shell, you must adhere to the following guidelines. When searching for "
+        "text or files, prefer using rg or rg --files respectively because rg is much faster "
+        "than alternatives like grep. Read files in chunks with a max chunk size of 250 lines; "
+        "do not use python scripts to attempt to output larger chunks of a file. Command line "
+        "output will be truncated after 10 kilobytes or 256 lines of output, regardless of the "
+        "command used. Always set the workdir parameter when running commands, and avoid cd "
+        "unless it is necessary.",
+    ),
+]
+_CODEX_PROMPT = (
+    "You are Codex, based on GPT-5. You are running as a coding agent in the Codex CLI on a "
+    "user's computer.\n\n"
+    + "\n\n".join(f"## {title}\n\n{text}" for title, text in _CODEX_PROMPT_PARTS * 2)
+)
+_CODEX_PERMISSIONS = (
+    "<permissions instructions>\nFilesystem sandboxing defines which files can be read or "
+    "written. `sandbox_mode` is `workspace-write`: the sandbox permits reading files, and "
+    "editing files in `cwd` and `writable_roots`. Editing files in other directories requires "
+    "approval. Network access is restricted.\nApprovals are your mechanism to get user consent "
+    "to run shell commands without the sandbox. `approval_policy` is `on-request`: commands "
+    "will be run in the sandbox by default, and you can specify in your tool call if you want "
+    "to escalate a command to run without sandboxing. If the completing of the task requires "
+    "escalated permissions, do not let the sandbox stop you: request approval.\nWhen you are "
+    "running with approval_policy == on-request and sandboxing enabled, here are scenarios "
+    "where you will need to request approval: you need to run a command that writes to a "
+    "directory that requires it (such as running tests that write to /var), you need to run a "
+    "GUI app, you are running sandboxed and need network access (such as installing "
+    "packages), or a command that is important to solving the user's query fails because of "
+    "sandboxing.\n</permissions instructions>"
+)
+_CODEX_AGENTS_MD = (
+    f"# AGENTS.md instructions for {_CODEX_ROOT}\n\n<INSTRUCTIONS>\n# ledgerly\n\n"
+    "Double-entry bookkeeping in Python: accounts, journals, reports.\n\n## Commands\n"
+    "- Tests: `uv run pytest -q`\n- Lint: `uv run ruff check . && uv run ruff format --check .`"
+    "\n- Types: `uv run mypy src`\n\n## Conventions\n- Money is `Decimal`, never `float`; "
+    "amounts carry their currency.\n- Every bug fix comes with a regression test.\n"
+    "- Keep `CHANGELOG.md` up to date under `## Unreleased`.\n</INSTRUCTIONS>"
+)
+_CODEX_ENVIRONMENT = (
+    f"<environment_context>\n  <cwd>{_CODEX_ROOT}</cwd>\n  <approval_policy>on-request"
+    "</approval_policy>\n  <sandbox_mode>workspace-write</sandbox_mode>\n  <network_access>"
+    "restricted</network_access>\n  <shell>bash</shell>\n</environment_context>"
+)
+_CODEX_TASK = (
+    "The monthly balance report double-counts transfers between two accounts in different "
+    "currencies. Find the cause, fix it, and add a regression test."
+)
+
+# (preamble or "", command, output): fixed text, or ("read" | "log", name, characters)
+_CODEX_SCRIPT: list[tuple[str, str, Output]] = [
+    (
+        "I'll look at the repository layout first.",
+        "ls",
+        "AGENTS.md\nCHANGELOG.md\nREADME.md\npyproject.toml\nsrc\ntests\nuv.lock\n",
+    ),
+    (
+        "",
+        "rg --files src tests",
+        "src/ledgerly/__init__.py\nsrc/ledgerly/accounts.py\n"
+        "src/ledgerly/currency.py\nsrc/ledgerly/journal.py\nsrc/ledgerly/reports/__init__.py\n"
+        "src/ledgerly/reports/balance.py\nsrc/ledgerly/reports/monthly.py\ntests/conftest.py\n"
+        "tests/test_accounts.py\ntests/test_journal.py\ntests/test_reports.py\n",
+    ),
+    (
+        "Reading the monthly report and the balance code.",
+        "sed -n '1,200p' src/ledgerly/reports/monthly.py",
+        ("read", "monthly.py", 900),
+    ),
+    ("", "sed -n '1,220p' src/ledgerly/reports/balance.py", ("read", "balance.py", 800)),
+    (
+        "",
+        'rg -n "transfer" src',
+        "src/ledgerly/journal.py:41:def transfer(\n"
+        "src/ledgerly/journal.py:58:    # a transfer books two legs, one per account\n"
+        "src/ledgerly/reports/monthly.py:77:        if entry.kind == 'transfer':\n"
+        "src/ledgerly/reports/balance.py:103:    transfers = [e for e in entries if e.linked]\n",
+    ),
+    (
+        "Checking how transfers are booked in the journal.",
+        "sed -n '1,160p' src/ledgerly/journal.py",
+        ("read", "journal.py", 700),
+    ),
+    ("", "sed -n '1,120p' src/ledgerly/currency.py", ("read", "currency.py", 500)),
+    (
+        "Running the report tests to see the current state.",
+        "uv run pytest -q tests/test_reports.py",
+        ("log", "test_reports.py", 700),
+    ),
+    ("", "sed -n '1,200p' tests/test_reports.py", ("read", "test_reports.py", 600)),
+    (
+        "",
+        "git log --oneline -8 -- src/ledgerly/reports",
+        "9f1c2ab Monthly report: group by "
+        "currency\n41d7e90 Balance: link the legs of a transfer\n0be3a11 Reports: one module per "
+        "report\nc7d2f45 Journal: transfers across currencies\n",
+    ),
+    (
+        "",
+        "git show 41d7e90 --stat",
+        "commit 41d7e90\nAuthor: dev <dev@example.com>\n\n"
+        "    Balance: link the legs of a transfer\n\n src/ledgerly/reports/balance.py | 18 "
+        "+++++++++++-----\n tests/test_reports.py           | 24 ++++++++++++++++++++++++\n"
+        " 2 files changed, 37 insertions(+), 5 deletions(-)\n",
+    ),
+    (
+        "Found it: both legs are summed once converted. Patching balance.py.",
+        "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: src/ledgerly/reports/balance.py\n"
+        "@@ def monthly_totals(entries, currency):\n-    for entry in entries:\n+    for entry in "
+        "_one_leg_per_transfer(entries):\n*** End Patch\nEOF",
+        "Success. Updated the following files:\nM src/ledgerly/reports/balance.py\n",
+    ),
+    ("", "uv run pytest -q tests/test_reports.py", ("log", "test_reports.py", 600)),
+    (
+        "Adding a regression test for cross-currency transfers.",
+        "sed -n '200,320p' tests/test_reports.py",
+        ("read", "test_reports.py", 500),
+    ),
+    ("", "uv run pytest -q", ("log", "all", 700)),
+]
+_CODEX_PADDED = sum(not isinstance(output, str) for *_, output in _CODEX_SCRIPT)
+
+
+def _str(description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description}
+
+
+_CODEX_TOOLS: list[dict[str, Any]] = [
+    _codex_tool(
+        "exec_command",
+        "Runs a command in a PTY, returning output or a session ID for ongoing interaction.",
+        {
+            "cmd": _str("Shell command to execute."),
+            "workdir": _str("Optional working directory; defaults to the turn's cwd."),
+            "shell": _str("Shell binary to launch. Defaults to /bin/bash."),
+            "login": {"type": "boolean", "description": "Whether to run with -l/-i semantics."},
+            "yield_time_ms": {
+                "type": "number",
+                "description": "How long to wait (in milliseconds) for output before yielding.",
+            },
+            "max_output_tokens": {
+                "type": "number",
+                "description": "Maximum number of tokens to return; excess output is truncated.",
+            },
+            "with_escalated_permissions": {
+                "type": "boolean",
+                "description": "Whether to request escalated permissions (outside the sandbox).",
+            },
+            "justification": _str(
+                "Only set if with_escalated_permissions is true: a one-sentence explanation "
+                "of why the command needs them."
+            ),
+        },
+        ["cmd"],
+    ),
+    _codex_tool(
+        "write_stdin",
+        "Writes characters to an existing unified exec session and returns recent output.",
+        {
+            "session_id": {"type": "number", "description": "Identifier of the running session."},
+            "chars": _str("Bytes to write to stdin (may be empty to poll)."),
+            "yield_time_ms": {"type": "number", "description": "How long to wait for output."},
+            "max_output_tokens": {"type": "number", "description": "Maximum tokens to return."},
+        },
+        ["session_id"],
+    ),
+    _codex_tool(
+        "update_plan",
+        "Updates the task plan. Provide an optional explanation and a list of plan items, each "
+        "with a step and status. At most one step can be in_progress at a time.",
+        {
+            "explanation": _str("Why the plan changed."),
+            "plan": {
+                "type": "array",
+                "description": "The list of steps",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "step": {"type": "string"},
+                        "status": {
+                            "type": "string",
+                            "description": "One of: pending, in_progress, completed",
+                        },
+                    },
+                    "required": ["step", "status"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        ["plan"],
+    ),
+    _codex_tool(
+        "apply_patch",
+        "Use the apply_patch tool to edit files. The patch language is a stripped-down, "
+        "file-oriented diff format: *** Begin Patch, then one or more file operations (*** Add "
+        "File, *** Delete File, *** Update File with @@ hunks of context, - and + lines), then "
+        "*** End Patch. File references must be relative, never absolute.",
+        {"input": _str("The entire contents of the apply_patch command")},
+        ["input"],
+    ),
+    _codex_tool(
+        "view_image",
+        "Attach a local image (by filesystem path) to the conversation context for this turn.",
+        {"path": _str("Local filesystem path to an image file")},
+        ["path"],
+    ),
+    _codex_tool(
+        "list_mcp_resources",
+        "Lists resources provided by MCP servers. Resources give the model access to files, "
+        "database schemas or application-specific information. Prefer resources over web "
+        "search when possible.",
+        {
+            "server": _str("Optional MCP server name; when omitted, lists every server's."),
+            "cursor": _str("Opaque cursor returned by a previous call for the same server."),
+        },
+        [],
+    ),
+    _codex_tool(
+        "list_mcp_resource_templates",
+        "Lists resource templates provided by MCP servers (parameterized resources).",
+        {
+            "server": _str("Optional MCP server name; when omitted, lists every server's."),
+            "cursor": _str("Opaque cursor returned by a previous call for the same server."),
+        },
+        [],
+    ),
+    _codex_tool(
+        "read_mcp_resource",
+        "Read a specific resource from an MCP server given the server name and resource URI.",
+        {
+            "server": _str("MCP server name exactly as configured."),
+            "uri": _str("Resource URI to read; must be one of the URIs list_mcp_resources gave."),
+        },
+        ["server", "uri"],
+    ),
+    {"type": "web_search"},
+]
+
+
 def _main() -> None:
     """Prints every body's size."""
     bodies: dict[str, Callable[[bool], bytes]] = {
@@ -1182,6 +1709,8 @@ def _main() -> None:
         "agent_turn": agent_turn,
         "claude_code_turn": claude_code_turn,
         "claude_code_chat_turn": claude_code_chat_turn,
+        "codex_turn": codex_turn,
+        "codex_chat_turn": codex_chat_turn,
     }
     for name, build in bodies.items():
         for stream in (False, True):

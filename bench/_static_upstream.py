@@ -1,11 +1,12 @@
-"""A static upstream for benchmarks, OpenAI-compatible and Anthropic: canned answers, as fast as
-asyncio allows.
+"""A static upstream for benchmarks, OpenAI-compatible (chat and Responses) and Anthropic:
+canned answers, as fast as asyncio allows.
 
 Run as its own process: `python bench/_static_upstream.py [--port N]`. It prints
 `listening <port>` on stdout once bound, then answers every `POST /v1/chat/completions`
-with a canned chat.completion, and every `POST /v1/messages` with a canned Anthropic message
-(when the body has `"stream": true`, a canned SSE stream of either) over HTTP/1.1 keep-alive.
-Everything else gets a 404. Both streams carry the same text pieces, `FIRST_WORD` first.
+with a canned chat.completion, every `POST /v1/responses` with a canned Responses API response
+and every `POST /v1/messages` with a canned Anthropic message (when the body has
+`"stream": true`, a canned SSE stream of any of them) over HTTP/1.1 keep-alive.
+Everything else gets a 404. All streams carry the same text pieces, `FIRST_WORD` first.
 
 A raw `asyncio.Protocol` instead of aiohttp's server: the upstream must not be the
 bottleneck of the numbers it is a baseline for.
@@ -29,7 +30,8 @@ MAX_HEADER_BYTES = 64 * 1024
 STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
 CHAT_PATH = b"/v1/chat/completions"
 MESSAGES_PATH = b"/v1/messages"
-FIRST_WORD = "word0 "  # the first streamed text piece, both wires: marks the first token
+RESPONSES_PATH = b"/v1/responses"
+FIRST_WORD = "word0 "  # the first streamed text piece, every wire: marks the first token
 
 
 def _words() -> list[str]:
@@ -144,6 +146,93 @@ def message_events() -> list[bytes]:
     return events
 
 
+RESPONSE_ID = "resp_bench0123456789abcdef"
+OUTPUT_ID = "msg_bench0123456789abcdef"
+
+
+def _response(status: str, output: list[object], output_tokens: int | None) -> dict[str, object]:
+    """A Responses API response object; usage only once it is done (`output_tokens`)."""
+    usage = None
+    if output_tokens is not None:
+        usage = {
+            "input_tokens": 25,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 25 + output_tokens,
+        }
+    return {
+        "id": RESPONSE_ID,
+        "object": "response",
+        "created_at": 1700000000,
+        "status": status,
+        "model": MODEL,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "store": False,
+        "usage": usage,
+    }
+
+
+def _output_message(text: str | None) -> dict[str, object]:
+    """The answer's message item: in progress (no text yet) or completed with `text`."""
+    content = [] if text is None else [_output_text(text)]
+    status = "in_progress" if text is None else "completed"
+    return {
+        "type": "message",
+        "id": OUTPUT_ID,
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _output_text(text: str) -> dict[str, object]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def response_body() -> bytes:
+    """A canned Responses API answer."""
+    return orjson.dumps(_response("completed", [_output_message("The answer is 42. " * 4)], 20))
+
+
+def response_events() -> list[bytes]:
+    """The SSE events of one streamed Responses answer (`event:` and `data:` lines, with
+    sequence numbers), each ending with its blank line; the last is response.completed."""
+    sequence = 0
+
+    def event(name: str, data: dict[str, object]) -> bytes:
+        nonlocal sequence
+        payload = orjson.dumps({"type": name, **data, "sequence_number": sequence})
+        sequence += 1
+        return b"event: %s\ndata: %s\n\n" % (name.encode(), payload)
+
+    at = {"item_id": OUTPUT_ID, "output_index": 0, "content_index": 0}
+    text = "".join(_words())
+    events = [
+        event("response.created", {"response": _response("in_progress", [], None)}),
+        event("response.in_progress", {"response": _response("in_progress", [], None)}),
+        event("response.output_item.added", {"output_index": 0, "item": _output_message(None)}),
+        event("response.content_part.added", {**at, "part": _output_text("")}),
+    ]
+    events += [
+        event("response.output_text.delta", {**at, "delta": word, "logprobs": []})
+        for word in _words()
+    ]
+    events += [
+        event("response.output_text.done", {**at, "text": text, "logprobs": []}),
+        event("response.content_part.done", {**at, "part": _output_text(text)}),
+        event("response.output_item.done", {"output_index": 0, "item": _output_message(text)}),
+        event(
+            "response.completed",
+            {"response": _response("completed", [_output_message(text)], CONTENT_PIECES)},
+        ),
+    ]
+    return events
+
+
 def _http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -160,8 +249,8 @@ STREAM_HEAD = (
 
 
 def _stream_writes(events: list[bytes]) -> list[bytes]:
-    """Head and first event (role chunk; message_start) in the first write, one write per
-    later event, then the end."""
+    """Head and first event (role chunk; message_start; response.created) in the first write,
+    one write per later event, then the end."""
     return [
         STREAM_HEAD + _http_chunk(events[0]),
         *(_http_chunk(event) for event in events[1:]),
@@ -173,6 +262,7 @@ def _stream_writes(events: list[bytes]) -> list[bytes]:
 ANSWERS = {
     CHAT_PATH: (_json_response(completion_body()), _stream_writes(stream_events())),
     MESSAGES_PATH: (_json_response(message_body()), _stream_writes(message_events())),
+    RESPONSES_PATH: (_json_response(response_body()), _stream_writes(response_events())),
 }
 NOT_FOUND = (
     b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nnot found"

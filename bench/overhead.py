@@ -1,15 +1,17 @@
 """How much latency, CPU and memory the proxy adds on top of a (static, instant) upstream.
 
-One run starts a static upstream (bench/_static_upstream.py: OpenAI chat and Anthropic Messages)
-and the proxy, each in its own process, then loads the upstream directly and through the proxy
-with the same client, for concurrency 1 and 16, JSON and streaming: on the chat route a tiny and
-a ~30 KB agent-turn body, and on both the chat and the Anthropic route (POST /v1/messages) a
-~77 KB Claude Code turn, to compare the two routes at the same size. The 77 KB rows go through a
-second proxy whose configuration adds an `anthropic/` deployment (which makes the proxy import
-litellm at start): the first one's start-up figures stay those of a chat-only configuration.
+One run starts a static upstream (bench/_static_upstream.py: OpenAI chat and Responses,
+Anthropic Messages) and the proxy, each in its own process, then loads the upstream directly and
+through the proxy with the same client, for concurrency 1 and 16, JSON and streaming: on the chat
+route a tiny and a ~30 KB agent-turn body; on both the chat and the Responses route
+(POST /v1/responses) a ~50 KB Codex turn, and on both the chat and the Anthropic route
+(POST /v1/messages) a ~77 KB Claude Code turn, to compare each route with chat at the same size.
+The 77 KB rows go through a second proxy whose configuration adds an `anthropic/` deployment
+(which makes the proxy import litellm at start): the first one's start-up figures stay those of
+a chat-only configuration, which also serves Responses (its `openai/` deployment speaks it).
 
-    python bench/overhead.py            # 5 s per run, ~4 minutes in all
-    python bench/overhead.py --quick    # 1 s per run smoke test, ~45 s
+    python bench/overhead.py            # 5 s per run, ~5 minutes in all
+    python bench/overhead.py --quick    # 1 s per run smoke test, ~70 s
     python bench/overhead.py --json     # results as JSON on stdout (progress goes to stderr)
 
 Traffic goes to 127.0.0.1 only. Every process started here is stopped on exit.
@@ -39,12 +41,13 @@ from typing import Any
 import _payloads
 import orjson
 from _load import LoadResult, Wire, python_load, wrk_load, wrk_path, wrk_version
-from _static_upstream import FIRST_WORD
+from _static_upstream import FIRST_WORD, response_events
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 CHAT_PATH = "/v1/chat/completions"
 MESSAGES_PATH = "/v1/messages"
+RESPONSES_PATH = "/v1/responses"
 ANTHROPIC_ALIAS = _payloads.CLAUDE_MODEL
 UPSTREAM_KEY = "bench-upstream-key"  # what the proxy sends the static upstream (ignored there)
 MAX_REQUESTS_PER_RUN = 1_000_000
@@ -53,10 +56,16 @@ READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.010
 CHAT = "chat"
 ANTHROPIC = "anth"
-SIZED = "77KB"  # the body size both routes are compared at
+RESPONSES = "resp"
+SIZED = "77KB"  # the body size the Anthropic route is compared with chat at (second proxy)
+CODEX_SIZED = "50KB"  # the body size the Responses route is compared with chat at
+COMPARED = {RESPONSES: CODEX_SIZED, ANTHROPIC: SIZED}  # route -> the chat rows it is held to
+TITLES = {RESPONSES: "50 KB: responses vs chat", ANTHROPIC: "77 KB: anth vs chat"}
 BODIES: dict[tuple[str, str], Callable[[bool], bytes]] = {
     (CHAT, "tiny"): _payloads.tiny,
     (CHAT, "30KB"): _payloads.agent_turn,
+    (CHAT, CODEX_SIZED): _payloads.codex_chat_turn,
+    (RESPONSES, CODEX_SIZED): _payloads.codex_turn,
     (CHAT, SIZED): _payloads.claude_code_chat_turn,
     (ANTHROPIC, SIZED): _payloads.claude_code_turn,
 }
@@ -67,8 +76,13 @@ WIRES = {
         stream_end=b'data: {"type":"message_stop"}\n\n',
         first_token=FIRST_WORD.encode(),
     ),
+    RESPONSES: Wire(
+        headers={"Authorization": "Bearer bench-client-key"},
+        stream_end=response_events()[-1][-48:],  # the end of response.completed
+        first_token=FIRST_WORD.encode(),  # in the first response.output_text.delta
+    ),
 }
-PATHS = {CHAT: CHAT_PATH, ANTHROPIC: MESSAGES_PATH}
+PATHS = {CHAT: CHAT_PATH, ANTHROPIC: MESSAGES_PATH, RESPONSES: RESPONSES_PATH}
 
 
 # --- targets ---------------------------------------------------------------------------------
@@ -78,8 +92,9 @@ TARGET_ADDED_P50_MS = 0.5  # c=1, 30 KB
 TARGET_RPS = 2000.0  # c=16
 TARGET_CPU_MS = 0.5  # per proxied request
 TARGET_TTFB_ADDED_MS = 0.5  # streaming, c=1
-# Anthropic route ÷ chat route at 77 KB: added p50 (c=1) and proxy CPU ms per request.
-TARGET_ANTHROPIC_RATIO = 1.2
+# Anthropic route ÷ chat route at 77 KB, Responses route ÷ chat route at 50 KB: added p50 (c=1)
+# and proxy CPU ms per request.
+TARGET_ROUTE_RATIO = 1.2
 TARGET_RSS_MB = 60.0  # idle, right after ready
 TARGET_READY_S = 1.0
 # Other processes using more CPU than this on average while we measure spoil the numbers.
@@ -287,7 +302,7 @@ class Settings:
 @dataclass(slots=True)
 class Scenario:
     concurrency: int
-    route: str  # CHAT or ANTHROPIC
+    route: str  # CHAT, RESPONSES or ANTHROPIC
     body_name: str
     stream: bool
 
@@ -320,6 +335,11 @@ class Scenario:
     def sized(self) -> bool:
         """One of the 77 KB rows comparing the routes (served by the second proxy)."""
         return self.body_name == SIZED
+
+    @property
+    def compared(self) -> bool:
+        """One of the rows comparing a route with chat at the same size (50 or 77 KB)."""
+        return self.body_name in COMPARED.values()
 
 
 @dataclass(slots=True)
@@ -372,36 +392,44 @@ def _ratio(a: float, b: float) -> float:
 
 @dataclass(slots=True)
 class RouteComparison:
-    """The Anthropic route against the chat route, same concurrency and mode, 77 KB bodies."""
+    """Another route (Responses at 50 KB, Anthropic at 77 KB) against the chat route, same
+    body size, concurrency and mode."""
 
     chat: Outcome
-    anthropic: Outcome
+    other: Outcome
+
+    @property
+    def route(self) -> str:
+        return self.other.scenario.route
 
     @property
     def label(self) -> str:
-        return f"c={self.chat.scenario.concurrency} {SIZED} {self.chat.scenario.mode}"
+        s = self.chat.scenario
+        return f"c={s.concurrency} {s.body_name} {s.mode}"
 
     @property
     def p50_ratio(self) -> float:
-        """Anthropic's added p50 ÷ chat's (NaN when chat's added nothing measurable)."""
+        """The other route's added p50 ÷ chat's (NaN when chat's added nothing measurable)."""
         chat = self.chat.added_p50_ms
-        return self.anthropic.added_p50_ms / chat if chat > 0 else math.nan
+        return self.other.added_p50_ms / chat if chat > 0 else math.nan
 
     @property
     def cpu_ratio(self) -> float:
-        return _ratio(
-            self.anthropic.proxy.cpu_ms_per_req or 0.0, self.chat.proxy.cpu_ms_per_req or 0.0
-        )
+        return _ratio(self.other.proxy.cpu_ms_per_req or 0.0, self.chat.proxy.cpu_ms_per_req or 0.0)
 
 
-def route_comparisons(outcomes: list[Outcome]) -> list[RouteComparison]:
-    by_key = {(o.scenario.route, o.scenario.concurrency, o.scenario.stream): o for o in outcomes}
+def route_comparisons(outcomes: list[Outcome], route: str) -> list[RouteComparison]:
+    """`route`'s rows next to chat's at the same size, concurrency and mode."""
+    by_key = {
+        (o.scenario.route, o.scenario.body_name, o.scenario.concurrency, o.scenario.stream): o
+        for o in outcomes
+    }
     return [
-        RouteComparison(chat, anthropic)
-        for (route, concurrency, stream), chat in by_key.items()
-        if route == CHAT
-        and chat.scenario.sized
-        and (anthropic := by_key.get((ANTHROPIC, concurrency, stream))) is not None
+        RouteComparison(chat, other)
+        for (kind, body, concurrency, stream), chat in by_key.items()
+        if kind == CHAT
+        and body == COMPARED[route]
+        and (other := by_key.get((route, body, concurrency, stream))) is not None
     ]
 
 
@@ -546,7 +574,7 @@ class Report:
 
 
 def evaluate(report: Report) -> list[Target]:
-    outcomes = [o for o in report.outcomes if not o.scenario.sized]
+    outcomes = [o for o in report.outcomes if not o.scenario.compared]
     targets = [
         Target(f"added p50 {o.scenario.name}", o.added_p50_ms, TARGET_ADDED_P50_MS, "ms")
         for o in outcomes
@@ -567,16 +595,17 @@ def evaluate(report: Report) -> list[Target]:
         for o in outcomes
         if o.scenario.concurrency == 1 and (added := o.added_ttfb_ms) is not None
     ]
-    comparisons = route_comparisons(report.outcomes)
-    targets += [
-        Target(f"anth/chat added p50 {c.label}", c.p50_ratio, TARGET_ANTHROPIC_RATIO, "x")
-        for c in comparisons
-        if c.chat.scenario.concurrency == 1
-    ]
-    targets += [
-        Target(f"anth/chat CPU/req {c.label}", c.cpu_ratio, TARGET_ANTHROPIC_RATIO, "x")
-        for c in comparisons
-    ]
+    for route in COMPARED:
+        comparisons = route_comparisons(report.outcomes, route)
+        targets += [
+            Target(f"{route}/chat added p50 {c.label}", c.p50_ratio, TARGET_ROUTE_RATIO, "x")
+            for c in comparisons
+            if c.chat.scenario.concurrency == 1
+        ]
+        targets += [
+            Target(f"{route}/chat CPU/req {c.label}", c.cpu_ratio, TARGET_ROUTE_RATIO, "x")
+            for c in comparisons
+        ]
     startup = report.startup
     targets.append(Target("idle RSS", startup.idle_rss_mb, TARGET_RSS_MB, "MB"))
     targets.append(Target("ready", startup.ready_s, TARGET_READY_S, "s"))
@@ -605,7 +634,8 @@ def format_table(report: Report) -> str:
         )
     lines.append(
         "(latencies in ms; stream latency is the full stream; chat = POST /v1/chat/completions, "
-        "anth = POST /v1/messages; 77KB rows: the second proxy, with the anthropic/ deployment)"
+        "resp = POST /v1/responses, anth = POST /v1/messages; 77KB rows: the second proxy, with "
+        "the anthropic/ deployment)"
     )
     lines.append("")
     lines.append(
@@ -618,8 +648,9 @@ def format_table(report: Report) -> str:
                 f"{o.scenario.row:<25} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
                 f"{_ms(o.ttfb_ms('proxy')):>10} {_ms(o.added_ttfb_ms):>10}"
             )
-    lines.append("")
-    lines.extend(format_comparison(route_comparisons(report.outcomes)))
+    for route in COMPARED:
+        lines.append("")
+        lines.extend(format_comparison(route, route_comparisons(report.outcomes, route)))
     s, a = report.startup, report.anthropic_startup
     lines.append("")
     lines.append(
@@ -633,8 +664,9 @@ def format_table(report: Report) -> str:
         f"targets: added p50 <= {TARGET_ADDED_P50_MS} ms (c=1, 30 KB), >= {TARGET_RPS:.0f} rps "
         f"(c=16), <= {TARGET_CPU_MS} CPU ms/req, first token within {TARGET_TTFB_ADDED_MS} ms of "
         f"direct (chat, tiny and 30 KB), RSS <= {TARGET_RSS_MB:.0f} MB, ready <= "
-        f"{TARGET_READY_S:.0f} s (chat-only proxy); at 77 KB the Anthropic route's added p50 "
-        f"(c=1) and CPU ms/req within {TARGET_ANTHROPIC_RATIO}x of the chat route's"
+        f"{TARGET_READY_S:.0f} s (chat-only proxy); the Responses route's (50 KB) and the "
+        f"Anthropic route's (77 KB) added p50 (c=1) and CPU ms/req within {TARGET_ROUTE_RATIO}x "
+        "of the chat route's at the same size"
     )
     for target in report.targets:
         lines.append(
@@ -659,18 +691,18 @@ def format_table(report: Report) -> str:
     return "\n".join(lines)
 
 
-def format_comparison(comparisons: list[RouteComparison]) -> list[str]:
+def format_comparison(route: str, comparisons: list[RouteComparison]) -> list[str]:
     lines = [
-        f"{'77 KB: anth vs chat':<20} {'chat added':>10} {'anth added':>10} {'ratio':>7} "
-        f"{'chat CPU ms/req':>15} {'anth CPU ms/req':>15} {'ratio':>7}"
+        f"{TITLES[route]:<24} {'chat added':>10} {f'{route} added':>10} {'ratio':>7} "
+        f"{'chat CPU ms/req':>15} {f'{route} CPU ms/req':>15} {'ratio':>7}"
     ]
     for c in comparisons:
         lines.append(
-            f"{c.label:<20} {_ms(c.chat.added_p50_ms):>10} {_ms(c.anthropic.added_p50_ms):>10} "
+            f"{c.label:<24} {_ms(c.chat.added_p50_ms):>10} {_ms(c.other.added_p50_ms):>10} "
             f"{c.p50_ratio:>6.2f}x {_ms(c.chat.proxy.cpu_ms_per_req):>15} "
-            f"{_ms(c.anthropic.proxy.cpu_ms_per_req):>15} {c.cpu_ratio:>6.2f}x"
+            f"{_ms(c.other.proxy.cpu_ms_per_req):>15} {c.cpu_ratio:>6.2f}x"
         )
-    lines.append("(added p50 in ms: proxy p50 - direct p50; ratio = anth / chat)")
+    lines.append(f"(added p50 in ms: proxy p50 - direct p50; ratio = {route} / chat)")
     return lines
 
 
@@ -699,22 +731,27 @@ def as_json(report: Report) -> bytes:
         "anthropic_startup": asdict(report.anthropic_startup),
         "quietness": {**asdict(report.quietness), "disturbed": report.disturbed},
         "scenarios": outcomes,
-        "anthropic_vs_chat": [
-            {
-                "scenario": c.label,
-                "chat_added_p50_ms": c.chat.added_p50_ms,
-                "anthropic_added_p50_ms": c.anthropic.added_p50_ms,
-                "added_p50_ratio": c.p50_ratio,
-                "chat_cpu_ms_per_req": c.chat.proxy.cpu_ms_per_req,
-                "anthropic_cpu_ms_per_req": c.anthropic.proxy.cpu_ms_per_req,
-                "cpu_ratio": c.cpu_ratio,
-            }
-            for c in route_comparisons(report.outcomes)
-        ],
+        "anthropic_vs_chat": _comparisons_json(report, ANTHROPIC, "anthropic"),
+        "responses_vs_chat": _comparisons_json(report, RESPONSES, "responses"),
         "targets": [{**asdict(t), "met": t.met} for t in report.targets],
         "errors": report.errors(),
     }
     return orjson.dumps(document, option=orjson.OPT_INDENT_2)
+
+
+def _comparisons_json(report: Report, route: str, name: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "scenario": c.label,
+            "chat_added_p50_ms": c.chat.added_p50_ms,
+            f"{name}_added_p50_ms": c.other.added_p50_ms,
+            "added_p50_ratio": c.p50_ratio,
+            "chat_cpu_ms_per_req": c.chat.proxy.cpu_ms_per_req,
+            f"{name}_cpu_ms_per_req": c.other.proxy.cpu_ms_per_req,
+            "cpu_ratio": c.cpu_ratio,
+        }
+        for c in route_comparisons(report.outcomes, route)
+    ]
 
 
 def _measured_json(measured: Measured) -> dict[str, Any]:
