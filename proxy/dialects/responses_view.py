@@ -41,6 +41,8 @@ class ResponsesView:
     _turns: dict[str, list[Item]] = field(default_factory=dict)
     _tail: list[int] = field(default_factory=list)  # unmapped items after the last message
     _tools: dict[int, dict[str, Any]] = field(default_factory=dict)  # chat tool id() -> native
+    # What chat_body() handed the stages (messages, tools, tool_choice), to see they left it.
+    _untouched: tuple[Any, Any, Any] = (None, None, None)
     _instructions: Message | None = None
 
     @classmethod
@@ -72,6 +74,7 @@ class ResponsesView:
         choice = self.body.get("tool_choice")
         if isinstance(choice, str):
             chat["tool_choice"] = choice
+        self._untouched = (self.messages, chat.get("tools"), chat.get("tool_choice"))
         return chat
 
     @staticmethod
@@ -104,6 +107,9 @@ class ResponsesView:
             self._turns[first] = [i for i in output if i.get("type") != "message"]
 
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        untouched = (chat["messages"], chat.get("tools"), chat.get("tool_choice"))
+        if untouched == self._untouched:
+            return self.body  # the common turn: nothing rewritten, the client's own body
         out = dict(self.body)
         messages: list[Message] = chat["messages"]
         if messages and messages[0] is self._instructions:
