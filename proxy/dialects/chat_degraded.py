@@ -18,14 +18,19 @@ TEXT = (
 )
 
 
-def answer(ex: Exchange, error: Exception, headers: dict[str, str]) -> web.Response:
+def degraded_text(ex: Exchange, error: Exception) -> str:
+    """What a degraded answer says, in every wire format: why, and what was tried."""
     reason = (
         f"upstream answered {error.status}"
         if isinstance(error, UpstreamHTTPError)
         else getattr(error, "code", None) or type(error).__name__
     )
     tried = ", ".join(ex.recovery.recoveries()) or "one attempt"
-    text = TEXT.format(reason=reason, tried=tried)
+    return TEXT.format(reason=reason, tried=tried)
+
+
+def answer(ex: Exchange, error: Exception, headers: dict[str, str]) -> web.Response:
+    text = degraded_text(ex, error)
     headers = {**headers, "x-agentproxy-degraded": "true"}
     meta = {
         "id": f"chatcmpl-agentproxy-{ex.request_id}",

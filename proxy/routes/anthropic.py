@@ -8,13 +8,14 @@ deployment the view as a Chat Completions request, its answer translated back.
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
 from proxy.dialects import anthropic
 from proxy.dialects.anthropic_stream import Relay, message_stream
 from proxy.dialects.anthropic_view import AnthropicView
-from proxy.dialects.chat_degraded import TEXT as DEGRADED_TEXT
+from proxy.dialects.chat_degraded import degraded_text
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
@@ -105,16 +106,9 @@ class AnthropicWire:
         return upstream_error(ex, error, anthropic.passthrough_body(error, ex.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
-        reason = (
-            f"upstream answered {error.status}"
-            if isinstance(error, UpstreamHTTPError)
-            else getattr(error, "code", None) or type(error).__name__
-        )
-        tried = ", ".join(ex.recovery.recoveries()) or "one attempt"
-        text = DEGRADED_TEXT.format(reason=reason, tried=tried)
+        text = degraded_text(ex, error)
         message = anthropic.degraded_message(ex.alias, ex.request_id, text)
-        headers = {**proxy_headers(ex), "x-agentproxy-degraded": "true"}
+        headers = {"x-agentproxy-degraded": "true"}
         if ex.stream:
-            body = message_stream(message)
-            return web.Response(body=body, content_type="text/event-stream", headers=headers)
-        return web.json_response(message, headers=headers)
+            return events_answer(ex, message_stream(message), headers)
+        return json_answer(ex, orjson.dumps(message), headers)

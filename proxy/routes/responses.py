@@ -11,10 +11,12 @@ provider, so the proxy rewrites nothing of the request (the guards still apply).
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
-from proxy.dialects import chat, chat_degraded, responses
+from proxy.dialects import chat, responses
+from proxy.dialects.chat_degraded import degraded_text
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
 from proxy.errors import UpgradeRequired
@@ -26,7 +28,6 @@ from proxy.routes.serve import (
     events_answer,
     json_answer,
     open_exchange,
-    proxy_headers,
     relay_stream,
     serve,
     upstream_error,
@@ -99,5 +100,12 @@ class ResponsesWire:
         return upstream_error(ex, error, chat.passthrough_body(error, ex.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
-        # A degraded answer in chat's shape would confuse a Responses client: say it plainly.
-        return chat_degraded.answer(ex, error, proxy_headers(ex))
+        """A normal response that says the model is unavailable, in Responses' shape."""
+        said = {
+            "choices": [{"message": {"role": "assistant", "content": degraded_text(ex, error)}}]
+        }
+        response = responses.response_from_chat(said, ex.alias, ex.request_id)
+        headers = {"x-agentproxy-degraded": "true"}
+        if ex.stream:
+            return events_answer(ex, responses.response_events(response), headers)
+        return json_answer(ex, orjson.dumps(response), headers)

@@ -460,3 +460,23 @@ async def test_prompt_cache_reads_are_counted_and_priced_at_their_rate(
     assert metric("agentproxy_cost_usd_total", model="claude") == pytest.approx(expected)
     full = (uncached + read + written) * 3e-6 + completion * 1.5e-5
     assert expected < full  # a cache-heavy session costs less than at the full input rate
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_degraded_answer_is_a_message_the_client_reads(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator, stream: bool
+) -> None:
+    from proxy.testing.simulator import Fault
+
+    policy = "policies:\n  - name: calm\n    degraded: true\n    retry: {attempts: 1}\n"
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), policies=policy)
+    sim.inject(Fault(status=529))
+    sdk = client(proxy)
+    hi: Any = [{"role": "user", "content": "hi"}]
+    if stream:
+        async with sdk.messages.stream(model="claude", max_tokens=64, messages=hi) as events:
+            message = await events.get_final_message()
+    else:
+        message = await sdk.messages.create(model="claude", max_tokens=64, messages=hi)
+    text = message.content[0].text  # type: ignore[union-attr]
+    assert text.startswith("[agentproxy] The model is unavailable right now")

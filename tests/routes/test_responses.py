@@ -298,3 +298,21 @@ async def test_a_websocket_probe_is_told_to_use_http_at_once(proxy: TestServer) 
             assert r.status == 426
             error = (await r.json())["error"]
     assert error["code"] == "websocket_not_supported" and "POST /v1/responses" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_degraded_answer_is_a_response_the_client_reads(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator, stream: bool
+) -> None:
+    from proxy.testing.simulator import Fault
+
+    policy = "policies:\n  - name: calm\n    degraded: true\n    retry: {attempts: 1}\n"
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), policies=policy)
+    sim.inject(Fault(status=503))
+    sdk = client(proxy)
+    if stream:
+        async with sdk.responses.stream(model="gpt", input="hi") as events:
+            reply = await events.get_final_response()
+    else:
+        reply = await sdk.responses.create(model="gpt", input="hi")
+    assert reply.output_text.startswith("[agentproxy] The model is unavailable right now")
