@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects import chat
+from proxy.dialects import chat, translate
 from proxy.dialects.anthropic_view import AnthropicView, assistant_message
 from proxy.errors import ProxyError
 from proxy.messages import Message
@@ -109,16 +109,11 @@ class Replies:
 
 
 def client_message(reply: UpstreamReply, alias: str, request_id: str) -> dict[str, Any]:
-    """The reply as the client reads it: as sent, or translated from chat."""
-    if "choices" not in reply.data:
-        return reply.data
-    return message_from_chat(reply.data, alias, request_id)
+    return translate.client_message(reply, message_from_chat, alias, request_id)
 
 
 def client_body(reply: UpstreamReply, alias: str, request_id: str) -> bytes:
-    if "choices" not in reply.data:
-        return reply.body  # the provider's bytes, untouched
-    return orjson.dumps(client_message(reply, alias, request_id))
+    return translate.client_body(reply, message_from_chat, alias, request_id)
 
 
 def message_from_chat(data: dict[str, Any], alias: str, request_id: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects.translate import chat_tools
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
@@ -67,11 +68,7 @@ class AnthropicView:
     def chat_body(self) -> dict[str, Any]:
         """The chat-shaped request the stages rewrite (its messages are the view)."""
         chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
-        tools = []
-        for tool in self.body.get("tools") or []:
-            if isinstance(tool, dict):
-                tools.append(chat_tool := _chat_tool(tool))
-                self._tools[id(chat_tool)] = tool
+        tools = chat_tools(self.body.get("tools"), _chat_tool, self._tools)
         if tools:
             chat["tools"] = tools
         # No max_tokens: current Claude models do not count it against the window (Claude Code

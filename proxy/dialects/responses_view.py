@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.dialects.translate import chat_tools
 from proxy.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.upstream.responses import speaks_responses
@@ -61,11 +62,7 @@ class ResponsesView:
 
     def chat_body(self) -> dict[str, Any]:
         chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
-        tools = []
-        for tool in self.body.get("tools") or []:
-            if isinstance(tool, dict):
-                tools.append(chat_tool := _chat_tool(tool))
-                self._tools[id(chat_tool)] = tool
+        tools = chat_tools(self.body.get("tools"), _chat_tool, self._tools)
         if tools:
             chat["tools"] = tools
         limit = self.body.get("max_output_tokens")
