@@ -3,7 +3,7 @@
 Labels are bounded: route, configured model alias (or "unknown"), status code, stage, guard,
 action, budget and limit names from the config, result. Never a session id, key value or message
 text. Label sets a dashboard or alert asks for are created at zero up front, so a query returns
-0 rather than nothing before the first event. The README's metrics table lists every series.
+0 rather than nothing before the first event. docs/metrics.md lists every series.
 """
 
 from __future__ import annotations

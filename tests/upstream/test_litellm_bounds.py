@@ -1,5 +1,5 @@
 """What can be bounded on the litellm path: a non-streaming reply's total time. (litellm's own
-HTTP client reads the bytes, so the size caps cannot reach it; the README says so.)"""
+HTTP client reads the bytes, so the size caps cannot reach it; docs/configuration.md says so.)"""
 
 from __future__ import annotations
 
