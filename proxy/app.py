@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.control.control import Control
+from proxy.dialects.view_memo import ViewMemo
 from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
@@ -23,7 +24,7 @@ from proxy.middleware import HANDLING, Handling, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.compaction.summarizer import make_summarizer
-from proxy.pipeline.rewriter import Rewriter
+from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
@@ -38,6 +39,7 @@ from proxy.state import (
     STORE,
     STORE_HEALTH,
     UPSTREAMS,
+    VIEWS,
 )
 from proxy.store.backends import open_backends
 from proxy.store.health import StoreHealth
@@ -86,12 +88,11 @@ def build_app(
     control = app[CONTROL] = Control(upstreams, metrics, state, recorder)
     summarize = make_summarizer(control, metrics)
     ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder)
-    rewriter = Rewriter(
-        ctx,
-        memo_bytes=holder.current.server.memo_mb * 1024 * 1024,  # fixed for the process
-    )
+    memo_bytes = holder.current.server.memo_mb * 1024 * 1024  # fixed for the process
+    rewriter = Rewriter(ctx, memo_bytes=memo_bytes)
+    views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
     app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder)
-    metrics.watch_memos(rewriter.memos())
+    metrics.watch_memos({**rewriter.memos(), "views": views.cache})
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
     app.add_routes(responses.routes)

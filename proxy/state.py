@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.control.control import Control
+from proxy.dialects.view_memo import ViewMemo
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
@@ -21,3 +22,4 @@ STORE = web.AppKey("store", Store)
 STORE_HEALTH = web.AppKey("store_health", StoreHealth)
 CONTROL = web.AppKey("control", Control)
 FLOW = web.AppKey("flow", Flow)
+VIEWS = web.AppKey("views", ViewMemo)

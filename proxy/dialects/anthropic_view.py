@@ -12,6 +12,11 @@ and their signatures, `cache_control`, citations, images, fields this code has n
 Only what a stage changed or added is built anew, and even then each untouched block of the
 message it came from is kept as it was: an offloaded `tool_result` keeps its `is_error` and
 `cache_control`, a truncated `tool_use` keeps its id and every other block of its turn.
+
+Incremental: a turn re-sends the last one's history plus new messages, so the view of a
+session's previous turn lends this one its view messages for every leading message equal to
+the previous turn's (one `==` each); only the rest is mapped. A view message names its client
+message and blocks by position, so what goes back upstream is always this turn's own bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.translate import chat_tools
+from proxy.dialects.translate import chat_tools, shared_prefix
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
@@ -32,13 +37,14 @@ Block = dict[str, Any]
 CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoints per request
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class _Origin:
     """The client's message (its index, -1 for the system prompt) a view message stands for,
-    and which of its blocks: all of them when the view message is the whole message."""
+    and which of its blocks (positions in its content): all when the view message is the whole
+    message."""
 
     index: int
-    blocks: list[Block] | None  # None: a string content, or the system prompt as sent
+    blocks: tuple[int, ...] | None  # None: a string content, or the system prompt as sent
 
 
 @dataclass(slots=True)
@@ -54,16 +60,57 @@ class AnthropicView:
     _tools: dict[int, dict[str, Any]] = field(default_factory=dict)
     # What chat_body() handed the stages (messages, tools, tool_choice), to see they left it.
     _untouched: tuple[Any, Any, Any] = (None, None, None)
+    # The view as built, before any stage saw it: _ends[i] is its length after client message i.
+    _built: list[Message] = field(default_factory=list)
+    _ends: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> AnthropicView:
+    def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
+        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+        view messages of the history the two share."""
         view = cls(body)
+        if not isinstance(previous, AnthropicView):
+            previous = None
         system = body.get("system")
-        if system:
+        if previous is not None and system and system == previous.body.get("system"):
+            view._add(previous._built[0], -1, None)  # the same prompt: the same view message
+        elif system:
             view._add({"role": "system", "content": _text(system)}, -1, None)
+        messages = body["messages"]
+        start = view._reuse(previous) if previous is not None else 0
+        for index in range(start, len(messages)):
+            view._map(index, messages[index])
+            view._ends.append(len(view.messages))
+        view._built = list(view.messages)
+        return view
+
+    @classmethod
+    def opening(cls, body: dict[str, Any]) -> list[Message]:
+        """The system prompt and the history up to its first user message, as the view has
+        them: what names a session without an id (its beginning never changes)."""
+        view = cls(body)
+        if body.get("system"):
+            view._add({"role": "system", "content": _text(body["system"])}, -1, None)
         for index, message in enumerate(body["messages"]):
             view._map(index, message)
-        return view
+            if view.messages[-1].get("role") == "user":
+                break
+        return view.messages
+
+    def _reuse(self, previous: AnthropicView) -> int:
+        """Take the previous view's messages for the leading client messages both turns share;
+        how many those are."""
+        shared = shared_prefix(self.body["messages"], previous.body["messages"])
+        if not shared:
+            return 0
+        before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
+        lent = previous._built[before : previous._ends[shared - 1]]
+        offset = len(self.messages) - before  # a system prompt gained or lost shifts the ends
+        for message in lent:
+            self.messages.append(message)
+            self._origins[id(message)] = previous._origins[id(message)]
+        self._ends = [end + offset for end in previous._ends[:shared]]
+        return shared
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-shaped request the stages rewrite (its messages are the view)."""
@@ -125,7 +172,7 @@ class AnthropicView:
 
     # --- to the view --------------------------------------------------------------------------
 
-    def _add(self, message: Message, index: int, blocks: list[Block] | None) -> None:
+    def _add(self, message: Message, index: int, blocks: tuple[int, ...] | None) -> None:
         self.messages.append(message)
         self._origins[id(message)] = _Origin(index, blocks)
 
@@ -135,23 +182,30 @@ class AnthropicView:
         if not isinstance(content, list):
             self._add({"role": role, "content": content}, index, None)
             return
-        blocks = [b for b in content if isinstance(b, dict)]
+        at = [i for i, b in enumerate(content) if isinstance(b, dict)]
         if role == "assistant":
-            self._add(assistant_message(blocks), index, blocks)
+            self._add(assistant_message([content[i] for i in at]), index, tuple(at))
             return
-        rest: list[Block] = []
-        for block in blocks:
+        rest: list[int] = []
+        for i in at:
+            block = content[i]
             if block.get("type") == "tool_result":
                 result = {
                     "role": "tool",
                     "tool_call_id": block.get("tool_use_id"),
                     "content": _result_content(block.get("content")),
                 }
-                self._add(result, index, [block])
+                self._add(result, index, (i,))
             else:
-                rest.append(block)
-        if rest or not blocks:
-            self._add({"role": role, "content": [_part(b) for b in rest]}, index, rest)
+                rest.append(i)
+        if rest or not at:
+            parts = [_part(content[i]) for i in rest]
+            self._add({"role": role, "content": parts}, index, tuple(rest))
+
+    def _blocks(self, origin: _Origin) -> list[Block]:
+        """The client's blocks a view message stands for, as this turn sent them."""
+        content = self.body["messages"][origin.index]["content"]
+        return [content[i] for i in origin.blocks or ()]
 
     # --- back to native -----------------------------------------------------------------------
 
@@ -181,7 +235,7 @@ class AnthropicView:
             client: Message = self.body["messages"][origin.index]
             if origin.blocks is None or len(origin.blocks) == _block_count(client):
                 return client  # the client's own message, as sent
-            return {**client, "content": origin.blocks}
+            return {**client, "content": self._blocks(origin)}
         if role == "assistant":
             return self._assistant_turn(message)
         if role == "system":  # a system message of the client's, rewritten; or a new one
@@ -195,13 +249,13 @@ class AnthropicView:
         if len(indexes) == 1 and all(o is not None for o in origins):
             index = indexes.pop()
             client: Message = self.body["messages"][index]
-            kept = [b for o in origins if o is not None for b in (o.blocks or [])]
-            if index >= 0 and len(kept) == _block_count(client):
+            kept = sum(len(o.blocks or ()) for o in origins if o is not None)
+            if index >= 0 and kept == _block_count(client):
                 return client  # every block of one client message, untouched
         blocks: list[Block] = []
         for message, origin in zip(group, origins, strict=True):
             if origin is not None and origin.blocks is not None:
-                blocks += origin.blocks
+                blocks += self._blocks(origin)
             elif message.get("role") == "tool":
                 blocks.append(self._tool_result(message))
             else:

@@ -11,15 +11,21 @@ object built here is replaced by its items as the client sent them. What a stage
 its other fields (an offloaded output keeps its call_id and type; a truncated call its id and
 status); what a stage added is built in the Responses form (repair's synthetic output, a
 summary as a user message, the proxy's recall call and its answer).
+
+Incremental: the view of a session's previous turn lends this one its view messages for the
+leading input items both turns share (one `==` each, up to the last message boundary inside
+them); only the rest is mapped. View messages name their items by position, so what goes back
+upstream is always this turn's own items.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.dialects.translate import chat_tools
+from proxy.dialects.translate import chat_tools, shared_prefix
 from proxy.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.upstream.responses import speaks_responses
@@ -36,8 +42,8 @@ class ResponsesView:
     messages: list[Message] = field(default_factory=list)
     _origins: dict[int, list[int]] = field(default_factory=dict)  # view id() -> item indexes
     _items: list[Item] = field(default_factory=list)  # the client's input as a list
-    _calls: dict[str, Item] = field(default_factory=dict)  # call_id -> the client's call item
-    _outputs: dict[str, Item] = field(default_factory=dict)  # call_id -> its output item
+    _calls: dict[str, int] = field(default_factory=dict)  # call_id -> its call item's index
+    _outputs: dict[str, int] = field(default_factory=dict)  # call_id -> its output's index
     # Output items of replies the proxy continued itself (recall rounds), by first call_id.
     _turns: dict[str, list[Item]] = field(default_factory=dict)
     _tail: list[int] = field(default_factory=list)  # unmapped items after the last message
@@ -45,20 +51,72 @@ class ResponsesView:
     # What chat_body() handed the stages (messages, tools, tool_choice), to see they left it.
     _untouched: tuple[Any, Any, Any] = (None, None, None)
     _instructions: Message | None = None
+    # The view as built, before any stage saw it, and where its messages end: after item
+    # _ends[k][0] - 1 the view had _ends[k][1] messages and no item waiting for the next one.
+    _built: list[Message] = field(default_factory=list)
+    _ends: list[tuple[int, int]] = field(default_factory=list)
+    _repeated_ids: bool = False  # a call_id seen twice: its index maps cannot be lent
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> ResponsesView:
+    def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
+        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+        view messages of the input the two share."""
         view = cls(body)
+        if not isinstance(previous, ResponsesView):
+            previous = None
         instructions = body.get("instructions")
         if isinstance(instructions, str) and instructions:
-            view._instructions = {"role": "system", "content": instructions}
-            view.messages.append(view._instructions)
+            if previous is not None and instructions == previous.body.get("instructions"):
+                view._instructions = previous._instructions  # the same view message
+            else:
+                view._instructions = {"role": "system", "content": instructions}
+            view.messages.append(view._instructions)  # type: ignore[arg-type]
         raw = body.get("input")
         view._items = (
             [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
         )
-        view._map()
+        view._map(view._reuse(previous) if previous is not None else 0)
+        view._built = list(view.messages)
         return view
+
+    @classmethod
+    def opening(cls, body: dict[str, Any]) -> list[Message]:
+        """The instructions and the input up to its first user message, as the view has them:
+        what names a session without an id (its beginning never changes)."""
+        opening: list[Message] = []
+        instructions = body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            opening.append({"role": "system", "content": instructions})
+        raw = body.get("input")
+        if isinstance(raw, str):
+            return [*opening, {"role": "user", "content": raw}]
+        for item in raw or []:
+            role = item.get("role") if isinstance(item, dict) else None
+            if isinstance(role, str) and item.get("type", "message") == "message":
+                opening.append({"role": role, "content": _content(item.get("content"))})
+                if role == "user":
+                    break
+        return opening
+
+    def _reuse(self, previous: ResponsesView) -> int:
+        """Take the previous view's messages for the input both turns share, up to the last
+        message boundary in it; the index of the first item left to map."""
+        if previous._repeated_ids:
+            return 0
+        shared = shared_prefix(self._items, previous._items)
+        k = bisect.bisect_right(previous._ends, shared, key=lambda end: end[0])
+        if k == 0:
+            return 0
+        end, count = previous._ends[k - 1]
+        before = 1 if previous._instructions is not None else 0
+        for message in previous._built[before:count]:
+            self.messages.append(message)
+            self._origins[id(message)] = previous._origins[id(message)]
+        offset = len(self.messages) - count
+        self._ends = [(items, messages + offset) for items, messages in previous._ends[:k]]
+        self._calls = {c: i for c, i in previous._calls.items() if i < end}
+        self._outputs = {c: i for c, i in previous._outputs.items() if i < end}
+        return end
 
     def chat_body(self) -> dict[str, Any]:
         chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
@@ -132,10 +190,11 @@ class ResponsesView:
 
     # --- to the view --------------------------------------------------------------------------
 
-    def _map(self) -> None:
+    def _map(self, start: int) -> None:
         pending: list[int] = []  # items riding along with the next view message
         turn: Message | None = None
-        for index, item in enumerate(self._items):
+        for index in range(start, len(self._items)):
+            item = self._items[index]
             if not isinstance(item, dict):
                 pending.append(index)
                 continue
@@ -143,7 +202,8 @@ class ResponsesView:
             if kind in CALLS:
                 call_id = item.get("call_id")
                 if isinstance(call_id, str):
-                    self._calls[call_id] = item
+                    self._repeated_ids |= call_id in self._calls
+                    self._calls[call_id] = index
                 if turn is None:
                     turn = {"role": "assistant", "content": None, "tool_calls": []}
                     self._add(turn, pending)
@@ -155,7 +215,8 @@ class ResponsesView:
             if kind in OUTPUTS:
                 call_id = item.get("call_id")
                 if isinstance(call_id, str):
-                    self._outputs[call_id] = item
+                    self._repeated_ids |= call_id in self._outputs
+                    self._outputs[call_id] = index
                 result = {"role": "tool", "tool_call_id": call_id, "content": _output(item)}
                 self._add(result, [*pending, index])
             elif kind == "message" and isinstance(item.get("role"), str):
@@ -165,6 +226,7 @@ class ResponsesView:
                 pending.append(index)  # reasoning, web search, additional_tools, ...
                 continue
             pending = []
+            self._ends.append((index + 1, len(self.messages)))
         self._tail = pending
 
     def _add(self, message: Message, indexes: list[int]) -> None:
@@ -191,16 +253,20 @@ class ResponsesView:
         call_id = message.get("tool_call_id")
         content = message.get("content")
         output = content if isinstance(content, str) else _native_parts(content)
-        original = self._outputs.get(call_id) if isinstance(call_id, str) else None
+        original = self._item(self._outputs, call_id)
         if original is not None:
             return {**original, "output": output}
-        call = self._calls.get(call_id) if isinstance(call_id, str) else None
+        call = self._item(self._calls, call_id)
         kind = (
             "custom_tool_call_output"
             if call and call.get("type") == "custom_tool_call"
             else "function_call_output"
         )
         return {"type": kind, "call_id": call_id, "output": output}
+
+    def _item(self, by_call: dict[str, int], call_id: Any) -> Item | None:
+        index = by_call.get(call_id) if isinstance(call_id, str) else None
+        return self._items[index] if index is not None else None
 
     def _turn(self, message: Message) -> list[Item]:
         """An assistant turn a stage rewrote (truncated arguments) or the proxy added (recall):
@@ -210,7 +276,7 @@ class ResponsesView:
         items: list[Item] = []
         kept = self._turns.get(first) if isinstance(first, str) else None
         if kept is None:  # the client's own turn: its items, in order
-            kept = [self._calls[c["id"]] for c in calls if c.get("id") in self._calls]
+            kept = [self._items[self._calls[c["id"]]] for c in calls if c.get("id") in self._calls]
         by_id = {c.get("id"): c for c in calls}
         for item in kept:
             if item.get("type") not in CALLS:

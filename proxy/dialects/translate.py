@@ -1,5 +1,6 @@
-"""What the Anthropic and Responses views share: their tools seen as chat tools, and a reply
-read back in the client's format, as sent or translated from a chat completion."""
+"""What the Anthropic and Responses views share: their tools seen as chat tools, how much
+history two turns share, and a reply read back in the client's format, as sent or translated
+from a chat completion."""
 
 from __future__ import annotations
 
@@ -41,3 +42,14 @@ def client_body(reply: UpstreamReply, from_chat: FromChat, alias: str, request_i
     if "choices" not in reply.data:
         return reply.body  # the provider's bytes, untouched
     return orjson.dumps(from_chat(reply.data, alias, request_id))
+
+
+def shared_prefix(new: list[Any], old: list[Any]) -> int:
+    """How many leading entries two turns' histories share (Python's `==`: 1 equals 1.0,
+    so a view lent for them names its client entries by position, never by object)."""
+    shared = 0
+    for a, b in zip(new, old, strict=False):
+        if a is not b and a != b:
+            break
+        shared += 1
+    return shared

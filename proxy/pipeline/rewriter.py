@@ -17,10 +17,12 @@ from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 
 MB = 1024 * 1024
-# How server.memo_mb is shared between the warm-turn memos. The three that keep whole histories
-# mostly hold the same message objects, so their sum overstates what they keep alive.
+# How server.memo_mb is shared between the warm-turn memos ("views" is the routes' ViewMemo).
+# The four that keep whole histories mostly hold the same message objects, so their sum
+# overstates what they keep alive.
 MEMO_SHARES = {
-    "histories": 0.375,
+    "histories": 0.3125,
+    "views": 0.0625,
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
     "compaction_outputs": 0.09375,

@@ -30,8 +30,8 @@ from proxy.routes.serve import (
     serve,
     upstream_error,
 )
-from proxy.session import session_id
-from proxy.state import CONFIG
+from proxy.session import owner_of, scoped, session_id
+from proxy.state import CONFIG, VIEWS
 from proxy.upstream.anthropic import DEFAULT_VERSION
 from proxy.upstream.base import UpstreamHTTPError
 
@@ -61,10 +61,13 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_messages_request(raw, counting=counting)
-    view = AnthropicView.of(body)
-    chat = view.chat_body()
-    identity = {"metadata": body.get("metadata"), "messages": view.messages}
+    identity = {"metadata": body.get("metadata"), "messages": AnthropicView.opening(body)}
     session = session_id(request.headers, identity, key.name if key else None)
+    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session)
+    view = AnthropicView.of(body, views.last(own))
+    if not counting:
+        views.keep(own, view, len(raw))
+    chat = view.chat_body()
     headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
     headers.setdefault("anthropic-version", DEFAULT_VERSION)
     return open_exchange(

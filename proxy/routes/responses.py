@@ -32,8 +32,8 @@ from proxy.routes.serve import (
     serve,
     upstream_error,
 )
-from proxy.session import session_id
-from proxy.state import CONFIG
+from proxy.session import owner_of, scoped, session_id
+from proxy.state import CONFIG, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
@@ -46,10 +46,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_responses_request(raw)
-    view = ResponsesView.of(body)
     cache_key = body.get("prompt_cache_key")
-    identity = {"metadata": {"session_id": cache_key}, "messages": view.messages}
+    identity = {"metadata": {"session_id": cache_key}, "messages": ResponsesView.opening(body)}
     session = session_id(request.headers, identity, key.name if key else None)
+    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session)
+    view = ResponsesView.of(body, views.last(own))
+    views.keep(own, view, len(raw))
     ex = open_exchange(
         request,
         config,

@@ -4,6 +4,7 @@ fields, and what the stages produce stays valid under Anthropic's pairing rules.
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import orjson
@@ -211,3 +212,95 @@ def test_a_moving_cache_breakpoint_leaves_the_view_of_older_turns_unchanged() ->
     )  # ...to the newest block
     before, after = AnthropicView.of(first).messages, AnthropicView.of(second).messages
     assert after[: len(before)] == before
+
+
+def _turns(seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two consecutive turns of a random Claude-Code-like session: the second appends, and
+    sometimes edits an old message, moves the breakpoint or changes the system prompt."""
+    rng = random.Random(seed)
+    body = claude_code_body()
+    for step in range(rng.randint(0, 6)):
+        call = f"toolu_{seed}_{step}"
+        body["messages"].append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "", "signature": f"sig{step}"},
+                    {"type": "tool_use", "id": call, "name": "Bash", "input": {"n": step}},
+                ],
+            }
+        )
+        blocks: list[Any] = [{"type": "tool_result", "tool_use_id": call, "content": "x" * step}]
+        if rng.random() < 0.5:
+            blocks.append({"type": "text", "text": f"note {step}"})
+        body["messages"].append({"role": "user", "content": blocks})
+    later = copy.deepcopy(body)
+    later["messages"].append({"role": "assistant", "content": [{"type": "text", "text": "ok"}]})
+    later["messages"].append({"role": "user", "content": "next"})
+    change = rng.choice(["append", "edit", "system", "no-system", "breakpoint", "shorter"])
+    if change == "edit":
+        at = rng.randrange(len(later["messages"]))
+        later["messages"][at] = {"role": later["messages"][at]["role"], "content": "edited"}
+    elif change == "system":
+        later["system"] = "a new system prompt"
+    elif change == "no-system":
+        del later["system"]
+    elif change == "breakpoint":
+        for message in later["messages"]:
+            for block in message["content"] if isinstance(message["content"], list) else []:
+                block.pop("cache_control", None)
+    elif change == "shorter":
+        later["messages"] = later["messages"][: rng.randint(1, len(later["messages"]))]
+    return body, later
+
+
+async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> None:
+    for seed in range(300):
+        first, second = _turns(seed)
+        previous = AnthropicView.of(first)
+        lent, fresh = AnthropicView.of(second, previous), AnthropicView.of(second)
+        assert lent.messages == fresh.messages, seed
+        for view in (lent, fresh):  # the same bytes upstream, untouched or repaired
+            chat = view.chat_body()
+            untouched = orjson.dumps(view.render(chat))
+            repaired = await RepairStage().run(
+                exchange(chat["messages"]), chat["messages"], context()
+            )
+            rewritten = orjson.dumps(
+                view.render({**chat, "messages": repaired or chat["messages"][:-1]})
+            )
+            if view is lent:
+                expected = (untouched, rewritten)
+            else:
+                assert (untouched, rewritten) == expected, seed
+
+
+def test_the_shared_history_is_the_previous_views_very_messages() -> None:
+    first = _turns(3)[0]
+    second = copy.deepcopy(first)
+    second["messages"] += [
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "go"},
+    ]
+    previous = AnthropicView.of(first)
+    view = AnthropicView.of(second, previous)
+    shared = len(previous.messages)
+    assert all(a is b for a, b in zip(view.messages[:shared], previous.messages, strict=True))
+    assert len(view.messages) > shared
+
+
+def test_an_untouched_turn_lent_a_view_sends_this_turns_own_blocks() -> None:
+    """Equal is not identical (1 == 1.0): what goes upstream is always this turn's bytes."""
+    first = claude_code_body()
+    second = copy.deepcopy(first)
+    second["messages"][3]["content"][1]["extra"] = 1
+    first["messages"][3]["content"][1]["extra"] = 1.0
+    view = AnthropicView.of(second, AnthropicView.of(first))
+    chat = view.chat_body()
+    offloaded = [
+        *chat["messages"][:-2],
+        {**chat["messages"][-2], "content": "gone"},
+        chat["messages"][-1],
+    ]
+    out = view.render({**chat, "messages": offloaded})
+    assert out["messages"][3]["content"][1] is second["messages"][3]["content"][1]

@@ -4,6 +4,7 @@ included), rewritten ones keep their fields, and what the stages add is in Respo
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import orjson
@@ -152,3 +153,73 @@ def test_a_recall_round_sends_the_reply_back_whole_and_the_tool_flat() -> None:
     ]
     assert out["tools"][:3] == body["tools"]
     assert out["tools"][3]["name"] == recall.TOOL_NAME and out["tools"][3]["type"] == "function"
+
+
+def _turns(seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two consecutive turns of a random Codex-like session: the second appends, and sometimes
+    edits or drops an item, ends on a call run, repeats a call_id or changes instructions."""
+    rng = random.Random(seed)
+    body = codex_body()
+    for step in range(rng.randint(0, 6)):
+        call = f"call_{seed}_{step}"
+        if rng.random() < 0.5:
+            body["input"].append({"type": "reasoning", "summary": [], "encrypted_content": "e"})
+        for n in range(rng.randint(1, 2)):  # parallel calls: one assistant turn
+            body["input"].append(
+                {
+                    "type": "function_call",
+                    "call_id": f"{call}{n}",
+                    "name": "shell",
+                    "arguments": "{}",
+                }
+            )
+        for n in range(rng.randint(0, 2)):  # a call may stay unanswered
+            body["input"].append(
+                {"type": "function_call_output", "call_id": f"{call}{n}", "output": "x" * step}
+            )
+    later = copy.deepcopy(body)
+    later["input"].append({"type": "message", "role": "user", "content": "next"})
+    change = rng.choice(["append", "edit", "drop", "calls", "repeat", "instructions", "string"])
+    items = later["input"]
+    if change == "edit":
+        items[rng.randrange(len(items))] = {"type": "message", "role": "user", "content": "e"}
+    elif change == "drop":
+        del items[rng.randrange(len(items)) :]
+    elif change == "calls":
+        items.append({"type": "function_call", "call_id": "call_z", "name": "s", "arguments": "{}"})
+    elif change == "repeat":
+        items.append({"type": "function_call_output", "call_id": "call_1", "output": "again"})
+    elif change == "instructions":
+        later["instructions"] = rng.choice(["Other.", ""])
+    elif change == "string":
+        later["input"] = "just text"
+    return body, later
+
+
+async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> None:
+    for seed in range(300):
+        first, second = _turns(seed)
+        previous = ResponsesView.of(first)
+        lent, fresh = ResponsesView.of(second, previous), ResponsesView.of(second)
+        assert lent.messages == fresh.messages, seed
+        sent = []
+        for view in (lent, fresh):  # the same items upstream, untouched or repaired
+            chat = view.chat_body()
+            untouched = orjson.dumps(view.render(chat))
+            repaired = await RepairStage().run(
+                exchange(chat["messages"]), chat["messages"], context()
+            )
+            changed = repaired or chat["messages"][:-1]
+            sent.append((untouched, orjson.dumps(view.render({**chat, "messages": changed}))))
+        assert sent[0] == sent[1], seed
+
+
+def test_the_shared_input_is_the_previous_views_very_messages() -> None:
+    first = codex_body()
+    second = copy.deepcopy(first)
+    second["input"].append({"type": "message", "role": "user", "content": "go on"})
+    previous = ResponsesView.of(first)
+    view = ResponsesView.of(second, previous)
+    shared = len(previous.messages)
+    assert all(a is b for a, b in zip(view.messages[:shared], previous.messages, strict=True))
+    assert len(view.messages) == shared + 1

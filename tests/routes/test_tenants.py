@@ -14,9 +14,11 @@ from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.state import VIEWS
 from proxy.testing.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url, sim_config
 
@@ -449,3 +451,40 @@ async def test_claude_code_and_codex_session_ids_are_walled_per_key_too(
         statuses = [await post(path, BOB, {header: f"{path}-s"}, body) for _ in range(4)]
         assert statuses == [200, 200, 200, 429]  # bob spent his own session's three calls
         assert await post(path, ALICE, {header: f"{path}-s"}, body) == 200  # alice: 2 of 3
+
+
+async def test_a_session_view_lent_across_turns_stays_with_its_key(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator
+) -> None:
+    """The Responses and Anthropic routes keep each session's last view to build the next
+    turn's from what is new: bob's turn under alice's session id neither uses nor replaces
+    alice's, and each key's next turn goes upstream as that key sent it."""
+    proxy = await start(start_proxy, tmp_path, sim_server)
+    views = proxy.app[VIEWS]
+
+    async def post(key: str, text: str, turns: int) -> dict[str, Any]:
+        items: list[dict[str, Any]] = []
+        for n in range(turns):
+            items.append({"type": "message", "role": "user", "content": f"{text} {n}"})
+            items.append({"type": "message", "role": "assistant", "content": f"ok {n}"})
+        items.append({"type": "message", "role": "user", "content": f"{text} last"})
+        body = {"model": "sim", "input": items}
+        async with aiohttp.ClientSession() as http:
+            url = str(proxy.make_url("/v1/responses"))
+            headers = {"authorization": f"Bearer {key}", "session-id": "shared"}
+            async with http.post(url, json=body, headers=headers) as r:
+                assert r.status == 200
+        return sim.requests[-1].body
+
+    await post(ALICE, "alice", 2)
+    await post(BOB, "bob", 2)
+    assert {k.partition("/")[0] for k in views.cache} == {"key:alice", "key:bob"}
+    sent = await post(ALICE, "alice", 3)  # lent alice's own last view
+    assert [m["content"] for m in sent["input"] if m["role"] == "user"] == [
+        "alice 0",
+        "alice 1",
+        "alice 2",
+        "alice last",
+    ]
+    sent = await post(BOB, "bob", 3)
+    assert "alice" not in orjson.dumps(sent).decode()
