@@ -159,6 +159,8 @@ class Exchange:
     upstream_wait: float = 0.0
     client_wait: float = 0.0
     recovery: Recovery = field(default_factory=Recovery)
+    # The guards' per-session record (store/guard_record.py), once a guard has read it.
+    guard_record: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.requested_alias:

@@ -5,8 +5,9 @@ refused (429 `session_circuit_open`, no upstream call) while it is the same requ
 same number of messages and the same last message. A changed request goes through, as a probe:
 success closes the session's circuit, failure keeps it open for that request in turn.
 
-The count lives in the state store, so replicas share it; without the store (Redis down) the
-session is let through, as if it had not failed.
+The count lives in the session's guard record in the state store (store/guard_record.py), so
+replicas share it; without the store (Redis down) the session is let through, as if it had not
+failed.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import xxhash
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.exchange import Exchange
 from proxy.recorder import Recorder
+from proxy.store import guard_record
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore
 
 log = logging.getLogger("agentproxy.control")
-SPACE = "session_failures"
-TTL_S = 86_400.0  # a session that went quiet for a day starts afresh
+PART = "circuit"  # this guard's part of the session's guard record
 
 
 @dataclass(slots=True)
@@ -35,12 +36,15 @@ class _Failing:
     signature: int  # of the last one
     last_status: int | None
 
-    def to_bytes(self) -> bytes:
-        return orjson.dumps([self.failures, self.signature, self.last_status])
+    def to_json(self) -> list[Any]:
+        return [self.failures, self.signature, self.last_status]
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> _Failing:
-        failures, signature, last_status = orjson.loads(data)
+    def from_json(cls, value: Any) -> _Failing | None:
+        try:
+            failures, signature, last_status = value
+        except (TypeError, ValueError):
+            return None  # none kept (or another version's): as if it had not failed
         return cls(failures, signature, last_status)
 
 
@@ -59,7 +63,7 @@ class SessionCircuits:
         limit = _limit(ex)
         if limit is None:
             return
-        failing = await self._read(ex.session)
+        failing = await self._read(ex)
         ex.recovery.session_failing = failing is not None
         if failing is None or failing.failures < limit:
             return
@@ -76,24 +80,19 @@ class SessionCircuits:
         if _limit(ex) is None:
             return
         try:
-            if ok:
-                if ex.recovery.session_failing:  # the usual success costs no write
-                    await self.state.delete(SPACE, ex.session)
+            if ok:  # the usual success costs no write: the record has no failures to clear
+                await guard_record.write(self.state, ex, PART, None)
                 return
             messages = ex.original_messages if ex.original_messages is not None else ex.messages
-            failing = await self._read(ex.session)
+            failing = await self._read(ex)
             failures = failing.failures + 1 if failing is not None else 1
-            record = _Failing(failures, signature(messages), ex.recovery.last_status)
-            await self.state.set(SPACE, ex.session, record.to_bytes(), TTL_S)
+            streak = _Failing(failures, signature(messages), ex.recovery.last_status)
+            await guard_record.write(self.state, ex, PART, streak.to_json())
         except StoreError as exc:
             log.warning("session circuit of request %s not updated: %s", ex.request_id, exc)
 
-    async def _read(self, session: str) -> _Failing | None:
-        try:
-            data = await self.state.get(SPACE, session)
-        except StoreError:
-            return None  # no state: the session is let through, as if new
-        return _Failing.from_bytes(data) if data else None
+    async def _read(self, ex: Exchange) -> _Failing | None:
+        return _Failing.from_json((await guard_record.read(self.state, ex)).get(PART))
 
 
 def _limit(ex: Exchange) -> int | None:

@@ -17,6 +17,7 @@ cannot be read the detection counts as the first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -29,6 +30,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
+from proxy.store import guard_record
 from proxy.store.base import StoreError
 
 REPEAT_NOTE = (
@@ -117,8 +119,7 @@ class Loop:
         )
 
 
-SPACE = "loops"
-LEVEL_TTL_S = 86_400.0  # a session quiet for a day starts its ladder afresh
+PART = "loop"  # this guard's part of the session's guard record
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +130,15 @@ class _Level:
     detections: int
     step: tuple[str | None, int]
 
-    def to_bytes(self) -> bytes:
-        return orjson.dumps([self.hash, self.detections, *self.step])
+    def to_json(self) -> list[Any]:
+        return [self.hash, self.detections, *self.step]
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> _Level:
-        loop_hash, detections, call_id, message = orjson.loads(data)
+    def from_json(cls, value: Any) -> _Level | None:
+        try:
+            loop_hash, detections, call_id, message = value
+        except (TypeError, ValueError):
+            return None  # none kept (or another version's): as if this were the first
         return cls(loop_hash, detections, (call_id, message))
 
 
@@ -153,14 +157,14 @@ class LoopStage:
         if calls is None:
             return None  # no step of a loop just happened: nothing to judge, level kept
         loop = find_loop(calls, spec)
-        prior = await _read(ctx, ex.session)
+        prior = _Level.from_json((await guard_record.read(ctx.state, ex)).get(PART))
         if loop is None:
             if prior is not None:
-                await _write(ctx, ex.session, None)
+                await _write(ctx, ex, None)
                 record(ex, ctx, self.name, "recovered", level=prior.detections)
             return None
         level = _climb(prior, loop)
-        await _write(ctx, ex.session, _Level(loop.hash, level, loop.step))
+        await _write(ctx, ex, _Level(loop.hash, level, loop.step))
         action = spec.ladder[min(level, len(spec.ladder)) - 1]
         fields = {
             "tool": loop.tool,
@@ -183,22 +187,10 @@ def _climb(prior: _Level | None, loop: Loop) -> int:
     return prior.detections + 1
 
 
-async def _read(ctx: StageContext, session: str) -> _Level | None:
-    try:
-        data = await ctx.state.get(SPACE, session)
-    except StoreError:
-        return None  # stateless: as if this were the first detection
-    return _Level.from_bytes(data) if data else None
-
-
-async def _write(ctx: StageContext, session: str, level: _Level | None) -> None:
-    try:
-        if level is None:
-            await ctx.state.delete(SPACE, session)
-        else:
-            await ctx.state.set(SPACE, session, level.to_bytes(), LEVEL_TTL_S)
-    except StoreError:
-        pass  # counted by the store; the next detection starts the ladder again
+async def _write(ctx: StageContext, ex: Exchange, level: _Level | None) -> None:
+    # A lost write is counted by the store; the next detection starts the ladder again.
+    with contextlib.suppress(StoreError):
+        await guard_record.write(ctx.state, ex, PART, level.to_json() if level else None)
 
 
 def _apply(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.control.outcome import SessionCircuitOpen
@@ -11,6 +12,7 @@ from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Policy
 from proxy.recorder import Recorder
+from proxy.store import guard_record
 from proxy.store.base import StoreError
 from proxy.store.state import MemoryState
 from tests.control.fakes import exchange
@@ -61,7 +63,8 @@ async def test_success_closes_and_no_limit_means_no_breaker() -> None:
     for _ in range(5):
         await sessions.settle(request("same", unlimited), ok=False)
     await sessions.check(request("same", unlimited))
-    assert await state.get("session_failures", "s1") is not None  # one failure is on record
+    record = orjson.loads(await state.get(guard_record.SPACE, "s1") or b"{}")
+    assert "circuit" in record  # one failure is on record
 
 
 async def test_dry_run_notes_instead_of_refusing() -> None:
