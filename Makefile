@@ -3,13 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint clients bench serve clean
+.PHONY: demo test lint clients bench serve clean constraints
 
-$(BIN)/agentproxy: pyproject.toml
+# constraints.txt pins every package to the set CI last passed with (`make constraints` renews it).
+$(BIN)/agentproxy: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c constraints.txt
 	touch $@
+
+constraints: $(BIN)/agentproxy
+	{ echo "# pip constraints: the versions CI installs (make constraints renews them)"; \
+	  $(BIN)/python -m pip freeze --exclude-editable; } > constraints.txt
 
 demo: $(BIN)/agentproxy
 	$(BIN)/agentproxy demo

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import socket
 import subprocess
@@ -10,7 +11,7 @@ import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from aiohttp import web
@@ -20,6 +21,15 @@ from proxy.app import SERVER_OPTIONS, build_app
 from proxy.testing.simulator import Simulator
 
 ProxyFactory = Callable[..., Awaitable[TestServer]]
+
+
+def missing(what: str, install: str) -> NoReturn:
+    """A tool of the machine's that a test needs is not there: skip, naming the package that
+    brings it, or fail under CI (`CI` set, as .ci/run does), which must run every test."""
+    why = f"{what}: install {install}"
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}; CI must run this test", pytrace=False)
+    pytest.skip(why)
 
 
 @pytest.fixture(autouse=True)
@@ -156,7 +166,7 @@ def redis_prefix() -> Iterator[str]:
     try:
         client.ping()
     except redis.ConnectionError as exc:
-        pytest.fail(f"these tests need Redis on {REDIS_URL}: {exc}")
+        missing(f"these tests need Redis on {REDIS_URL} ({exc})", "and start redis-server")
     yield prefix
     keys = list(client.scan_iter(match=prefix + "*", count=1000))
     if keys:
@@ -172,7 +182,7 @@ def own_redis() -> Iterator[OwnRedis]:
     """A redis-server of this test's own, so the test can stop and restart it."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+        missing("redis-server is not installed", "it with `apt-get install redis-server`")
     port = free_port()
     processes: list[subprocess.Popen[bytes]] = []
     yield port, processes

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.conftest import missing
 
-INSTALL_HINT = "install it with `apt-get install prometheus` (CI does; it also brings promtool)"
+INSTALL_HINT = "`apt-get install prometheus` (it brings promtool too)"
 
 
 def binary(name: str) -> str:
@@ -46,7 +46,7 @@ def binary(name: str) -> str:
         )
     )
     if not found or not os.access(found, os.X_OK):
-        pytest.fail(f"`{name}` binary not found: {INSTALL_HINT}", pytrace=False)
+        missing(f"`{name}` binary not found", INSTALL_HINT)
     return found
 
 

@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from prometheus_client.registry import CollectorRegistry
 
 from proxy.metrics import Metrics
+from tests.conftest import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -25,10 +25,7 @@ CONFIG = PROMETHEUS / "prometheus.yml"
 def promtool(*args: str) -> str:
     binary = shutil.which("promtool")
     if binary is None:
-        pytest.fail(
-            "promtool is not installed; install it with `apt-get install prometheus` "
-            "(Debian/Ubuntu; CI does) or put Prometheus' promtool on PATH"
-        )
+        missing("promtool is not installed", "`apt-get install prometheus` (it brings promtool)")
     result = subprocess.run(
         [binary, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
