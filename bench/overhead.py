@@ -97,6 +97,13 @@ TARGET_TTFB_ADDED_MS = 0.5  # streaming, c=1
 TARGET_ROUTE_RATIO = 1.2
 TARGET_RSS_MB = 60.0  # idle, right after ready
 TARGET_READY_S = 1.0
+# Against the bare aiohttp forwarder in the same run (issue 14), on the chat route's common
+# turn (tiny and 30 KB): c=16 rps at least 80% of its, CPU ms per request at most 1.25x its,
+# c=1 added p50 at most 1.1x its, streamed first token within 0.3 ms of its.
+TARGET_RPS_VS_BARE = 0.8
+TARGET_CPU_VS_BARE = 1.25
+TARGET_ADDED_VS_BARE = 1.1
+TARGET_TTFB_OVER_BARE_MS = 0.3
 # Other processes using more CPU than this on average while we measure spoil the numbers.
 BUSY_MACHINE_CPUS = 0.1
 
@@ -134,12 +141,27 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def start_upstream(procs: Processes) -> tuple[int, subprocess.Popen[bytes]]:
     command = [sys.executable, str(BENCH_DIR / "_static_upstream.py"), "--port", "0"]
+    return _listening(procs, command, "the static upstream")
+
+
+def start_bare_forwarder(
+    procs: Processes, upstream_port: int
+) -> tuple[int, subprocess.Popen[bytes]]:
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    command = [sys.executable, str(BENCH_DIR / "_bare_forwarder.py"), "--upstream", upstream]
+    return _listening(procs, command, "the bare forwarder")
+
+
+def _listening(
+    procs: Processes, command: list[str], what: str
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """A child that prints `listening <port>` once bound: its port, and the child."""
     child = procs.spawn(command, stdout=subprocess.PIPE)
     assert child.stdout is not None
     ready, _, _ = select.select([child.stdout], [], [], 10)
     line = child.stdout.readline().decode() if ready else ""
     if not line.startswith("listening "):
-        raise RuntimeError(f"the static upstream did not start (said {line!r})")
+        raise RuntimeError(f"{what} did not start (said {line!r})")
     return int(line.split()[1]), child
 
 
@@ -347,7 +369,7 @@ class Measured:
     """One side (direct or through the proxy) of one scenario."""
 
     load: LoadResult
-    cpu_ms_per_req: float | None  # of the proxy, proxied runs only
+    cpu_ms_per_req: float | None  # of the proxy (or bare forwarder); not for direct runs
     upstream_cpu_ms_per_req: float
     ttfb: LoadResult | None = None  # extra python run for first-byte times when wrk measured
 
@@ -362,6 +384,7 @@ class Outcome:
     body_bytes: int
     direct: Measured
     proxy: Measured
+    bare: Measured  # the same load through a bare aiohttp forwarder (_bare_forwarder.py)
 
     @property
     def added_p50_ms(self) -> float:
@@ -384,6 +407,31 @@ class Outcome:
     def added_ttfb_ms(self) -> float | None:
         direct, proxy = self.ttfb_ms("direct"), self.ttfb_ms("proxy")
         return None if direct is None or proxy is None else proxy - direct
+
+    # --- against the bare forwarder: what the proxy adds over aiohttp's own cost ---
+
+    @property
+    def bare_added_p50_ms(self) -> float:
+        return self.bare.load.p50_ms - self.direct.load.p50_ms
+
+    @property
+    def added_vs_bare(self) -> float:
+        """The proxy's added p50 ÷ the bare forwarder's."""
+        bare = self.bare_added_p50_ms
+        return self.added_p50_ms / bare if bare > 0 else math.nan
+
+    @property
+    def rps_vs_bare(self) -> float:
+        return _ratio(self.proxy.load.rps, self.bare.load.rps)
+
+    @property
+    def cpu_vs_bare(self) -> float:
+        return _ratio(self.proxy.cpu_ms_per_req or 0.0, self.bare.cpu_ms_per_req or 0.0)
+
+    @property
+    def ttfb_over_bare_ms(self) -> float | None:
+        bare, proxy = (self.bare.ttfb or self.bare.load).ttfb_p50_ms, self.ttfb_ms("proxy")
+        return None if bare is None or proxy is None else proxy - bare
 
 
 def _ratio(a: float, b: float) -> float:
@@ -443,7 +491,7 @@ def scenarios() -> list[Scenario]:
 
 
 def measure(
-    url: str, scenario: Scenario, settings: Settings, proxy_pid: int | None, upstream_pid: int
+    url: str, scenario: Scenario, settings: Settings, hop_pid: int | None, upstream_pid: int
 ) -> Measured:
     body = scenario.body
     # Warm-up with the python client: opens connections and checks the answers are right.
@@ -459,10 +507,10 @@ def measure(
     if warm.errors:
         raise RuntimeError(f"warm-up of {url} failed: {warm.error_examples}")
     by_wrk = settings.use_wrk and scenario.concurrency > 1
-    cpu_before = cpu_s(proxy_pid) if proxy_pid else 0.0
+    cpu_before = cpu_s(hop_pid) if hop_pid else 0.0
     upstream_before = cpu_s(upstream_pid)
     load = _load(url, body, scenario, settings, by_wrk)
-    cpu = cpu_s(proxy_pid) - cpu_before if proxy_pid else None
+    cpu = cpu_s(hop_pid) - cpu_before if hop_pid else None
     upstream_cpu = cpu_s(upstream_pid) - upstream_before
     done = max(load.requests, 1)
     ttfb = _load(url, body, scenario, settings, False) if by_wrk and scenario.stream else None
@@ -493,15 +541,23 @@ def _load(
 
 
 def run_scenarios(
-    proxies: tuple[Proxy, Proxy], upstream_port: int, upstream_pid: int, settings: Settings
+    proxies: tuple[Proxy, Proxy],
+    upstream: tuple[int, int],
+    bare: tuple[int, int],
+    settings: Settings,
 ) -> list[Outcome]:
-    """`proxies`: the chat-only one, and the one with the `anthropic/` deployment (77 KB rows)."""
+    """`proxies`: the chat-only one, and the one with the `anthropic/` deployment (77 KB rows);
+    `upstream` and `bare` (the forwarder): (port, pid) each."""
+    (upstream_port, upstream_pid), (bare_port, bare_pid) = upstream, bare
     outcomes = []
     for scenario in scenarios():
         proxy = proxies[1] if scenario.sized else proxies[0]
         direct_url = f"http://127.0.0.1:{upstream_port}{scenario.path}"
         progress(f"{scenario.name} ({len(scenario.body):,} bytes): direct ...")
         direct = measure(direct_url, scenario, settings, None, upstream_pid)
+        progress(f"{scenario.name}: bare forwarder ...")
+        bare_url = f"http://127.0.0.1:{bare_port}{scenario.path}"
+        forwarded = measure(bare_url, scenario, settings, bare_pid, upstream_pid)
         progress(f"{scenario.name}: proxy ...")
         try:
             url = proxy.url(scenario.path)
@@ -510,7 +566,7 @@ def run_scenarios(
             raise RuntimeError(f"{exc}\nproxy log (last lines):\n{proxy.log_tail()}") from exc
         if proxy.process.poll() is not None:
             raise RuntimeError(f"the proxy died during {scenario.name}:\n{proxy.log_tail()}")
-        outcomes.append(Outcome(scenario, len(scenario.body), direct, proxied))
+        outcomes.append(Outcome(scenario, len(scenario.body), direct, proxied, forwarded))
     return outcomes
 
 
@@ -606,10 +662,59 @@ def evaluate(report: Report) -> list[Target]:
             Target(f"{route}/chat CPU/req {c.label}", c.cpu_ratio, TARGET_ROUTE_RATIO, "x")
             for c in comparisons
         ]
+    targets += bare_targets(outcomes)
     startup = report.startup
     targets.append(Target("idle RSS", startup.idle_rss_mb, TARGET_RSS_MB, "MB"))
     targets.append(Target("ready", startup.ready_s, TARGET_READY_S, "s"))
     return targets
+
+
+def bare_targets(outcomes: list[Outcome]) -> list[Target]:
+    """The proxy against the bare forwarder on the chat route's tiny and 30 KB rows."""
+    common = [o for o in outcomes if o.scenario.body_name in ("tiny", "30KB")]
+    targets = [
+        Target(f"rps/bare {o.scenario.name}", o.rps_vs_bare, TARGET_RPS_VS_BARE, "x", True)
+        for o in common
+        if o.scenario.concurrency == 16
+    ]
+    targets += [
+        Target(f"CPU/bare {o.scenario.name}", o.cpu_vs_bare, TARGET_CPU_VS_BARE, "x")
+        for o in common
+        if o.scenario.concurrency == 16
+    ]
+    targets += [
+        Target(f"added/bare {o.scenario.name}", o.added_vs_bare, TARGET_ADDED_VS_BARE, "x")
+        for o in common
+        if o.scenario.concurrency == 1
+    ]
+    targets += [
+        Target(f"first token-bare {o.scenario.name}", over, TARGET_TTFB_OVER_BARE_MS, "ms")
+        for o in common
+        if o.scenario.concurrency == 1 and (over := o.ttfb_over_bare_ms) is not None
+    ]
+    return targets
+
+
+def format_bare(outcomes: list[Outcome]) -> list[str]:
+    lines = [
+        f"{'vs bare aiohttp forwarder':<25} {'bare added':>10} {'proxy added':>11} {'ratio':>7} "
+        f"{'bare rps':>9} {'proxy rps':>9} {'ratio':>7} {'bare CPU':>9} {'proxy CPU':>9} "
+        f"{'ratio':>7} {'1st token -bare':>15}"
+    ]
+    for o in outcomes:
+        first_token = o.scenario.stream and o.scenario.concurrency == 1  # c=16: client-bound
+        lines.append(
+            f"{o.scenario.row:<25} {_ms(o.bare_added_p50_ms):>10} {_ms(o.added_p50_ms):>11} "
+            f"{o.added_vs_bare:>6.2f}x {o.bare.load.rps:>9.0f} {o.proxy.load.rps:>9.0f} "
+            f"{o.rps_vs_bare:>6.2f}x {_ms(o.bare.cpu_ms_per_req):>9} "
+            f"{_ms(o.proxy.cpu_ms_per_req):>9} {o.cpu_vs_bare:>6.2f}x "
+            f"{_ms(o.ttfb_over_bare_ms) if first_token else '':>15}"
+        )
+    lines.append(
+        "(added = p50 - direct p50, ms; CPU = ms per request of the forwarding process; "
+        "1st token -bare = the proxy's first-token p50 minus the forwarder's, ms)"
+    )
+    return lines
 
 
 def _ms(value: float | None) -> str:
@@ -648,6 +753,8 @@ def format_table(report: Report) -> str:
                 f"{o.scenario.row:<25} {'python':<6} {_ms(o.ttfb_ms('direct')):>10} "
                 f"{_ms(o.ttfb_ms('proxy')):>10} {_ms(o.added_ttfb_ms):>10}"
             )
+    lines.append("")
+    lines.extend(format_bare(report.outcomes))
     for route in COMPARED:
         lines.append("")
         lines.extend(format_comparison(route, route_comparisons(report.outcomes, route)))
@@ -666,7 +773,10 @@ def format_table(report: Report) -> str:
         f"direct (chat, tiny and 30 KB), RSS <= {TARGET_RSS_MB:.0f} MB, ready <= "
         f"{TARGET_READY_S:.0f} s (chat-only proxy); the Responses route's (50 KB) and the "
         f"Anthropic route's (77 KB) added p50 (c=1) and CPU ms/req within {TARGET_ROUTE_RATIO}x "
-        "of the chat route's at the same size"
+        "of the chat route's at the same size; against the bare forwarder (chat tiny and "
+        f"30 KB): rps >= {TARGET_RPS_VS_BARE}x and CPU <= {TARGET_CPU_VS_BARE}x (c=16), added "
+        f"p50 <= {TARGET_ADDED_VS_BARE}x and first token within {TARGET_TTFB_OVER_BARE_MS} ms "
+        "(c=1)"
     )
     for target in report.targets:
         lines.append(
@@ -719,7 +829,13 @@ def as_json(report: Report) -> bytes:
                 "stream": o.scenario.stream,
                 "direct": _measured_json(o.direct),
                 "proxy": _measured_json(o.proxy),
+                "bare_forwarder": _measured_json(o.bare),
                 "added_p50_ms": o.added_p50_ms,
+                "bare_added_p50_ms": o.bare_added_p50_ms,
+                "added_vs_bare": o.added_vs_bare,
+                "rps_vs_bare": o.rps_vs_bare,
+                "cpu_vs_bare": o.cpu_vs_bare,
+                "ttfb_over_bare_ms": o.ttfb_over_bare_ms,
                 "p50_ratio": o.p50_ratio,
                 "rps_ratio": o.rps_ratio,
                 "added_ttfb_p50_ms": o.added_ttfb_ms,
@@ -807,14 +923,19 @@ def environment(settings: Settings) -> dict[str, Any]:
 def benchmark(procs: Processes, workdir: Path, settings: Settings) -> Report:
     upstream_port, upstream = start_upstream(procs)
     progress(f"static upstream on 127.0.0.1:{upstream_port}")
+    bare_port, bare = start_bare_forwarder(procs, upstream_port)
+    settle(bare.pid)
+    progress(f"bare aiohttp forwarder on 127.0.0.1:{bare_port}")
     proxy, idle_rss = _started(procs, write_config(workdir, upstream_port), workdir / "proxy.log")
     # Started once the first is ready and settled: its litellm import does not slow the first.
     config = write_config(workdir, upstream_port, anthropic=True)
     second, second_idle_rss = _started(procs, config, workdir / "proxy-anthropic.log")
     quietness: list[Quietness] = []
-    pids = [proxy.process.pid, second.process.pid, upstream.pid]
+    pids = [proxy.process.pid, second.process.pid, upstream.pid, bare.pid]
     with watch_others(pids, quietness):
-        outcomes = run_scenarios((proxy, second), upstream_port, upstream.pid, settings)
+        outcomes = run_scenarios(
+            (proxy, second), (upstream_port, upstream.pid), (bare_port, bare.pid), settings
+        )
     startup = Startup(proxy.ready_s, idle_rss, rss_mb(proxy.process.pid))
     second_startup = Startup(second.ready_s, second_idle_rss, rss_mb(second.process.pid))
     report = Report(startup, second_startup, outcomes, environment(settings), quietness[0])
