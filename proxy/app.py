@@ -34,6 +34,7 @@ from proxy.state import (
     CATALOG,
     CONFIG,
     CONTROL,
+    EVENTS,
     FLOW,
     METRICS,
     STORE,
@@ -81,7 +82,7 @@ def build_app(
     store, state = open_backends(settings, metrics)
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
-    events = EventLog(settings.event_log_path)
+    events = app[EVENTS] = EventLog(settings.event_log_path)
     recorder = Recorder(metrics, events)
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.

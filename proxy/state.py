@@ -6,6 +6,7 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.dialects.view_memo import ViewMemo
+from proxy.events import EventLog
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
@@ -23,3 +24,4 @@ STORE_HEALTH = web.AppKey("store_health", StoreHealth)
 CONTROL = web.AppKey("control", Control)
 FLOW = web.AppKey("flow", Flow)
 VIEWS = web.AppKey("views", ViewMemo)
+EVENTS = web.AppKey("events", EventLog)

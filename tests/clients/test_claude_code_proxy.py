@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.state import EVENTS
 from proxy.testing import Simulator, run_simulator
 from proxy.testing.sim_responders import ToolRounds, ToolRoundTrip
 from tests.conftest import ProxyFactory
@@ -57,7 +58,8 @@ async def sim_url(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Simulat
         yield sim, url
 
 
-def events(tmp_path: Path) -> list[dict[str, Any]]:
+def events(proxy: TestServer, tmp_path: Path) -> list[dict[str, Any]]:
+    proxy.app[EVENTS].flush()
     log = tmp_path / "state" / "events.jsonl"
     return [orjson.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []
 
@@ -104,10 +106,10 @@ async def test_claude_codes_long_task_is_offloaded_and_compacted(
     assert run.exit_code == 0, run.stderr
     assert "Done. Last lines:" in run.stdout
     assert all(r.status == 200 for r in sim.requests), [r.status for r in sim.requests]
-    applied = {(e["stage"], e["action"]) for e in events(tmp_path)}
+    applied = {(e["stage"], e["action"]) for e in events(proxy, tmp_path)}
     # Every rewrite was filed under Claude Code's own session (its header; also in metadata).
     session = orjson.loads(sim.requests[-1].body["metadata"]["user_id"])["session_id"]
-    assert {e["session"] for e in events(tmp_path)} == {session}
+    assert {e["session"] for e in events(proxy, tmp_path)} == {session}
     assert ("offload", "offloaded") in applied, applied
     assert applied & {("compaction", "summarized"), ("compaction", "middle_out")}, applied
     last = [r for r in sim.requests if r.body.get("tools")][-1]

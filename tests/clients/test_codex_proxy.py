@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp.test_utils import TestServer
 
+from proxy.state import EVENTS
 from proxy.testing import Simulator, run_simulator
 from proxy.testing.sim_responders import ToolRounds, codex_shell_round_trip
 from tests.conftest import ProxyFactory
@@ -47,7 +48,8 @@ async def proxy_for(
     return await start_proxy(config)
 
 
-def events(tmp_path: Path) -> list[dict[str, Any]]:
+def events(proxy: TestServer, tmp_path: Path) -> list[dict[str, Any]]:
+    proxy.app[EVENTS].flush()
     log = tmp_path / "state" / "events.jsonl"
     return [orjson.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []
 
@@ -91,10 +93,10 @@ async def test_codexs_long_task_is_offloaded_and_compacted(
     assert run.exit_code == 0, run.stderr
     assert "Done. Last lines:" in run.stdout
     assert [r.status for r in sim.requests] == [200] * len(sim.requests)
-    applied = {(e["stage"], e["action"]) for e in events(tmp_path)}
+    applied = {(e["stage"], e["action"]) for e in events(proxy, tmp_path)}
     assert ("offload", "offloaded") in applied, applied
     assert applied & {("compaction", "summarized"), ("compaction", "middle_out")}, applied
     session = sim.requests[-1].body["prompt_cache_key"]  # = its session-id header
-    assert {e["session"] for e in events(tmp_path)} == {session}
+    assert {e["session"] for e in events(proxy, tmp_path)} == {session}
     sent = orjson.dumps(sim.requests[-1].body["input"]).decode()
     assert len(sent) < 4 * 20_000

@@ -72,6 +72,7 @@ async def test_a_crashing_stage_is_skipped_and_recorded(tmp_path: Path) -> None:
         ("crasher", "stage_failed"),
         ("appender", "appended"),
     ]
+    ctx.events.flush()
     event = orjson.loads(log.read_bytes().splitlines()[0])
     assert event["stage"] == "crasher" and "stage bug" in event["error"]
     assert event["request_id"] == "req-1" and event["session"] == "s1"

@@ -215,6 +215,7 @@ async def test_fixes_are_counted_and_logged_once_per_kind(tmp_path: Path) -> Non
     for action, count in (("patched_dangling", 1.0), ("noted_orphan", 1.0)):
         labels = {"stage": "repair", "action": action}
         assert registry.get_sample_value("agentproxy_rewrites_total", labels) == count
+    ctx.events.flush()
     events = [orjson.loads(line) for line in log.read_bytes().splitlines()]
     assert [(e["action"], e["count"], e.get("tool_call_ids")) for e in events] == [
         ("patched_dangling", 2, ["a", "b"]),
