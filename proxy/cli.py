@@ -72,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from proxy.app import SERVER_OPTIONS, build_app
+    from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.store.base import StoreError
 
@@ -80,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"agentproxy: invalid configuration, not starting:\n{exc}", file=sys.stderr)
         return 2
+    use_format(config.server.log_format)
     host = args.host or config.server.host
     port = args.port or config.server.port
     app = build_app(args.config, config=config, handle_sighup=True, host=host)

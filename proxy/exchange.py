@@ -152,6 +152,7 @@ class Exchange:
     deployment: Deployment | None = None
     notes: list[Note] = field(default_factory=list)
     usage: Usage | None = None  # of the request's own calls: what its client is told
+    cost_usd: float | None = None  # what the request cost in all (summaries too), once charged
     # The proxy's own calls for this request (summaries), each charged at its own model.
     side_calls: list[Charge] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)

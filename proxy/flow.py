@@ -173,6 +173,7 @@ class Flow:
             cost = side_cost if cost is None else cost + (side_cost or 0.0)
         # Every call to the request's model counts for `calls` budgets: retries, fallbacks and
         # recall rounds included; summaries count in tokens and cost, not as the agent's calls.
+        ex.cost_usd = cost
         await self.rewriter.after_call(ex, usage, cost, calls=ex.recovery.calls)
 
     def _count(

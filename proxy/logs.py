@@ -1,9 +1,11 @@
-"""What a client sends never floods the log."""
+"""Logging: what a client sends never floods the log, and lines in the format asked for."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import orjson
 from aiohttp.http_exceptions import HttpProcessingError
 
 PROTOCOL_LOGGER = "aiohttp.server"
@@ -37,3 +39,30 @@ def shorten_protocol_errors() -> None:
     logger = logging.getLogger(PROTOCOL_LOGGER)
     if not any(isinstance(f, ShortProtocolErrors) for f in logger.filters):
         logger.addFilter(ShortProtocolErrors())
+
+
+class JsonLines(logging.Formatter):
+    """`server.log_format: json`: every log record as one JSON object on one line, for a log
+    pipeline to parse. A record's `fields` (the access line's) become top-level keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "at": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+def use_format(log_format: str) -> None:
+    """Every handler of the root logger writes `log_format` ("text" or "json") from now on."""
+    if log_format != "json":
+        return
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonLines())

@@ -19,6 +19,7 @@ from proxy.errors import (
     error_response,
     from_http_exception,
 )
+from proxy.exchange import Exchange
 from proxy.state import CONFIG, METRICS
 
 log = logging.getLogger("agentproxy")
@@ -33,6 +34,8 @@ STATUS_CLIENT_GONE = 499
 # Set by handlers when the request failed after its status went out (a stream cut midway):
 # it is counted and logged with this status, not the 200 the client saw first.
 OUTCOME_STATUS = web.RequestKey("outcome_status", int)
+# The request's Exchange once its route opened one: the access line tells what it did.
+EXCHANGE = web.RequestKey("exchange", Exchange)
 # Cheap and answering even when the proxy is saturated: monitoring must see it, not time out.
 UNCAPPED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 RETRY_AFTER_S = 1
@@ -128,6 +131,42 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     return response
 
 
+def access_fields(
+    request: web.Request, status: int, model: str, elapsed: float
+) -> dict[str, object]:
+    """One request as a JSON log line: who, what, what the proxy did, what it cost. Names and
+    numbers only: never a key, a header value or a message of the conversation."""
+    fields: dict[str, object] = {
+        "request_id": request[REQUEST_ID],
+        "method": request.method,
+        "path": request.path,
+        "status": status,
+        "model": model,
+        "duration_ms": round(elapsed * 1000, 3),
+    }
+    ex = request.get(EXCHANGE)
+    if ex is None:
+        return fields
+    usage = ex.usage
+    fields.update(
+        session=ex.session_name,
+        key=ex.key.name if ex.key is not None else None,
+        policy=ex.policy.name,
+        wire=ex.wire,
+        stream=ex.stream,
+        deployment=ex.deployment.model if ex.deployment is not None else None,
+        upstream_calls=ex.recovery.calls,
+        recoveries=ex.recovery.recoveries(),
+        rewrites=[f"{note.stage}.{note.action}" for note in ex.notes],
+        prompt_tokens=usage.prompt_tokens if usage is not None else None,
+        completion_tokens=usage.completion_tokens if usage is not None else None,
+        cost_usd=ex.cost_usd,
+        upstream_ms=round(ex.upstream_wait * 1000, 3),
+        proxy_ms=round(ex.overhead() * 1000, 3),
+    )
+    return fields
+
+
 async def _answer_and_hang_up(
     request: web.Request, response: web.StreamResponse, request_id: str
 ) -> None:
@@ -178,9 +217,13 @@ def _account(request: web.Request, status: int, started: float) -> None:
     metrics.child(metrics.requests, route, model, str(status)).inc()
     metrics.child(metrics.request_duration, route, model).observe(elapsed)
     # Failures are always logged with their request id; successes when access_log is on.
-    if (status >= 400 or request.app[CONFIG].current.server.access_log) and (
-        access_log.isEnabledFor(logging.INFO)
-    ):
+    server = request.app[CONFIG].current.server
+    if not (status >= 400 or server.access_log) or not access_log.isEnabledFor(logging.INFO):
+        return
+    if server.log_format == "json":
+        fields = access_fields(request, status, model, elapsed)
+        access_log.info("%s %s %d", request.method, request.path, status, extra={"fields": fields})
+    else:
         access_log.info(
             "%s %s %s %d model=%s %.1fms",
             request[REQUEST_ID],

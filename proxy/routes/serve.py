@@ -14,7 +14,7 @@ from proxy.dialects.relay import StreamRelay
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
 from proxy.flow import Flow, status_of
-from proxy.middleware import CLIENT_GONE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
+from proxy.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.session import owner_of, parent_session_id, scoped
 from proxy.state import FLOW
@@ -144,7 +144,7 @@ def open_exchange(
     request[MODEL_LABEL] = alias
     owner = owner_of(key, config.keys)
     parent = parent_session_id(request.headers)
-    return Exchange(
+    ex = request[EXCHANGE] = Exchange(
         request_id=request[REQUEST_ID],
         config=config,
         key=key,
@@ -157,6 +157,7 @@ def open_exchange(
         parent_session=scoped(owner, parent) if parent else None,
         **fields,
     )
+    return ex
 
 
 def _select_policy(
