@@ -39,7 +39,7 @@ def test_validate_accepts_a_good_file_and_names_errors_in_a_bad_one(tmp_path: Pa
     assert agentproxy("validate", str(good)).returncode == 0
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(sim_config("http://127.0.0.1:9911").replace("openai/sim", "sim"))
+    bad.write_text(sim_config("http://127.0.0.1:9911").replace("openai/sim", "openai/"))
     result = agentproxy("validate", str(bad))
     assert result.returncode == 1
     assert f"{bad}:4: model_list[0].litellm_params.model" in result.stderr
