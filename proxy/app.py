@@ -148,3 +148,5 @@ def warn_if_open(config: Config, host: str | None = None) -> None:
         log.warning("%s", warning)
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    for note in config.notes:
+        log.info("config: %s", note)

@@ -173,7 +173,7 @@ def deployment_leftovers(
 ) -> list[str]:
     """What of a model_list entry this proxy does not apply: rate limits, and litellm_params
     that only litellm reads when the deployment is called directly (the fast path)."""
-    found = [f"{entry.place((key,))} ({_RATE_LIMIT})" for key in ("rpm", "tpm") if key in raw]
+    found = [f"{entry.place((key,))} ({_RATE_LIMIT})" for key in raw if key in ("rpm", "tpm")]
     for key, value in raw.get("litellm_params", {}).items():
         path = ("litellm_params", key)
         if key in ("rpm", "tpm", "weight", "order"):

@@ -398,8 +398,8 @@ def _merge(sources: Iterable[_Source]) -> _Merged:
         merged.api_keys += _entries(source, ("keys", "api_keys"), keys.get("api_keys", []))
         merged.model_list += _entries(source, ("model_list",), data.get("model_list", []))
         merged.policies += _entries(source, ("policies",), data.get("policies", []))
-        for section in SETTINGS_SECTIONS:
-            for key, value in (data.get(section) or {}).items():
+        for section in (s for s in data if s in SETTINGS_SECTIONS):  # in file order
+            for key, value in (data[section] or {}).items():
                 merged.litellm[(section, key)] = _Entry(source, (section, key), value)
         for name, value in (data.get("environment_variables") or {}).items():
             merged.environment[name] = _Entry(source, ("environment_variables", name), value)

@@ -571,7 +571,9 @@ def test_header_from_an_unset_variable_is_left_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("AGENTPROXY_TEST_UNSET", raising=False)
-    extra = "      api_key: k\n      extra_headers: {X-A: a, X-B: os.environ/AGENTPROXY_TEST_UNSET}\n"
+    extra = (
+        "      api_key: k\n      extra_headers: {X-A: a, X-B: os.environ/AGENTPROXY_TEST_UNSET}\n"
+    )
     path = write(tmp_path, "main.yaml", "model_list:\n" + deployment_yaml("m", "openai/x", extra))
 
     config = load_config(path)
