@@ -112,6 +112,22 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     sources, issues = _read_all(files)
     if issues:
         raise ConfigError(issues)
+    return _config_of(sources)
+
+
+def load_document(name: str, data: dict[str, Any]) -> Config:
+    """A configuration given as data rather than a file (the CLI's `--model`), checked the same
+    way; `name` stands for the file in messages."""
+    source = _Source(name, data, {})
+    issues = [
+        issue for error in _validator().iter_errors(data) for issue in _schema_issues(source, error)
+    ]
+    if issues:
+        raise ConfigError(issues)
+    return _config_of([source])
+
+
+def _config_of(sources: list[_Source]) -> Config:
     merged = _merge(sources)
     report = _Report()
     config = _build(merged, [s.name for s in sources], report)
