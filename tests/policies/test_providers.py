@@ -96,6 +96,7 @@ def test_a_deployment_without_api_key_reads_the_provider_variable(
               - {model_name: written, litellm_params: {model: openai/x, api_key: mine}}
               - {model_name: claude, litellm_params: {model: anthropic/claude-sonnet-4-5}}
               - {model_name: local, litellm_params: {model: hosted_vllm/m, api_base: "http://127.0.0.1:1/v1"}}
+              - {model_name: keyless, litellm_params: {model: openai/m, api_key: "", api_base: "http://127.0.0.1:1/v1"}}
             """
         )
     )
@@ -105,6 +106,7 @@ def test_a_deployment_without_api_key_reads_the_provider_variable(
     assert config.deployments["written"][0].api_key == "mine"
     assert config.deployments["claude"][0].api_key is None
     assert config.deployments["local"][0].api_key is None
+    assert not config.deployments["keyless"][0].api_key  # an endpoint that must not see it
     assert f"{path}: model_list[0]: provider key from OPENAI_API_KEY" in config.notes
     # Only the provider's own endpoint is sure to refuse a call without a key.
     assert [w for w in config.warnings if "not set" in w] == [
