@@ -129,8 +129,8 @@ def translate(
         circuit["cooldown_s"] = float(entry.value)
         out.mapped.append(f"{entry.where} -> circuit.cooldown_s: {entry.value}")
 
-    overflow = _chains(pick("context_window_fallbacks"), check_alias)
-    general = _chains(pick("fallbacks"), check_alias)
+    overflow = _chains(pick("context_window_fallbacks"), check_alias, out)
+    general = _chains(pick("fallbacks"), check_alias, out)
     fallbacks = [FallbackSpec(src, to, ("overflow",)) for src, to in overflow.items()]
     fallbacks += [
         FallbackSpec(src, to, _general_when(src, overflow)) for src, to in general.items()
@@ -187,17 +187,27 @@ def deployment_leftovers(
     return found
 
 
-def _chains(entry: Located | None, check_alias: CheckAlias) -> dict[str, tuple[str, ...]]:
-    """LiteLLM's [{alias: [fallback, ...]}], its names checked; later entries for an alias win."""
+def _chains(
+    entry: Located | None, check_alias: CheckAlias, out: Translation
+) -> dict[str, tuple[str, ...]]:
+    """LiteLLM's [{alias: [fallback, ...]}], its names checked. An alias' first entry is its
+    chain, as LiteLLM's router takes the first; a later one is named, not applied."""
     chains: dict[str, tuple[str, ...]] = {}
-    for index, item in enumerate(entry.value if entry is not None else ()):
-        assert entry is not None
+    if entry is None:
+        return chains
+    for index, item in enumerate(entry.value):
         for source, targets in item.items():
+            if source in chains:
+                out.not_applied.append(f"{entry.place((index, source))} (an earlier entry is used)")
+                continue
             known_source = check_alias(entry, (index, source), source)
             to = tuple(
                 name for i, name in enumerate(targets)
                 if check_alias(entry, (index, source, i), name) and name != source
             )  # fmt: skip
+            if source in targets:
+                where = entry.place((index, source, targets.index(source)))
+                out.not_applied.append(f"{where} (an alias does not fall back to itself)")
             if known_source and to:
                 chains[source] = to
     return chains

@@ -211,6 +211,31 @@ def test_router_settings_win_and_the_loser_is_named(tmp_path: Path) -> None:
     )
 
 
+def test_a_second_chain_for_an_alias_and_a_fallback_to_itself_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            model_list:
+              - {model_name: a, litellm_params: {model: openai/a, api_base: "http://127.0.0.1:1/v1"}}
+              - {model_name: b, litellm_params: {model: openai/b, api_base: "http://127.0.0.1:1/v1"}}
+            litellm_settings:
+              fallbacks: [{a: [a, b]}, {a: [b]}]
+            """
+        )
+    )
+    config = load_config(path)
+
+    assert config.default_policy.fallbacks == (
+        FallbackSpec("a", ("b",), ("transient", "overflow")),
+    )
+    (warning,) = config.warnings
+    assert warning.splitlines()[1:] == [
+        f"  {path}:5: litellm_settings.fallbacks[0].a[0] (an alias does not fall back to itself)",
+        f"  {path}:5: litellm_settings.fallbacks[1].a (an earlier entry is used)",
+    ]
+
+
 def test_default_fallbacks_and_group_aliases(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
@@ -360,6 +385,9 @@ async def test_a_real_proxy_serves_it_as_litellm_would(
         admin = str(proxy.make_url("/admin/policies"))
         async with http.get(admin, headers={"Authorization": "Bearer sk-1234"}) as response:
             assert response.status == 200
+            shown = await response.json()
+    assert any("retry.attempts: 2" in note for note in shown["notes"])
+    assert sum("LiteLLM settings with no equivalent" in w for w in shown["warnings"]) == 1
 
 
 async def test_serve_warns_once_at_start(tmp_path: Path) -> None:
