@@ -621,6 +621,9 @@ def _check_endpoint(
     if not provider:
         message = f"{model!r} names no model; write it as 'provider/name', e.g. 'openai/gpt-4o'"
         report.errors.append(entry.issue(("litellm_params", "model"), message))
+    elif model == "*" or model.endswith("/*"):  # LiteLLM's wildcard: "*" would go upstream
+        message = f"{model!r}: wildcard routing is not supported; list each model by name"
+        report.errors.append(entry.issue(("litellm_params", "model"), message))
     if api_base is not None and not _is_http_url(api_base):
         message = f"{redact_url(api_base)!r} is not an http(s) URL"
         report.errors.append(entry.issue(("litellm_params", "api_base"), message))

@@ -295,6 +295,11 @@ def test_default_fallbacks_and_group_aliases(tmp_path: Path) -> None:
             "{path}:4: litellm_settings.fallbacks[0].a: 'b' is not of type 'array'",
         ),
         (
+            "  - {model_name: '*', litellm_params: {model: 'openai/*'}}\n",
+            "{path}:3: model_list[1].litellm_params.model: 'openai/*': wildcard routing is not "
+            "supported; list each model by name",
+        ),
+        (
             "router_settings: {num_retries: -1}\n",
             "{path}:3: router_settings.num_retries: -1 is less than the minimum of 0",
         ),
