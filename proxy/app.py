@@ -58,20 +58,24 @@ SERVER_OPTIONS: Mapping[str, Any] = MappingProxyType(
 
 
 def build_app(
-    config_path: str | os.PathLike[str],
+    config_path: str | os.PathLike[str] | None,
     *,
     config: Config | None = None,
     watch: bool = True,
     handle_sighup: bool = False,
     host: str | None = None,
 ) -> web.Application:
-    """`config` skips the first load when the caller already has it (the CLI validated it);
-    `host` is the address served when the CLI overrides server.host (for the warnings)."""
+    """`config` skips the first load when the caller already has it (the CLI validated it),
+    and is the whole configuration when there is no `config_path` (`serve --model`); `host` is
+    the address served when the CLI overrides server.host (for the warnings)."""
     shorten_protocol_errors()
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
     metrics = Metrics()
-    holder = ConfigHolder(config_path, config or load_config(config_path), metrics)
+    if config is None:
+        assert config_path is not None, "build_app needs a config path or a config"
+        config = load_config(config_path)
+    holder = ConfigHolder(config_path, config, metrics)
     upstreams = Upstreams(lambda: holder.current.server)
     app[METRICS] = metrics
     app[CONFIG] = holder
@@ -115,7 +119,8 @@ def build_app(
         upstreams.prepare(holder.current)
         catalog.load_in_background()
         warn_if_open(holder.current, host)
-        watcher = asyncio.create_task(holder.watch()) if watch else None
+        watching = watch and config_path is not None
+        watcher = asyncio.create_task(holder.watch()) if watching else None
         circuits = asyncio.create_task(control.circuits.follow()) if store.shared else None
         if handle_sighup:
             loop = asyncio.get_running_loop()
@@ -148,3 +153,5 @@ def warn_if_open(config: Config, host: str | None = None) -> None:
         log.warning("%s", warning)
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    for note in config.notes:
+        log.info("config: %s", note)

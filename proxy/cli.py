@@ -1,4 +1,4 @@
-"""`agentproxy serve | validate | simulate | demo`."""
+"""`agentproxy serve | validate | simulate | demo`; `--log-level` before or after the command."""
 
 from __future__ import annotations
 
@@ -23,38 +23,79 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _global_flags(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """Flags that go before or after the command; a command's copy only sets what it is given
+    (SUPPRESS), so it never hides the same flag given before the command."""
+    parser.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS if default is None else default,
+        choices=["debug", "info", "warning", "error"],
+        help="what to log [info]",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentproxy",
         description="An OpenAI-compatible proxy that repairs, compacts and governs agent traffic.",
     )
-    parser.add_argument("--version", action="version", version=f"agentproxy {__version__}")
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--version",
+        action="version",
+        version=f"agentproxy {__version__}",
+        help="print the version and exit",
     )
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    _global_flags(parser, "info")
+    common = argparse.ArgumentParser(add_help=False)
+    _global_flags(common, None)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND", help="what to do")
 
-    serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", required=True, help="a YAML file or a folder of YAML files")
+    serve = commands.add_parser(
+        "serve",
+        parents=[common],
+        help="run the proxy",
+        description="Run the proxy, on a configuration (--config) or on one model (--model).",
+    )
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="a YAML file or a folder of YAML files")
+    source.add_argument(
+        "--model",
+        metavar="PROVIDER/NAME",
+        help="serve this one model, e.g. openai/gpt-4o-mini, with the default policies: its "
+        "key from the environment (OPENAI_API_KEY, ...), any model name clients send",
+    )
+    serve.add_argument(
+        "--api-base", metavar="URL", help="with --model: the provider's API [its default]"
+    )
     serve.add_argument("--host", help="address to listen on [server.host, else 127.0.0.1]")
     serve.add_argument("--port", type=int, help="port to listen on [server.port, else 4000]")
     serve.set_defaults(run=_serve)
 
-    validate = commands.add_parser("validate", help="check configuration files and exit")
-    validate.add_argument("paths", nargs="+", metavar="PATH")
+    validate = commands.add_parser(
+        "validate", parents=[common], help="check configuration files and exit"
+    )
+    validate.add_argument(
+        "paths", nargs="+", metavar="PATH", help="a YAML file or a folder; each one configuration"
+    )
     validate.set_defaults(run=_validate)
 
-    simulate = commands.add_parser("simulate", help="run the simulated OpenAI-compatible model")
-    simulate.add_argument("--host", default="127.0.0.1")
-    simulate.add_argument("--port", type=int, default=9911)
-    simulate.add_argument("--context-window", type=int, default=8192)
+    simulate = commands.add_parser(
+        "simulate", parents=[common], help="run the simulated OpenAI-compatible model"
+    )
+    simulate.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    simulate.add_argument("--port", type=int, default=9911, help="port to listen on [9911]")
+    simulate.add_argument(
+        "--context-window", type=int, default=8192, help="tokens the model takes [8192]"
+    )
     simulate.add_argument("--api-key", help="require this key from callers")
     simulate.add_argument(
         "--chunk-delay", type=float, default=0.0, help="seconds between streamed chunks"
     )
     simulate.set_defaults(run=_simulate)
 
-    demo = commands.add_parser("demo", help="drive a tool-using agent through the proxy")
+    demo = commands.add_parser(
+        "demo", parents=[common], help="drive a tool-using agent through the proxy"
+    )
     demo.add_argument(
         "--proxy",
         metavar="URL",
@@ -74,10 +115,16 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.app import SERVER_OPTIONS, build_app
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
+    from proxy.policies.single_model import single_model_config
     from proxy.store.base import StoreError
 
+    if args.api_base is not None and args.model is None:
+        print("agentproxy serve: --api-base goes with --model", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config)
+        config = single_model_config(args.model, args.api_base) if args.model else (
+            load_config(args.config)
+        )  # fmt: skip
     except ConfigError as exc:
         print(f"agentproxy: invalid configuration, not starting:\n{exc}", file=sys.stderr)
         return 2
@@ -85,10 +132,12 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or config.server.host
     port = args.port or config.server.port
     app = build_app(args.config, config=config, handle_sighup=True, host=host)
-    banner = (
-        f"agentproxy {__version__} on http://{host}:{port}/v1 "
-        f"(config {config.version}, {len(config.deployments)} models)"
+    served = (
+        f"model {args.model}, as '{config.catch_all}' and any other name"
+        if args.model
+        else f"config {config.version}, {len(config.deployments)} models"
     )
+    banner = f"agentproxy {__version__} on http://{host}:{port}/v1 ({served})"
     try:  # the banner once listening: start-up checks the store first
         web.run_app(app, host=host, port=port, print=lambda _: print(banner, flush=True),
                     **SERVER_OPTIONS)  # fmt: skip

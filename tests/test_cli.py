@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -12,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
+from proxy import cli
+from proxy.testing.simulator import Simulator
 from tests.conftest import free_port, sim_config
 from tests.routes.test_client_gone import stalled_stream
 from tests.upstream.hostile import COMPLETION_HEAD, endless, hostile_app
@@ -39,7 +44,7 @@ def test_validate_accepts_a_good_file_and_names_errors_in_a_bad_one(tmp_path: Pa
     assert agentproxy("validate", str(good)).returncode == 0
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(sim_config("http://127.0.0.1:9911").replace("openai/sim", "sim"))
+    bad.write_text(sim_config("http://127.0.0.1:9911").replace("openai/sim", "openai/"))
     result = agentproxy("validate", str(bad))
     assert result.returncode == 1
     assert f"{bad}:4: model_list[0].litellm_params.model" in result.stderr
@@ -223,3 +228,97 @@ async def test_a_client_hanging_up_stops_the_upstream_call(
             process.terminate()
         _, stderr = await asyncio.wait_for(process.communicate(), 10)
     assert process.returncode in (0, -15), stderr.decode()
+
+
+# --- help, flags, and serving one model without a file ----------------------------------------
+
+
+def _every_parser(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _every_parser(sub)
+
+
+def test_every_command_and_flag_has_help() -> None:
+    undocumented = [
+        f"{prog} {'/'.join(action.option_strings) or action.dest}"
+        for prog, parser in _every_parser(cli._parser())
+        for action in parser._actions
+        if not action.help or action.help == argparse.SUPPRESS
+    ]
+    assert undocumented == []
+    subcommands = next(
+        a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    assert all(choice.help for choice in subcommands._choices_actions)
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["serve", "--config", "x", "--log-level", "debug"], "debug"),
+        (["--log-level", "debug", "serve", "--config", "x"], "debug"),
+        (["--log-level", "error", "validate", "x"], "error"),  # not reset by the command
+        (["validate", "x"], "info"),
+        (["simulate", "--log-level", "warning"], "warning"),
+    ],
+)
+def test_global_flags_go_before_or_after_the_command(argv: list[str], level: str) -> None:
+    assert cli._parser().parse_args(argv).log_level == level
+
+
+def test_a_global_flag_after_the_command_runs(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(sim_config("http://127.0.0.1:9911"))
+    result = agentproxy("validate", str(good), "--log-level", "debug")
+    assert result.returncode == 0, result.stderr
+
+
+def test_serve_wants_a_config_or_a_model() -> None:
+    result = agentproxy("serve")
+    assert result.returncode == 2 and "one of the arguments --config --model is required" in (
+        result.stderr
+    )
+    result = agentproxy("serve", "--config", "x.yaml", "--api-base", "http://127.0.0.1:1/v1")
+    assert result.returncode == 2 and "--api-base goes with --model" in result.stderr
+
+
+async def test_serve_one_model_with_no_file(aiohttp_server: Any, tmp_path: Path) -> None:
+    sim = Simulator(api_key="sk-from-the-environment")
+    upstream = str((await aiohttp_server(sim.app())).make_url("/v1"))
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "proxy", "serve", "--model", "openai/gpt-4o-mini"),
+        *("--api-base", upstream, "--port", str(port)),
+        cwd=tmp_path,
+        env={**os.environ, "OPENAI_API_KEY": "sk-from-the-environment", "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, deadline=15, process=process)
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="anything", max_retries=0)
+        hi: Any = [{"role": "user", "content": "hi"}]
+        for name in ("gpt-4o-mini", "openai/gpt-4o-mini", "gpt-4"):  # any name is served
+            raw = await client.chat.completions.with_raw_response.create(model=name, messages=hi)
+            assert raw.headers["x-agentproxy-model"] == "gpt-4o-mini"
+            assert raw.parse().choices[0].message.content == "You said: hi"
+        assert [r.body["model"] for r in sim.requests] == ["gpt-4o-mini"] * 3
+        assert {r.api_key for r in sim.requests} == {"sk-from-the-environment"}
+        assert [m.id async for m in client.models.list()] == ["gpt-4o-mini"]
+        process.send_signal(signal.SIGHUP)  # nothing to reload: said, and still serving
+        await asyncio.sleep(0.2)
+        await client.chat.completions.create(model="gpt-4o-mini", messages=hi)
+    finally:
+        process.terminate()
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=10)
+    assert process.returncode == 0, stderr.decode()
+    assert (
+        f"on http://127.0.0.1:{port}/v1 (model openai/gpt-4o-mini, as 'gpt-4o-mini' and any "
+        "other name)"
+    ) in stdout.decode()
+    assert "started with --model: there is no file to load" in stderr.decode()
+    assert "provider key from OPENAI_API_KEY" in stderr.decode()

@@ -1,7 +1,8 @@
 """The walk along an alias' fallback chain.
 
-When the requested alias' attempts end in a failure whose class is in the chain's `when`, the
-aliases of `to` are tried in order, each with its own retries, each with the client's history
+When the requested alias' attempts end in a failure whose class is in a chain's `when` (the
+first failure picks the chain: an alias may have one per error class), the aliases of `to` are
+tried in order, each with its own retries, each with the client's history
 fitted again to its own window (`switch`). Aliases the API key may not use are left out, and
 so is an alias whose every deployment is cooling down (its circuit is open). The chain is not
 followed further from a fallback (no fallback of a fallback), and never once the request's
@@ -15,7 +16,7 @@ from typing import TypeVar
 
 from proxy.control.classify import classify
 from proxy.exchange import Exchange
-from proxy.policies.spec import ErrorClass
+from proxy.policies.spec import ErrorClass, FallbackSpec
 
 T = TypeVar("T")
 
@@ -30,14 +31,21 @@ async def with_fallbacks(
 ) -> T:
     """`run()` serves `ex.alias` (with its retries); on a failure that triggers the chain,
     `switch(alias, reason)` makes the next alias the exchange's target and it runs again."""
-    spec = ex.policy.fallbacks_for(ex.alias)
-    chain = [a for a in spec.to if a != ex.alias and _allowed(ex, a)] if spec is not None else []
+    spec: FallbackSpec | None = None
+    chain: list[str] = []
     while True:
         try:
             return await run()
         except Exception as error:
             kind = classify(error, ex.policy.retry.classify)
-            if spec is None or kind is None or kind not in spec.when or not chain:
+            if kind is None:
+                raise
+            if spec is None:  # the first failure's class picks the chain (one per class)
+                spec = ex.policy.fallback_for(ex.alias, kind)
+                if spec is None:
+                    raise
+                chain = [a for a in spec.to if a != ex.alias and _allowed(ex, a)]
+            if kind not in spec.when or not chain:
                 raise
             if ex.dry_run:
                 ex.note("fallback", "would_fall_back", to=chain[0], reason=kind)

@@ -8,11 +8,13 @@ checking the meaning of a document of the wrong shape only produces noise.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import difflib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -23,7 +25,16 @@ import xxhash
 import yaml
 from jsonschema import Draft202012Validator
 
+from proxy.policies import litellm_compat
+from proxy.policies.litellm_compat import (
+    MASTER_KEY_NAME,
+    ONLY_LITELLM,
+    SETTINGS_SECTIONS,
+    PolicyDefaults,
+)
+from proxy.policies.providers import KEY_VARIABLES, provider_key, split_model
 from proxy.policies.spec import (
+    DEFAULT_POLICY,
     OPENAI_COMPATIBLE_PROVIDERS,
     ApiKey,
     BudgetSpec,
@@ -101,6 +112,22 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     sources, issues = _read_all(files)
     if issues:
         raise ConfigError(issues)
+    return _config_of(sources)
+
+
+def load_document(name: str, data: dict[str, Any]) -> Config:
+    """A configuration given as data rather than a file (the CLI's `--model`), checked the same
+    way; `name` stands for the file in messages."""
+    source = _Source(name, data, {})
+    issues = [
+        issue for error in _validator().iter_errors(data) for issue in _schema_issues(source, error)
+    ]
+    if issues:
+        raise ConfigError(issues)
+    return _config_of([source])
+
+
+def _config_of(sources: list[_Source]) -> Config:
     merged = _merge(sources)
     report = _Report()
     config = _build(merged, [s.name for s in sources], report)
@@ -331,6 +358,12 @@ class _Entry:
     def where(self) -> str:
         return f"{self.source.name}: {_format_path(self.path)}"
 
+    def place(self, sub_path: YamlPath = ()) -> str:
+        """ "file:line: yaml.path", for a list of places in one message."""
+        path = (*self.path, *sub_path)
+        line = self.source.line_of(path)
+        return f"{self.source.name}{'' if line is None else f':{line}'}: {_format_path(path)}"
+
 
 @dataclass(slots=True)
 class _Merged:
@@ -342,6 +375,10 @@ class _Merged:
     api_keys: list[_Entry] = field(default_factory=list)
     model_list: list[_Entry] = field(default_factory=list)
     policies: list[_Entry] = field(default_factory=list)
+    # A LiteLLM config's sections: settings by (section, key), its environment, the rest.
+    litellm: dict[tuple[str, str], _Entry] = field(default_factory=dict)
+    environment: dict[str, _Entry] = field(default_factory=dict)
+    only_litellm: list[_Entry] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
         """The merged configuration as plain data, as it was written (env refs unresolved)."""
@@ -356,6 +393,8 @@ class _Merged:
             "keys": keys,
             "model_list": [e.value for e in self.model_list],
             "policies": [e.value for e in self.policies],
+            "litellm": {f"{s}.{k}": e.value for (s, k), e in self.litellm.items()},
+            "environment_variables": {k: e.value for k, e in self.environment.items()},
         }
 
 
@@ -375,6 +414,12 @@ def _merge(sources: Iterable[_Source]) -> _Merged:
         merged.api_keys += _entries(source, ("keys", "api_keys"), keys.get("api_keys", []))
         merged.model_list += _entries(source, ("model_list",), data.get("model_list", []))
         merged.policies += _entries(source, ("policies",), data.get("policies", []))
+        for section in (s for s in data if s in SETTINGS_SECTIONS):  # in file order
+            for key, value in (data[section] or {}).items():
+                merged.litellm[(section, key)] = _Entry(source, (section, key), value)
+        for name, value in (data.get("environment_variables") or {}).items():
+            merged.environment[name] = _Entry(source, ("environment_variables", name), value)
+        merged.only_litellm += [_Entry(source, (s,), data[s]) for s in ONLY_LITELLM if s in data]
     return merged
 
 
@@ -387,15 +432,30 @@ def _entries(source: _Source, path: YamlPath, items: list[Any]) -> list[_Entry]:
 
 @dataclass(slots=True)
 class _Report:
+    """What one load found, and the environment its "os.environ/NAME" references read."""
+
     errors: list[ConfigIssue] = field(default_factory=list)
     warnings: list[ConfigIssue] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    not_applied: list[str] = field(default_factory=list)  # LiteLLM's, in one warning
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
 
 
 def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
+    report.environ = _environment(merged.environment)
     deployments = _deployments(merged.model_list, report)
-    keys = _keys(merged, set(deployments), report)
+    litellm = _litellm(merged, set(deployments), report)
+    deployments = _with_group_aliases(deployments, litellm.group_aliases, report)
+    master_key = merged.litellm.get(("general_settings", "master_key"))
+    keys = _keys(merged, set(deployments), report, master_key)
     key_names = {key.name for key in keys.api_keys}
-    policies = _policies(merged.policies, set(deployments), key_names, report)
+    policies = _policies(merged.policies, set(deployments), key_names, report, litellm.defaults)
+    if report.not_applied:  # one warning, whatever the number of keys it names
+        first_file = report.not_applied[0].partition(":")[0]
+        message = "LiteLLM settings with no equivalent here, not applied:\n  " + "\n  ".join(
+            report.not_applied
+        )
+        report.warnings.append(_file_issue(first_file, message))
     return Config(
         version=_version(merged.document()),
         sources=tuple(sources),
@@ -405,7 +465,59 @@ def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
         store=_store(merged, report),
         deployments=deployments,
         policies=policies,
+        default_policy=_default_policy(litellm.defaults),
         warnings=tuple(str(warning) for warning in report.warnings),
+        notes=tuple(report.notes),
+    )
+
+
+def _environment(variables: Mapping[str, _Entry]) -> Mapping[str, str]:
+    """The process environment under a LiteLLM config's environment_variables (they win, as
+    LiteLLM sets them); the process environment itself is left alone."""
+    if not variables:
+        return os.environ
+    own = {name: str(e.value) for name, e in variables.items() if e.value is not None}
+    return collections.ChainMap(own, os.environ)
+
+
+def _litellm(merged: _Merged, aliases: set[str], report: _Report) -> litellm_compat.Translation:
+    def check_alias(entry: Any, path: YamlPath, name: str) -> bool:
+        before = len(report.errors)
+        _check_names(entry, path, [name], aliases, "model alias", report, indexed=False)
+        return len(report.errors) == before
+
+    translation = litellm_compat.translate(
+        merged.litellm, merged.only_litellm, aliases, check_alias
+    )
+    report.not_applied += translation.not_applied
+    report.notes += [f"LiteLLM {line}" for line in translation.mapped]
+    return translation
+
+
+def _with_group_aliases(
+    deployments: dict[str, tuple[Deployment, ...]],
+    names: Mapping[str, tuple[str, Any]],
+    report: _Report,
+) -> dict[str, tuple[Deployment, ...]]:
+    """LiteLLM's model_group_alias: `name` serves the deployments of `alias` as its own group."""
+    grown = dict(deployments)
+    for name, (alias, entry) in names.items():
+        if name in deployments:
+            message = f"{name!r} is already a model_name; pick another name"
+            report.errors.append(entry.issue((name,), message))
+            continue
+        grown[name] = tuple(dataclasses.replace(d, alias=name) for d in deployments[alias])
+    return grown
+
+
+def _default_policy(defaults: PolicyDefaults) -> Policy:
+    if not defaults:
+        return DEFAULT_POLICY
+    return Policy(
+        name=DEFAULT_POLICY.name,
+        retry=_retry(dict(defaults.retry)),
+        circuit=_section(CircuitSpec, dict(defaults.circuit)),
+        fallbacks=defaults.fallbacks,
     )
 
 
@@ -444,17 +556,22 @@ def _deployment(entry: _Entry, report: _Report) -> Deployment:
     raw_params = entry.value["litellm_params"]
     params: dict[str, Any] = _resolve_params(entry, ("litellm_params",), raw_params, report)
     model: str = raw_params["model"]
-    provider, _, upstream_model = model.partition("/")
+    provider, upstream_model, inferred = split_model(model, params.get("custom_llm_provider"))
     api_base: str | None = params.get("api_base")
-    _check_endpoint(entry, model, api_base, report)
+    _check_endpoint(entry, model, provider, api_base, report)
+    if inferred is not None:
+        _note_inferred(entry, model, provider, inferred, report)
+    api_key = params.get("api_key") if "api_key" in raw_params else _key_from(
+        entry, provider, api_base, report
+    )  # fmt: skip
     info: dict[str, Any] = entry.value.get("model_info", {})
-    return Deployment(
+    deployment = Deployment(
         alias=entry.value["model_name"],
-        model=model,
+        model=f"{provider}/{upstream_model}",
         provider=provider,
         upstream_model=upstream_model,
         api_base=api_base,
-        api_key=params.get("api_key"),
+        api_key=api_key,
         timeout_s=_float_or_none(params.get("timeout")),
         stream_timeout_s=_float_or_none(params.get("stream_timeout")),
         extra_headers=_headers(params.get("extra_headers")),
@@ -467,12 +584,45 @@ def _deployment(entry: _Entry, report: _Report) -> Deployment:
         cache_write_cost_per_token=_float_or_none(info.get("cache_creation_input_token_cost")),
         source=entry.where,
     )
+    report.not_applied += litellm_compat.deployment_leftovers(deployment, entry.value, entry)
+    return deployment
 
 
-def _check_endpoint(entry: _Entry, model: str, api_base: str | None, report: _Report) -> None:
-    provider, _, upstream_model = model.partition("/")
-    if not provider or not upstream_model:
-        message = f"{model!r} has no provider prefix; write it as 'openai/{model.strip('/')}'"
+def _note_inferred(entry: _Entry, model: str, provider: str, how: str, report: _Report) -> None:
+    """A bare model name got its provider as LiteLLM gives it one; a guess is a warning."""
+    if how == "guessed":
+        message = (
+            f"{model!r} has no provider prefix and litellm's model map does not know it: "
+            f"served as '{provider}/{model}' (an OpenAI-compatible API); write "
+            "'provider/name' to pick another provider"
+        )
+        report.warnings.append(entry.issue(("litellm_params", "model"), message))
+    else:
+        report.notes.append(f"{entry.where}: {model!r} is '{provider}/{model}' ({how})")
+
+
+def _key_from(entry: _Entry, provider: str, api_base: str | None, report: _Report) -> str | None:
+    """No api_key written: the provider's usual variable, as litellm reads it."""
+    found = provider_key(provider, report.environ)
+    if found is not None:
+        report.notes.append(f"{entry.where}: provider key from {found[0]}")
+        return found[1]
+    variables = KEY_VARIABLES.get(provider, ())
+    if variables and api_base is None:  # the provider's own endpoint will refuse the call
+        unset = " or ".join(variables)
+        message = f"no api_key, and {unset} is not set; the provider will refuse calls"
+        report.warnings.append(entry.issue(("litellm_params",), message))
+    return None
+
+
+def _check_endpoint(
+    entry: _Entry, model: str, provider: str, api_base: str | None, report: _Report
+) -> None:
+    if not provider:
+        message = f"{model!r} names no model; write it as 'provider/name', e.g. 'openai/gpt-4o'"
+        report.errors.append(entry.issue(("litellm_params", "model"), message))
+    elif model == "*" or model.endswith("/*"):  # LiteLLM's wildcard: "*" would go upstream
+        message = f"{model!r}: wildcard routing is not supported; list each model by name"
         report.errors.append(entry.issue(("litellm_params", "model"), message))
     if api_base is not None and not _is_http_url(api_base):
         message = f"{redact_url(api_base)!r} is not an http(s) URL"
@@ -492,7 +642,7 @@ def _resolve_params(entry: _Entry, path: YamlPath, value: Any, report: _Report) 
     name = _env_name(value)
     if name is None:
         return value
-    resolved = os.environ.get(name)
+    resolved = report.environ.get(name)
     if resolved is None and path[-1] == "api_base":
         # Not a warning: the provider's default endpoint would get traffic meant for another.
         report.errors.append(entry.issue(path, f"environment variable {name!r} is not set"))
@@ -502,15 +652,44 @@ def _resolve_params(entry: _Entry, path: YamlPath, value: Any, report: _Report) 
     return resolved
 
 
-def _keys(merged: _Merged, aliases: set[str], report: _Report) -> Keys:
+def _keys(
+    merged: _Merged, aliases: set[str], report: _Report, master: _Entry | None = None
+) -> Keys:
     admin_digest = None
     if merged.admin_key is not None:
         admin_secret = _secret(merged.admin_key, report)
         admin_digest = key_digest(admin_secret) if admin_secret else None
     api_keys = tuple(_api_key(entry, aliases, report) for entry in merged.api_keys)
     _check_unique_keys(merged.api_keys, api_keys, admin_digest, report)
+    if master is not None:
+        admin_digest, api_keys = _with_master_key(master, admin_digest, api_keys, merged, report)
     scope: SessionScope = "team" if merged.session_scope == "team" else "key"
     return Keys(api_keys=api_keys, admin_digest=admin_digest, session_scope=scope)
+
+
+def _with_master_key(
+    master: _Entry,
+    admin_digest: bytes | None,
+    api_keys: tuple[ApiKey, ...],
+    merged: _Merged,
+    report: _Report,
+) -> tuple[bytes | None, tuple[ApiKey, ...]]:
+    """LiteLLM's master_key opens the admin routes and, as an API key, every model."""
+    if merged.admin_key is not None:
+        message = f"keys.admin_key is set too ({merged.admin_key.where}); keep one of them"
+        report.errors.append(master.issue((), message))
+        return admin_digest, api_keys
+    secret = _secret(master, report)
+    if not secret:
+        return admin_digest, api_keys
+    digest = key_digest(secret)
+    for entry, key in zip(merged.api_keys, api_keys, strict=True):
+        if key.name == MASTER_KEY_NAME:
+            message = f"API key name {MASTER_KEY_NAME!r} is general_settings.master_key's"
+            report.errors.append(entry.issue(("name",), message))
+        elif key.digest == digest:
+            report.errors.append(entry.issue(("key",), "same key as general_settings.master_key"))
+    return digest, (*api_keys, ApiKey(MASTER_KEY_NAME, digest))
 
 
 def _api_key(entry: _Entry, aliases: set[str], report: _Report) -> ApiKey:
@@ -551,7 +730,7 @@ def _secret(entry: _Entry, report: _Report) -> str | None:
     name = _env_name(entry.value)
     if name is None:
         return str(entry.value)
-    value = os.environ.get(name)
+    value = report.environ.get(name)
     if not value:
         state = "is not set" if value is None else "is empty"
         report.errors.append(entry.issue((), f"environment variable {name!r} {state}"))
@@ -559,7 +738,11 @@ def _secret(entry: _Entry, report: _Report) -> str | None:
 
 
 def _policies(
-    entries: Sequence[_Entry], aliases: set[str], key_names: set[str], report: _Report
+    entries: Sequence[_Entry],
+    aliases: set[str],
+    key_names: set[str],
+    report: _Report,
+    defaults: PolicyDefaults,
 ) -> tuple[Policy, ...]:
     by_name: dict[str, _Entry] = {}
     for entry in entries:
@@ -568,10 +751,16 @@ def _policies(
             message = f"duplicate policy name {name!r}; first defined at {by_name[name].where}"
             report.errors.append(entry.issue(("name",), message))
         by_name.setdefault(name, entry)
-    return tuple(_policy(entry, aliases, key_names, report) for entry in entries)
+    return tuple(_policy(entry, aliases, key_names, report, defaults) for entry in entries)
 
 
-def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Report) -> Policy:
+def _policy(
+    entry: _Entry,
+    aliases: set[str],
+    key_names: set[str],
+    report: _Report,
+    defaults: PolicyDefaults,
+) -> Policy:
     raw = entry.value
     match = raw.get("match", {})
     models, keys = match.get("models"), match.get("keys")
@@ -593,11 +782,9 @@ def _policy(entry: _Entry, aliases: set[str], key_names: set[str], report: _Repo
         offload=_section(OffloadSpec, raw.get("offload")),
         compaction=_section(CompactionSpec, raw.get("compaction")),
         recall=_section(RecallSpec, raw.get("recall")),
-        retry=_retry(raw.get("retry")),
-        fallbacks=tuple(
-            _fallback(entry, i, f, aliases, report) for i, f in enumerate(raw.get("fallbacks", []))
-        ),
-        circuit=_section(CircuitSpec, raw.get("circuit")),
+        retry=_retry({**defaults.retry, **raw.get("retry", {})}),
+        fallbacks=_fallbacks(entry, raw.get("fallbacks", []), aliases, report, defaults),
+        circuit=_section(CircuitSpec, {**defaults.circuit, **raw.get("circuit", {})}),
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
         degraded=raw.get("degraded", False),
@@ -616,6 +803,33 @@ def _retry(raw: dict[str, Any] | None) -> RetrySpec:
     by_class = raw.pop("classify", {})
     classify = {status: kind for kind, statuses in by_class.items() for status in statuses}
     return RetrySpec(**raw, classify=classify)
+
+
+def _fallbacks(
+    entry: _Entry,
+    raws: list[dict[str, Any]],
+    aliases: set[str],
+    report: _Report,
+    defaults: PolicyDefaults,
+) -> tuple[FallbackSpec, ...]:
+    """A policy's chains, then the defaults' for what they leave: one chain per (alias, class)."""
+    own = [_fallback(entry, i, raw, aliases, report) for i, raw in enumerate(raws)]
+    for index, spec in enumerate(own):
+        for earlier in own[:index]:
+            overlap = [k for k in spec.when if earlier.source == spec.source and k in earlier.when]
+            if overlap:
+                message = (
+                    f"{spec.source!r} already falls back on {', '.join(overlap)} "
+                    f"(fallbacks[{own.index(earlier)}]); give each chain its own `when`"
+                )
+                report.errors.append(entry.issue(("fallbacks", index, "from"), message))
+                break
+    covered = {(spec.source, kind) for spec in own for kind in spec.when}
+    inherited = [
+        spec for spec in defaults.fallbacks
+        if not any((spec.source, kind) in covered for kind in spec.when)
+    ]  # fmt: skip
+    return (*own, *inherited)
 
 
 def _fallback(

@@ -305,8 +305,10 @@ class Policy:
     # (marked x-agentproxy-degraded) so an agent loop continues instead of crashing.
     degraded: bool = False
 
-    def fallbacks_for(self, alias: str) -> FallbackSpec | None:
-        return next((f for f in self.fallbacks if f.source == alias), None)
+    def fallback_for(self, alias: str, kind: ErrorClass) -> FallbackSpec | None:
+        """The chain `alias` follows after a failure of class `kind` (an alias may have one
+        chain per error class, e.g. LiteLLM's fallbacks and context_window_fallbacks)."""
+        return next((f for f in self.fallbacks if f.source == alias and kind in f.when), None)
 
 
 DEFAULT_POLICY = Policy(name="default")
@@ -322,14 +324,19 @@ class Config:
     store: StoreSettings = StoreSettings()
     deployments: Mapping[str, tuple[Deployment, ...]] = field(default_factory=dict)
     policies: tuple[Policy, ...] = ()
+    # What no policy matches: the built-in default, with a LiteLLM config's settings if any.
+    default_policy: Policy = DEFAULT_POLICY
+    # The alias serving a model name no entry has (`serve --model`: one model, any name).
+    catch_all: str | None = None
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what was inferred or mapped (logged at start)
 
     def select_policy(self, alias: str, key_name: str | None, headers: Mapping[str, str]) -> Policy:
-        """First policy whose `match` holds, in file order; the built-in default otherwise."""
+        """First policy whose `match` holds, in file order; the default policy otherwise."""
         for policy in self.policies:
             if policy.match.matches(alias, key_name, headers):
                 return policy
-        return DEFAULT_POLICY
+        return self.default_policy
 
     def policy_named(self, name: str) -> Policy | None:
         return next((p for p in self.policies if p.name == name), None)

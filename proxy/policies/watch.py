@@ -43,7 +43,7 @@ class ReloadOutcome:
 class ConfigHolder:
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | None,  # None: given on the command line, no file
         config: Config,
         metrics: Metrics,
     ) -> None:
@@ -62,6 +62,8 @@ class ConfigHolder:
 
     async def reload(self, trigger: str) -> ReloadOutcome:
         async with self._lock:
+            if self.path is None:
+                return self._rejected(trigger, ["started with --model: there is no file to load"])
             self._fingerprint = _fingerprint(self.path)
             try:
                 config = await asyncio.to_thread(load_config, self.path)
@@ -80,6 +82,8 @@ class ConfigHolder:
             log.info("configuration %s loaded (%s) from %s", config.version, trigger, self.path)
             for warning in config.warnings:
                 log.warning("config: %s", warning)
+            for note in config.notes:
+                log.info("config: %s", note)
             return outcome
 
     def _rejected(self, trigger: str, errors: list[str]) -> ReloadOutcome:
@@ -104,7 +108,9 @@ class ConfigHolder:
                 await self.reload("watch")
 
 
-def _fingerprint(path: str | os.PathLike[str]) -> tuple[object, ...]:
+def _fingerprint(path: str | os.PathLike[str] | None) -> tuple[object, ...]:
+    if path is None:
+        return ()
     try:
         return tuple(sources_fingerprint(path))
     except OSError:  # a file mid-replace or a removed folder: the reload will say what is wrong

@@ -27,6 +27,7 @@ async def show_policies(request: web.Request) -> web.Response:
             "loaded_at": config.loaded_at,
             "last_reload": holder.last_reload.describe() if holder.last_reload else None,
             "warnings": list(config.warnings),
+            "notes": list(config.notes),  # what was inferred or mapped (a LiteLLM config)
             "models": _models(config),
             "policies": [_policy(p) for p in config.policies],
             "circuits": request.app[CONTROL].describe(),

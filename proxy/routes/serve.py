@@ -133,6 +133,8 @@ def open_exchange(
 ) -> Exchange:
     """The Exchange of a parsed request whose session the route identified."""
     alias = body.get("model")
+    if isinstance(alias, str) and alias not in config.deployments and config.catch_all:
+        alias = config.catch_all  # one model served under any name (`serve --model`)
     if not isinstance(alias, str) or alias not in config.deployments:
         raise ModelNotFound(
             f"model '{alias}' is not configured here; GET /v1/models lists the models "
