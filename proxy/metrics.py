@@ -167,6 +167,35 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.store_collections = Counter(
+            "agentproxy_store_collections",
+            "Store collections (expiry and the size cap), by result: ok, failed.",
+            ["result"],
+            registry=r,
+        )
+        self.store_sessions_removed = Counter(
+            "agentproxy_store_sessions_removed",
+            "Sessions whose stored data was deleted, by reason: expired (idle past "
+            "store.session_ttl), evicted (the store was over store.max_mb).",
+            ["reason"],
+            registry=r,
+        )
+        self.store_size_bytes = Gauge(
+            "agentproxy_store_size_bytes",
+            "Size of the store as store.max_mb counts it, after the last collection.",
+            registry=r,
+        )
+        self.store_max_bytes = Gauge(
+            "agentproxy_store_max_bytes",
+            "store.max_mb in bytes; 0 when the store has no cap.",
+            registry=r,
+        )
+        self.store_over_cap = Gauge(
+            "agentproxy_store_over_cap",
+            "1 when the last collection left the store over its cap because only live "
+            "sessions were left to evict.",
+            registry=r,
+        )
         self.budget_used_ratio = Gauge(
             "agentproxy_budget_used_ratio",
             "Highest fraction of a budget's limit used by any one subject (session, key, team) "
@@ -264,6 +293,10 @@ class Metrics:
         for kind in ("tool_result", "tool_arguments", "history", "checkpoint"):
             self.store_writes.labels(kind)
             self.store_written_bytes.labels(kind)
+        for result in ("ok", "failed"):
+            self.store_collections.labels(result)
+        for reason in ("expired", "evicted"):
+            self.store_sessions_removed.labels(reason)
 
     def child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: label sets are bounded and every request pays

@@ -7,7 +7,7 @@ provider's pairing rules and keeps the previous list if the stage broke them or 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
 
 from proxy.events import EventLog
@@ -66,6 +66,22 @@ class Stage(Protocol):
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None: ...
+
+
+def forget_sessions(
+    sessions: set[str],
+    *,
+    named: Iterable[MutableMapping[str, Any]] = (),
+    led: Iterable[MutableMapping[Any, Any]] = (),
+) -> None:
+    """Drop the memo entries of `sessions`: `named` memos are keyed by the session, `led` ones
+    by tuples that start with it (those are scanned: call it for many sessions at once)."""
+    for memo in named:
+        for session in sessions:
+            memo.pop(session, None)
+    for memo in led:
+        for key in [key for key in memo if key[0] in sessions]:
+            memo.pop(key, None)
 
 
 def record(ex: Exchange, ctx: StageContext, stage: str, action: str, **fields: Any) -> None:

@@ -9,6 +9,7 @@ store per (budget, scope, window); a subagent's spend also counts against its pa
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -156,7 +157,10 @@ class BudgetStage:
             amounts["completion_tokens"] = usage.completion_tokens
         for spec in ex.policy.budgets:
             seconds = WINDOW_SECONDS.get(spec.window)
-            ttl = 2 * seconds if seconds else None  # a window's counters outlive it a little
+            # A window's counters outlive it a little. Lifetime spend: a session's goes with
+            # the session (store.session_ttl); a key's, team's or everyone's is kept, or a
+            # quiet week would reset its limit.
+            ttl = 2 * seconds if seconds else (None if spec.scope == "session" else math.inf)
             for scope_id in self._scope_ids(ex, spec):
                 key = self._key(spec, scope_id, now)
                 try:

@@ -17,7 +17,7 @@ from cachetools import LRUCache
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.messages import Message, pairing_problems, tool_call_ids
-from proxy.pipeline.base import Stage, StageContext, record
+from proxy.pipeline.base import Stage, StageContext, forget_sessions, record
 
 log = logging.getLogger("agentproxy.pipeline")
 
@@ -32,6 +32,9 @@ class Chain:
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
         return {"histories": self._last}
+
+    def forget(self, sessions: set[str]) -> None:
+        forget_sessions(sessions, named=[self._last])
 
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""

@@ -16,7 +16,7 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.messages import Message, estimate_tokens
 from proxy.pipeline.archive import Entry, ref_of
-from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.base import StageContext, forget_sessions, record
 from proxy.policies.spec import OffloadSpec, Policy
 
 KIND = "tool_result"
@@ -87,6 +87,9 @@ class OffloadStage:
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
         return {"offload_turns": self._last, "offload_pointers": self._pointers}
+
+    def forget(self, sessions: set[str]) -> None:
+        forget_sessions(sessions, named=[self._last], led=[self._pointers])
 
     def enabled(self, policy: Policy) -> bool:
         return policy.offload.enabled

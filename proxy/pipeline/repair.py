@@ -23,7 +23,7 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.messages import Message, text_of, tool_call_ids
 from proxy.pipeline.archive import Entry, entry
-from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.base import StageContext, forget_sessions, record
 from proxy.policies.spec import Policy
 from proxy.store.base import content_ref
 
@@ -80,6 +80,9 @@ class RepairStage:
 
     def enabled(self, policy: Policy) -> bool:
         return policy.repair.enabled
+
+    def forget(self, sessions: set[str]) -> None:
+        forget_sessions(sessions, named=[self._clean])
 
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext

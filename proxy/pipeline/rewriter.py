@@ -46,14 +46,23 @@ class Rewriter:
         # incremental stages nothing, and budgets judge the request as it will be sent.
         self.budgets = BudgetStage()
         self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
+        self.repair = RepairStage()
         self.chain = Chain(
-            [RepairStage(), self.offload, self.compaction, LoopStage(), self.budgets],
+            [self.repair, self.offload, self.compaction, LoopStage(), self.budgets],
             memo_bytes=size["histories"],
         )
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
         """The byte-bounded in-process memos that make warm turns cheap, by name."""
         return {**self.chain.memos(), **self.offload.memos(), **self.compaction.memos()}
+
+    def forget(self, sessions: set[str]) -> None:
+        """Drop everything remembered about these sessions (idle: the store may evict their
+        data next, and no memo may then name what it no longer holds)."""
+        self.chain.forget(sessions)
+        self.repair.forget(sessions)
+        self.offload.forget(sessions)
+        self.compaction.forget(sessions)
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""

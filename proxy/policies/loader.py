@@ -76,6 +76,7 @@ _FLOAT_SERVER_FIELDS = frozenset(
         "response_timeout_s",
         "watch_interval_s",
         "body_timeout_s",
+        "drain_s",
     }
 )
 
@@ -370,6 +371,7 @@ class _Merged:
     server: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)
     store_url: _Entry | None = None  # may be a secret (a password in it): resolved like keys
+    store_entries: dict[str, _Entry] = field(default_factory=dict)  # where each key was set
     admin_key: _Entry | None = None
     session_scope: str = "key"
     api_keys: list[_Entry] = field(default_factory=list)
@@ -405,6 +407,8 @@ def _merge(sources: Iterable[_Source]) -> _Merged:
         data = source.data
         merged.server.update(data.get("server", {}))
         merged.store.update(data.get("store", {}))
+        for key, value in data.get("store", {}).items():
+            merged.store_entries[key] = _Entry(source, ("store", key), value)
         if "url" in data.get("store", {}):
             merged.store_url = _Entry(source, ("store", "url"), data["store"]["url"])
         keys = data.get("keys", {})
@@ -521,14 +525,42 @@ def _default_policy(defaults: PolicyDefaults) -> Policy:
     )
 
 
+_FLOAT_STORE_FIELDS = frozenset({"timeout_s", "live_s", "gc_interval_s"})
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
 def _store(merged: _Merged, report: _Report) -> StoreSettings:
+    raw = dict(merged.store)
     typed: dict[str, Any] = {
-        key: float(value) if key in ("timeout_s", "ttl_s") and value is not None else value
-        for key, value in merged.store.items()
+        key: float(value) if key in _FLOAT_STORE_FIELDS else value
+        for key, value in raw.items()
+        if key not in ("ttl_s", "session_ttl")
     }
+    if "session_ttl" in raw:
+        typed["session_ttl_s"] = duration_s(raw["session_ttl"])
+    elif raw.get("ttl_s") is not None:  # the old name, in seconds
+        typed["session_ttl_s"] = float(raw["ttl_s"])
+    if "ttl_s" in raw:
+        message = "ttl_s is now session_ttl (e.g. 7d); the old name still works"
+        report.warnings.append(merged.store_entries["ttl_s"].issue((), message))
     if merged.store_url is not None:  # "os.environ/NAME" resolved now; unset is an error
         typed["url"] = _secret(merged.store_url, report)
-    return StoreSettings(**typed)
+    settings = StoreSettings(**typed)
+    if settings.session_ttl_s < settings.live_s:
+        where = merged.store_entries.get("session_ttl") or merged.store_entries.get("live_s")
+        message = (
+            f"session_ttl ({settings.session_ttl_s:g}s) is shorter than live_s "
+            f"({settings.live_s:g}s): a session still live would expire"
+        )
+        report.errors.append(where.issue((), message) if where else _file_issue("store", message))
+    return settings
+
+
+def duration_s(value: float | str) -> float:
+    """Seconds from a number (seconds) or a schema-checked string such as "90s" or "7d"."""
+    if isinstance(value, str):
+        return float(value[:-1]) * _DURATION_UNITS[value[-1]]
+    return float(value)
 
 
 def _server(values: dict[str, Any]) -> ServerSettings:

@@ -129,6 +129,7 @@ class ServerSettings:
     memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
+    drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +140,11 @@ class StoreSettings:
     url: str | None = None  # redis only
     prefix: str = "agentproxy:"  # of every Redis key; replicas sharing state share it
     timeout_s: float = 0.5  # one Redis operation; past it the request goes on without it
-    ttl_s: float | None = None  # a session's Redis state expires this long after its last write
+    # Retention: a session's data goes this long after its last request (7 days).
+    session_ttl_s: float = 7 * 24 * 3600.0
+    max_mb: int | None = 1024  # size cap, enforced by evicting least recently active sessions
+    live_s: float = 3600.0  # a session active this recently is never evicted for the cap
+    gc_interval_s: float = 60.0
 
     @property
     def event_log_path(self) -> str:

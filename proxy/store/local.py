@@ -5,16 +5,25 @@ the event loop never blocks on disk and statements never interleave. Every write
 before it returns: when `put` returns, a restart (or a crash) no longer loses the blob.
 The LRU (bounded by bytes) serves repeated reads of the same blob or checkpoint from memory;
 it is only touched from the event loop thread.
+
+Retention (proxy/store/retention.py): triggers keep a `sessions` table (last activity and bytes
+per session) as blobs and checkpoints are written; a collection deletes whole sessions in
+short transactions (other work interleaves), then gives the pages back with an incremental
+vacuum and truncates the write-ahead log. The size cap counts the pages in use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,8 +31,10 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.store.base import BlobInfo, StoreError, snippet
+from proxy.store.retention import LOW_WATER, Collected, Pressure, StoreStats
 
 T = TypeVar("T")
+log = logging.getLogger("agentproxy.store")
 
 # Recently written blobs are the likeliest to be recalled; checkpoints are read every turn.
 DEFAULT_CACHE_BYTES = 16 * 1024 * 1024
@@ -47,7 +58,39 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     PRIMARY KEY (session, key)
 );
 CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session     TEXT PRIMARY KEY,
+    last_active REAL NOT NULL,
+    bytes       INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_active);
+CREATE TRIGGER IF NOT EXISTS blob_added AFTER INSERT ON blobs BEGIN
+    INSERT INTO sessions VALUES (NEW.session, NEW.created_at, length(NEW.data))
+    ON CONFLICT (session) DO UPDATE SET
+        bytes = bytes + length(NEW.data), last_active = max(last_active, NEW.created_at);
+END;
+CREATE TRIGGER IF NOT EXISTS checkpoint_added AFTER INSERT ON checkpoints BEGIN
+    INSERT INTO sessions VALUES (NEW.session, {now}, length(NEW.data))
+    ON CONFLICT (session) DO UPDATE SET
+        bytes = bytes + length(NEW.data), last_active = max(last_active, {now});
+END;
+CREATE TRIGGER IF NOT EXISTS checkpoint_changed AFTER UPDATE OF data ON checkpoints BEGIN
+    UPDATE sessions SET bytes = bytes + length(NEW.data) - length(OLD.data),
+        last_active = max(last_active, {now})
+    WHERE session = NEW.session;
+END;
+""".replace("{now}", "((julianday('now') - 2440587.5) * 86400.0)")
+# Sessions written before the sessions table existed: their blobs date them.
+_BACKFILL = """
+INSERT OR IGNORE INTO sessions
+    SELECT session, max(created_at), sum(length(data)) FROM blobs GROUP BY session;
+INSERT INTO sessions
+    SELECT session, ?, sum(length(data)) FROM checkpoints WHERE true GROUP BY session
+    ON CONFLICT (session) DO UPDATE SET bytes = bytes + excluded.bytes;
 """
+ROW_BYTES = 200  # what a row adds to its data on disk, about (info, index entries)
+COLLECT_BATCH = 256  # sessions deleted per transaction: other store work waits at most that
+VACUUM_PAGES = 4096  # pages given back per step
 # Below this much free disk the store counts as full: SQLite may still fit a tiny write in
 # pages it already has, but the next offloaded result would not.
 MIN_FREE_BYTES = 16 * 1024 * 1024
@@ -64,9 +107,19 @@ def _cached_size(value: Cached) -> int:
 class LocalStore:
     shared = False  # one process owns it
 
-    def __init__(self, path: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    backend = "local"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_bytes: int | None = None,
+    ) -> None:
         self.path = path
         self.file = str(Path(path) / "store.sqlite3")
+        self.max_bytes = max_bytes
+        self.pressure = Pressure(max_bytes)
         self._db: sqlite3.Connection | None = None  # opened lazily, inside the worker thread
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentproxy-store")
         self._cache: LRUCache[CacheKey, Cached] = LRUCache(cache_bytes, getsizeof=_cached_size)
@@ -95,6 +148,7 @@ class LocalStore:
             # Freshly offloaded content is the likeliest to be recalled soon. An existing ref
             # keeps its first info (idempotent), so only a real insert goes to the cache.
             self._remember(("blob", info.ref), (info, data))
+            self.pressure.wrote(len(data) + ROW_BYTES)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(("blob", ref))
@@ -169,13 +223,101 @@ class LocalStore:
 
     async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
         def upsert(db: sqlite3.Connection) -> None:
-            with db:
+            with db:  # an upsert, not a REPLACE: the size triggers see the old row
                 db.execute(
-                    "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?)", (session, key, data)
+                    "INSERT INTO checkpoints VALUES (?, ?, ?) "
+                    "ON CONFLICT (session, key) DO UPDATE SET data = excluded.data",
+                    (session, key, data),
                 )
 
         await self._run("put_checkpoint", upsert)
         self._remember(("checkpoint", session, key), (None, data))
+        self.pressure.wrote(len(data) + ROW_BYTES)
+
+    # -- retention ----------------------------------------------------------------------------
+
+    async def touch(self, sessions: Mapping[str, float]) -> None:
+        rows = [(at, session) for session, at in sessions.items()]
+
+        def update(db: sqlite3.Connection) -> None:
+            # Not fsynced: a touch lost to a power cut only makes a session look older.
+            db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                with db:
+                    db.executemany(
+                        "UPDATE sessions SET last_active = max(last_active, ?) WHERE session = ?",
+                        rows,
+                    )
+            finally:
+                db.execute("PRAGMA synchronous=FULL")
+
+        if rows:
+            await self._run("touch", update)
+
+    async def collect(self, *, expire_before: float, live_after: float) -> Collected:
+        before = await self._run("collect", _used_bytes)
+        expired: list[str] = []
+        while batch := await self._run("collect", lambda db: _expire(db, expire_before)):
+            expired += batch
+            self._forget(batch)
+        evicted: list[str] = []
+        over_cap = False
+        if self.max_bytes is not None:
+            target = int(self.max_bytes * LOW_WATER)
+            while True:
+                await self._give_back()
+                used = await self._run("collect", _used_bytes)
+                if used <= self.max_bytes and (not evicted or used <= target):
+                    break
+                evict = partial(_evict, need=used - target, live_after=live_after)
+                batch = await self._run("collect", evict)
+                if not batch:
+                    over_cap = used > self.max_bytes
+                    break
+                evicted += batch
+                self._forget(batch)
+        await self._give_back()
+        after = await self._run("collect", _used_bytes)
+        self.pressure.collected(after)
+        return Collected(tuple(expired), tuple(evicted), before, after, over_cap)
+
+    async def stats(self, *, live_after: float) -> StoreStats:
+        def read(db: sqlite3.Connection) -> StoreStats:
+            sessions, live, payload, oldest = db.execute(
+                "SELECT count(*), count(*) FILTER (WHERE last_active >= ?), "
+                "coalesce(sum(bytes), 0), min(last_active) FROM sessions",
+                (live_after,),
+            ).fetchone()
+            blobs = db.execute("SELECT count(*) FROM blobs").fetchone()[0]
+            checkpoints = db.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+            files = {"file": self.file, "file_bytes": _file_bytes(self.file)}
+            return StoreStats(
+                "local", sessions, live, blobs, checkpoints, payload, _used_bytes(db),
+                self.max_bytes, oldest, files,
+            )  # fmt: skip
+
+        return await self._run("stats", read)
+
+    async def _give_back(self) -> None:
+        """Freed pages back to the file system, and the write-ahead log truncated."""
+        while await self._run("vacuum", _vacuum_step):
+            pass
+        await self._run("vacuum", lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+
+    def _wal_limit(self) -> int:
+        """How large the write-ahead log may grow between checkpoints: a small share of the
+        cap (its pages are counted twice on disk until then), at most SQLite's default."""
+        if self.max_bytes is None:
+            return 1000 * 4096
+        return max(16 * 4096, min(1000 * 4096, self.max_bytes // 32))
+
+    def _forget(self, sessions: list[str]) -> None:
+        """Drop removed sessions' entries from the read cache (event loop thread only)."""
+        gone = set(sessions)
+        for key, (info, _) in list(self._cache.items()):
+            session = info.session if info is not None else key[1]
+            if session in gone:
+                del self._cache[key]
 
     # -- health -------------------------------------------------------------------------------
 
@@ -236,10 +378,19 @@ class LocalStore:
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"local store {self.file}: cannot open: {exc}") from exc
         try:
+            _incremental_vacuum(db, self.file)
             db.execute("PRAGMA journal_mode=WAL")
             # FULL: a commit is on disk (fsynced) when put returns, power loss included.
             db.execute("PRAGMA synchronous=FULL")
+            wal = self._wal_limit()
+            db.execute(f"PRAGMA wal_autocheckpoint={wal // 4096}")
+            db.execute(f"PRAGMA journal_size_limit={wal}")
+            new_sessions_table = not _has_table(db, "sessions")
             db.executescript(_SCHEMA)
+            if new_sessions_table:
+                with db:
+                    for statement in _BACKFILL.strip().split(";\n"):
+                        db.execute(statement, (time.time(),) if "?" in statement else ())
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(f"local store {self.file}: cannot open: {exc}") from exc
@@ -249,6 +400,92 @@ class LocalStore:
     def _remember(self, key: CacheKey, value: Cached) -> None:
         if _cached_size(value) <= self._cache.maxsize:  # larger items would raise ValueError
             self._cache[key] = value
+
+
+@contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction that holds the write lock from its first read: what it selects
+    is still true when it deletes (another process touching a session waits)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+
+
+def _expire(db: sqlite3.Connection, before: float) -> list[str]:
+    with _immediate(db):
+        rows = db.execute(
+            "SELECT session FROM sessions WHERE last_active < ? ORDER BY last_active LIMIT ?",
+            (before, COLLECT_BATCH),
+        ).fetchall()
+        sessions = [row[0] for row in rows]
+        _delete(db, sessions)
+    return sessions
+
+
+def _evict(db: sqlite3.Connection, need: int, live_after: float) -> list[str]:
+    """The least recently active sessions not live, about `need` bytes of them."""
+    with _immediate(db):
+        rows = db.execute(
+            "SELECT session, bytes FROM sessions WHERE last_active < ? "
+            "ORDER BY last_active LIMIT ?",
+            (live_after, COLLECT_BATCH),
+        )
+        sessions: list[str] = []
+        freed = 0
+        for session, size in rows:
+            sessions.append(session)
+            freed += size
+            if freed >= need:
+                break
+        _delete(db, sessions)
+    return sessions
+
+
+def _delete(db: sqlite3.Connection, sessions: list[str]) -> None:
+    for table in ("blobs", "checkpoints", "sessions"):
+        db.executemany(f"DELETE FROM {table} WHERE session = ?", [(s,) for s in sessions])
+
+
+def _used_bytes(db: sqlite3.Connection) -> int:
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    return int((pages - free) * size)
+
+
+def _vacuum_step(db: sqlite3.Connection) -> bool:
+    """Give back up to VACUUM_PAGES free pages; whether any are left."""
+    db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
+    return bool(db.execute("PRAGMA freelist_count").fetchone()[0])
+
+
+def _incremental_vacuum(db: sqlite3.Connection, file: str) -> None:
+    """Free pages can only be given back with auto_vacuum=INCREMENTAL: set on a new file;
+    an older store is converted once (a full VACUUM, which rewrites it)."""
+    if db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+        return
+    db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    if _has_table(db, "blobs"):
+        log.warning("local store %s: converting to incremental vacuum (once)", file)
+        db.execute("VACUUM")
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return found.fetchone() is not None
+
+
+def _file_bytes(file: str) -> int:
+    """The database file with its write-ahead log and index: what it takes on disk."""
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        with suppress(OSError):
+            total += os.path.getsize(file + suffix)
+    return total
 
 
 def _row_of(info: BlobInfo) -> tuple[Any, ...]:

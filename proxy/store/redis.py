@@ -9,6 +9,14 @@ Every key starts with the configured prefix:
     <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
     <p>pub:<space>            hash {field: "exp val"} open circuits every replica should know
     <p>probe                  string, 60 s TTL        the write check of start-up and /readyz
+    <p>sessions               sorted set              session -> last activity (retention)
+    <p>sizes                  hash {session: bytes}   what each session's blobs and checkpoints hold
+    <p>bytes                  string                  their total: what store.max_mb counts
+
+A session's keys expire `store.session_ttl` after its last activity (its touches refresh them
+now and then); a collection also deletes whole sessions least recently active first while the
+total is over the cap, each in one script that checks the session is still that old. Needs
+Redis 6.2 or later (ZADD GT).
 
 Blobs are content-addressed and immutable, so a blob read once is cached in process memory;
 checkpoint indexes change, so they are always read from Redis. When Redis does not answer
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -36,6 +45,7 @@ from redis.retry import Retry
 from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import BlobInfo, StoreError, snippet
+from proxy.store.retention import LOW_WATER, Collected, Pressure, StoreStats
 
 T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
@@ -44,6 +54,7 @@ PAUSE_AFTER_FAILURE_S = 1.0  # fail fast this long after Redis stopped answering
 PROBE_TTL_MS = 60_000  # the write-check key tidies itself up
 
 # Write a blob once: the first writer's info stays (refs are content addresses).
+# KEYS: blob, session's list, sessions, sizes, bytes. ARGV: info, data, ref, ttl, session, now.
 _PUT_BLOB = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'info', ARGV[1], 'data', ARGV[2])
@@ -53,7 +64,54 @@ if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
+redis.call('ZADD', KEYS[3], 'GT', ARGV[6], ARGV[5])
+redis.call('HINCRBY', KEYS[4], ARGV[5], #ARGV[2])
+redis.call('INCRBY', KEYS[5], #ARGV[2])
 return 1
+"""
+# KEYS: checkpoints hash, sessions, sizes, bytes. ARGV: key, data, ttl, session, now.
+_PUT_CHECKPOINT = """
+local grown = #ARGV[2] - redis.call('HSTRLEN', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+redis.call('ZADD', KEYS[2], 'GT', ARGV[5], ARGV[4])
+redis.call('HINCRBY', KEYS[3], ARGV[4], grown)
+redis.call('INCRBY', KEYS[4], grown)
+return 1
+"""
+# A session's activity: only one with data is recorded. Its keys' expiry is pushed back when
+# a sixteenth of the TTL has passed since it last was, not on every touch.
+# KEYS: sessions, session's list, checkpoints hash. ARGV: session, now, ttl, blob key prefix.
+_TOUCH = """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+local ttl = tonumber(ARGV[3])
+if ttl <= 0 then return 1 end
+local left = math.max(redis.call('PTTL', KEYS[2]), redis.call('PTTL', KEYS[3]))
+if left >= 0 and left > ttl - ttl / 16 then return 1 end
+for _, ref in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  redis.call('PEXPIRE', ARGV[4] .. ref, ttl)
+end
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('PEXPIRE', KEYS[3], ttl)
+return 2
+"""
+# Delete a whole session, if it is still last active before ARGV[2] (a request may have come).
+# KEYS: sessions, sizes, bytes, session's list, checkpoints hash.
+# ARGV: session, before, blob key prefix. Returns the bytes freed, or -1 when kept.
+_DROP = """
+local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if at and tonumber(at) >= tonumber(ARGV[2]) then return -1 end
+for _, ref in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  redis.call('UNLINK', ARGV[3] .. ref)
+end
+redis.call('UNLINK', KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[1], ARGV[1])
+local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('DECRBY', KEYS[3], size)
+return size
 """
 # Counters: ARGV = ttl_ms, number of amounts, amount pairs..., then set-if-absent pairs.
 _ADD = """
@@ -83,7 +141,7 @@ class RedisConnection:
         self.where = redact_url(url)
         self.prefix = settings.prefix
         self.timeout_s = settings.timeout_s
-        self.ttl_ms = int(settings.ttl_s * 1000) if settings.ttl_s else 0
+        self.ttl_ms = int(settings.session_ttl_s * 1000)
         # Typed Any: redis-py's stubs say "bytes | str" everywhere; with decode_responses off
         # every reply is bytes.
         self.client: Any = aioredis.Redis.from_url(
@@ -94,6 +152,9 @@ class RedisConnection:
             decode_responses=False,
         )
         self.put_blob: Any = self.client.register_script(_PUT_BLOB)
+        self.put_checkpoint: Any = self.client.register_script(_PUT_CHECKPOINT)
+        self.touch: Any = self.client.register_script(_TOUCH)
+        self.drop: Any = self.client.register_script(_DROP)
         self.add: Any = self.client.register_script(_ADD)
         self._paused_until = 0.0
         self._down_since: float | None = None
@@ -102,8 +163,11 @@ class RedisConnection:
         return self.prefix + ":".join(parts)
 
     def ttl_for(self, ttl_s: float | None) -> int:
-        """Milliseconds a key lives: its own TTL, else store.ttl_s (0: kept)."""
-        return int(ttl_s * 1000) if ttl_s else self.ttl_ms
+        """Milliseconds a key lives: its own TTL, else store.session_ttl; 0 (kept) for an
+        infinite one."""
+        if ttl_s is None:
+            return self.ttl_ms
+        return 0 if math.isinf(ttl_s) else int(ttl_s * 1000)
 
     async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         now = time.monotonic()
@@ -133,18 +197,27 @@ class RedisStore:
     backend = "redis"
     shared = True  # other processes write too: never trust a cached mutable value
 
-    def __init__(self, redis: RedisConnection, cache_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        redis: RedisConnection,
+        cache_bytes: int = 16 * 1024 * 1024,
+        *,
+        max_bytes: int | None = None,
+    ) -> None:
         self.redis = redis
+        self.max_bytes = max_bytes
+        self.pressure = Pressure(max_bytes)
         self._cache: LRUCache[str, tuple[BlobInfo, bytes]] = LRUCache(
             cache_bytes, getsizeof=lambda entry: len(entry[1]) + 256
         )
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
         r = self.redis
-        keys = [r.key("blob", info.ref), r.key("blobs", info.session)]
-        args = [_info_bytes(info), data, info.ref, r.ttl_ms]
+        keys = [r.key("blob", info.ref), r.key("blobs", info.session), *self._index()]
+        args = [_info_bytes(info), data, info.ref, r.ttl_ms, info.session, info.created_at]
         if await r.run("put", lambda: r.put_blob(keys=keys, args=args)):
             self._remember(info, data)  # an existing ref keeps its first info
+            self.pressure.wrote(len(data))
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(ref)
@@ -182,16 +255,131 @@ class RedisStore:
 
     async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
         r = self.redis
-        name = r.key("ckpt", session)
+        keys = [r.key("ckpt", session), *self._index()]
+        args = [key, data, r.ttl_ms, session, time.time()]
+        await r.run("put_checkpoint", lambda: r.put_checkpoint(keys=keys, args=args))
+        self.pressure.wrote(len(data))
+
+    # -- retention ----------------------------------------------------------------------------
+
+    async def touch(self, sessions: Mapping[str, float]) -> None:
+        r = self.redis
+        if not sessions:
+            return
 
         async def write() -> None:
-            async with r.client.pipeline(transaction=True) as pipe:
-                pipe.hset(name, key, data)
-                if r.ttl_ms:
-                    pipe.pexpire(name, r.ttl_ms)
+            async with r.client.pipeline(transaction=False) as pipe:
+                for session, at in sessions.items():
+                    keys = [r.key("sessions"), r.key("blobs", session), r.key("ckpt", session)]
+                    args = [session, at, r.ttl_ms, r.key("blob", "")]
+                    await r.touch(keys=keys, args=args, client=pipe)
                 await pipe.execute()
 
-        await r.run("put_checkpoint", write)
+        await r.run("touch", write)
+
+    async def collect(self, *, expire_before: float, live_after: float) -> Collected:
+        before = await self._total()
+        expired = await self._drop_older(expire_before, None)
+        evicted: list[str] = []
+        over_cap = False
+        used = await self._total()
+        if self.max_bytes is not None and used > self.max_bytes:
+            evicted = await self._drop_older(live_after, used - int(self.max_bytes * LOW_WATER))
+            used = await self._total()
+            over_cap = used > self.max_bytes
+        self._forget({*expired, *evicted})
+        self.pressure.collected(used)
+        return Collected(tuple(expired), tuple(evicted), before, used, over_cap)
+
+    async def stats(self, *, live_after: float) -> StoreStats:
+        r = self.redis
+
+        async def read() -> StoreStats:
+            names = [m.decode() for m in await r.client.zrange(r.key("sessions"), 0, -1)]
+            blobs = checkpoints = 0
+            for start in range(0, len(names), 512):
+                async with r.client.pipeline(transaction=False) as pipe:
+                    for session in names[start : start + 512]:
+                        pipe.llen(r.key("blobs", session))
+                        pipe.hlen(r.key("ckpt", session))
+                    counts = await pipe.execute()
+                blobs += sum(counts[0::2])
+                checkpoints += sum(counts[1::2])
+            live = await r.client.zcount(r.key("sessions"), live_after, "+inf")
+            oldest = await r.client.zrange(r.key("sessions"), 0, 0, withscores=True)
+            total = int(await r.client.get(r.key("bytes")) or 0)
+            memory = await r.client.info("memory")
+            details = {"redis": r.where, "redis_used_memory": memory.get("used_memory")}
+            return StoreStats(
+                "redis", len(names), live, blobs, checkpoints, total, total, self.max_bytes,
+                oldest[0][1] if oldest else None, details,
+            )  # fmt: skip
+
+        return await r.run("stats", read)
+
+    async def _drop_older(self, before: float, need: int | None) -> list[str]:
+        """Delete sessions last active before `before`, least recent first; with `need`,
+        only until that many bytes are freed."""
+        r = self.redis
+        dropped: list[str] = []
+        freed = 0
+        while need is None or freed < need:
+            batch = await r.run(
+                "collect",
+                lambda: r.client.zrangebyscore(
+                    r.key("sessions"), "-inf", f"({before!r}", start=0, num=256
+                ),
+            )
+            if not batch:
+                break
+            sessions = [member.decode() for member in batch]
+            if need is not None:  # only as many as the cap needs gone
+                sessions = await self._enough(sessions, need - freed)
+            for session, size in zip(sessions, await self._drop(sessions, before), strict=True):
+                if size >= 0:
+                    dropped.append(session)
+                    freed += size
+        return dropped
+
+    async def _enough(self, sessions: list[str], need: int) -> list[str]:
+        """The first of `sessions` that hold at least `need` bytes together."""
+        r = self.redis
+        sizes = await r.run("collect", lambda: r.client.hmget(r.key("sizes"), *sessions))
+        total = 0
+        for count, size in enumerate(sizes, 1):
+            total += int(size or 0)
+            if total >= need:
+                return sessions[:count]
+        return sessions
+
+    async def _drop(self, sessions: list[str], before: float) -> list[int]:
+        """Delete each session still last active before `before`: the bytes freed, or -1."""
+        r = self.redis
+
+        async def drop() -> list[int]:
+            async with r.client.pipeline(transaction=False) as pipe:
+                for session in sessions:
+                    keys = [*self._index(), r.key("blobs", session), r.key("ckpt", session)]
+                    args = [session, before, r.key("blob", "")]
+                    await r.drop(keys=keys, args=args, client=pipe)
+                freed: list[int] = await pipe.execute()
+                return freed
+
+        return await r.run("collect", drop)
+
+    async def _total(self) -> int:
+        r = self.redis
+        return int(await r.run("collect", lambda: r.client.get(r.key("bytes"))) or 0)
+
+    def _index(self) -> list[str]:
+        r = self.redis
+        return [r.key("sessions"), r.key("sizes"), r.key("bytes")]
+
+    def _forget(self, sessions: set[str]) -> None:
+        """Drop removed sessions' blobs from the read cache."""
+        for ref, (info, _) in list(self._cache.items()):
+            if info.session in sessions:
+                del self._cache[ref]
 
     async def probe(self) -> None:
         # A real write: a read-only replica answers READONLY, a full one (maxmemory) OOM.

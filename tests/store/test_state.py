@@ -4,6 +4,7 @@ unreachable Redis fails fast and comes back."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -126,14 +127,20 @@ async def _eventually(operation: Callable[[], Awaitable[None]], seconds: float =
             await asyncio.sleep(0.1)
 
 
-async def test_redis_state_without_its_own_ttl_expires_with_store_ttl(redis_prefix: str) -> None:
-    settings = StoreSettings(backend="redis", url=REDIS_URL, prefix=redis_prefix, ttl_s=0.05)
+async def test_redis_state_without_its_own_ttl_expires_with_the_session_ttl(
+    redis_prefix: str,
+) -> None:
+    settings = StoreSettings(
+        backend="redis", url=REDIS_URL, prefix=redis_prefix, session_ttl_s=0.05
+    )
     state = RedisState(RedisConnection(settings))
     try:
-        await state.set("loops", "s1", b"level")  # no TTL of its own: store.ttl_s applies
+        await state.set("loops", "s1", b"level")  # no TTL of its own: store.session_ttl applies
         await state.add("budget", "lifetime", {"calls": 1})
+        await state.add("budget", "key-lifetime", {"calls": 1}, ttl_s=math.inf)  # kept
         await asyncio.sleep(0.15)
         assert await state.get("loops", "s1") is None
         assert await state.counters("budget", "lifetime") == {}
+        assert await state.counters("budget", "key-lifetime") == {"calls": 1.0}
     finally:
         await state.close()

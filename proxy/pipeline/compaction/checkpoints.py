@@ -136,6 +136,10 @@ class CheckpointIndex:
     def memo(self) -> LRUCache[tuple[str, str], Checkpoint]:
         return self._bodies
 
+    @property
+    def states(self) -> LRUCache[str, SessionState]:
+        return self._states
+
     def peek(self, session: str) -> SessionState | None:
         return self._states.get(session)
 

@@ -26,7 +26,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.base import StageContext, forget_sessions, record
 from proxy.pipeline.compaction.budget import (
     Budget,
     budget_for,
@@ -88,6 +88,13 @@ class CompactionStage:
             "truncated_arguments": self.truncator.memo,
             "checkpoints": self.index.memo,
         }
+
+    def forget(self, sessions: set[str]) -> None:
+        forget_sessions(
+            sessions,
+            named=[self.seen.memo, self._outputs, self.recoveries, self.index.states],
+            led=[self.truncator.memo, self.index.memo],
+        )
 
     def enabled(self, policy: Policy) -> bool:
         return policy.compaction.enabled

@@ -1,0 +1,112 @@
+"""The background collection: expire idle sessions, keep the store under its cap.
+
+Every `gc_interval_s`, and early when writes may have brought the store near its cap
+(retention.Pressure), it deletes sessions idle past `session_ttl`, then evicts whole
+sessions least recently active first while over `max_mb`, never a live one. More often (an
+eighth of `live_s`, at most every 10 s) it flushes the sessions' activity to the store and
+forgets the ones gone idle (proxy/store/activity.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from proxy.metrics import Metrics
+from proxy.policies.spec import StoreSettings
+from proxy.store.activity import Activity
+from proxy.store.base import StoreError
+from proxy.store.retention import Collected, Retention
+
+log = logging.getLogger("agentproxy.store")
+
+MAX_FLUSH_EVERY_S = 10.0
+MIN_GAP_S = 1.0  # between collections, however hard writes push
+
+
+class Collector:
+    def __init__(
+        self,
+        retention: Retention,
+        activity: Activity,
+        settings: StoreSettings,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.retention = retention
+        self.activity = activity
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.flush_every_s = min(MAX_FLUSH_EVERY_S, settings.live_s / 8)
+        self._due = asyncio.Event()
+        self._over_cap = False
+        metrics.store_max_bytes.set(
+            settings.max_mb * 1024 * 1024 if settings.max_mb is not None else 0
+        )
+
+    def kick(self) -> None:
+        """Collect soon (writes may have brought the store near its cap)."""
+        self._due.set()
+
+    async def run(self) -> None:
+        """Until cancelled: flush and sweep often, collect every gc_interval_s or when
+        kicked. The first collection runs at once (a store may have aged while down)."""
+        self.retention.pressure.kick = self.kick
+        self._due.set()
+        last = next_collection = 0.0
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.flush_every_s):
+                        await self._due.wait()
+                if self._due.is_set():
+                    await asyncio.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
+                await self.activity.flush()
+                self.activity.sweep()
+                if self._due.is_set() or time.monotonic() >= next_collection:
+                    self._due.clear()
+                    done = await self.collect()
+                    last = time.monotonic()
+                    wait = self.settings.gc_interval_s if done else self.flush_every_s
+                    next_collection = last + wait
+        finally:
+            self.retention.pressure.kick = None
+
+    async def collect(self) -> Collected | None:
+        """One collection now; None (logged and counted) when the store failed."""
+        m = self.metrics
+        await self.activity.flush()
+        now = self.clock()
+        try:
+            done = await self.retention.collect(
+                expire_before=now - self.settings.session_ttl_s,
+                live_after=now - self.settings.live_s,
+            )
+        except StoreError as exc:
+            m.child(m.store_collections, "failed").inc()
+            log.warning("store collection failed, retried in %gs: %s", self.flush_every_s, exc)
+            return None
+        m.child(m.store_collections, "ok").inc()
+        m.child(m.store_sessions_removed, "expired").inc(len(done.expired))
+        m.child(m.store_sessions_removed, "evicted").inc(len(done.evicted))
+        m.store_size_bytes.set(done.bytes_after)
+        m.store_over_cap.set(1 if done.over_cap else 0)
+        if done.removed:
+            log.info(
+                "store: %d session(s) expired, %d evicted for the cap; %.1f MB -> %.1f MB",
+                len(done.expired), len(done.evicted),
+                done.bytes_before / 1e6, done.bytes_after / 1e6,
+            )  # fmt: skip
+        if done.over_cap and not self._over_cap:
+            log.warning(
+                "store is over store.max_mb (%.1f MB) with live sessions only: nothing was "
+                "evicted that a live session names; raise max_mb or lower live_s",
+                done.bytes_after / 1e6,
+            )
+        self._over_cap = done.over_cap
+        return done
