@@ -22,7 +22,7 @@ from proxy.logs import shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, proxy_middleware
 from proxy.model_catalog import ModelCatalog
-from proxy.pipeline.base import StageContext
+from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
 from proxy.policies.loader import load_config
@@ -42,7 +42,9 @@ from proxy.state import (
     UPSTREAMS,
     VIEWS,
 )
+from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
+from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
 
@@ -83,7 +85,7 @@ def build_app(
     app[HANDLING] = Handling()
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
-    store, state = open_backends(settings, metrics)
+    store, state, retention = open_backends(settings, metrics)
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = app[EVENTS] = EventLog(settings.event_log_path)
@@ -96,7 +98,14 @@ def build_app(
     memo_bytes = holder.current.server.memo_mb * 1024 * 1024  # fixed for the process
     rewriter = Rewriter(ctx, memo_bytes=memo_bytes)
     views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
-    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder)
+
+    def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
+        rewriter.forget(sessions)
+        forget_sessions(sessions, named=[views.cache])
+
+    activity = Activity(retention, forget, live_s=settings.live_s)
+    collector = Collector(retention, activity, settings, metrics)
+    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder, activity)
     metrics.watch_memos({**rewriter.memos(), "views": views.cache})
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
@@ -122,6 +131,7 @@ def build_app(
         watching = watch and config_path is not None
         watcher = asyncio.create_task(holder.watch()) if watching else None
         circuits = asyncio.create_task(control.circuits.follow()) if store.shared else None
+        collecting = asyncio.create_task(collector.run())
         if handle_sighup:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(
@@ -138,6 +148,10 @@ def build_app(
             circuits.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await circuits
+        collecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await collecting
+        await activity.flush()  # the last requests' activity, before the store closes
         await upstreams.close()
         await catalog.close()
         await store.close()

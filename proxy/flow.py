@@ -27,6 +27,7 @@ from proxy.pipeline import recall
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recorder import Recorder
+from proxy.store.activity import Activity
 from proxy.store.base import Store
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
 
@@ -74,6 +75,7 @@ class Flow:
         catalog: ModelCatalog,
         metrics: Metrics,
         recorder: Recorder,
+        activity: Activity | None = None,
     ) -> None:
         self.control = control
         self.rewriter = rewriter
@@ -81,9 +83,14 @@ class Flow:
         self.catalog = catalog
         self.metrics = metrics
         self.recorder = recorder
+        self.activity = activity  # sessions' activity, for the store's retention
 
     async def admit(self, ex: Exchange) -> None:
         """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""
+        if self.activity is not None:
+            cold = self.activity.arrive(ex.session)
+            if cold is not None:  # its first request here: the store learns of it first
+                await cold
         await self.control.admit(ex)
         self.control.route(ex)
         await self.rewriter.before_call(ex)
@@ -161,6 +168,8 @@ class Flow:
 
     async def finish(self, ex: Exchange, ok: bool) -> None:
         """Settle and charge: runs whatever happened, the client gone included."""
+        if self.activity is not None:
+            self.activity.leave(ex.session)
         await self.control.settle(ex, ok and ex.failure is None)
         metrics = self.metrics
         metrics.child(metrics.overhead, ex.route).observe(ex.overhead())

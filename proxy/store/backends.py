@@ -6,22 +6,35 @@ process. `redis`: both in Redis, shared by every replica that uses the same pref
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
 from proxy.store.base import Store
 from proxy.store.instrumented import InstrumentedState, InstrumentedStore
 from proxy.store.local import LocalStore
+from proxy.store.retention import Retention
 from proxy.store.state import MemoryState, StateStore
 
 
-def open_backends(settings: StoreSettings, metrics: Metrics) -> tuple[Store, StateStore]:
+class Backends(NamedTuple):
+    store: Store  # instrumented: what requests use
+    state: StateStore
+    retention: Retention  # the same store's upkeep, for the collector and `agentproxy store`
+
+
+def open_backends(settings: StoreSettings, metrics: Metrics) -> Backends:
+    max_bytes = settings.max_mb * 1024 * 1024 if settings.max_mb is not None else None
     if settings.backend == "redis":
         from proxy.store.redis import RedisConnection, RedisState, RedisStore
 
         redis = RedisConnection(settings)
-        return (
-            InstrumentedStore(RedisStore(redis), metrics, "redis"),
+        store = RedisStore(redis, max_bytes=max_bytes)
+        return Backends(
+            InstrumentedStore(store, metrics, "redis"),
             InstrumentedState(RedisState(redis), metrics),
+            store,
         )
+    local = LocalStore(settings.path, max_bytes=max_bytes)
     # In-process state needs no timing: it cannot be slow or fail.
-    return InstrumentedStore(LocalStore(settings.path), metrics, "local"), MemoryState()
+    return Backends(InstrumentedStore(local, metrics, "local"), MemoryState(), local)

@@ -302,7 +302,9 @@ class LocalStore:
         """Freed pages back to the file system, and the write-ahead log truncated."""
         while await self._run("vacuum", _vacuum_step):
             pass
-        await self._run("vacuum", lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+        await self._run(
+            "vacuum", lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        )
 
     def _wal_limit(self) -> int:
         """How large the write-ahead log may grow between checkpoints: a small share of the
@@ -433,7 +435,7 @@ def _evict(db: sqlite3.Connection, need: int, live_after: float) -> list[str]:
             "SELECT session, bytes FROM sessions WHERE last_active < ? "
             "ORDER BY last_active LIMIT ?",
             (live_after, COLLECT_BATCH),
-        )
+        ).fetchall()  # read to the end: a statement left open would block the commit
         sessions: list[str] = []
         freed = 0
         for session, size in rows:
@@ -451,22 +453,26 @@ def _delete(db: sqlite3.Connection, sessions: list[str]) -> None:
 
 
 def _used_bytes(db: sqlite3.Connection) -> int:
-    pages = db.execute("PRAGMA page_count").fetchone()[0]
-    free = db.execute("PRAGMA freelist_count").fetchone()[0]
-    size = db.execute("PRAGMA page_size").fetchone()[0]
-    return int((pages - free) * size)
+    pages, free, size = (
+        _pragma(db, name) for name in ("page_count", "freelist_count", "page_size")
+    )
+    return (pages - free) * size
+
+
+def _pragma(db: sqlite3.Connection, name: str) -> int:
+    return int(db.execute(f"PRAGMA {name}").fetchall()[0][0])
 
 
 def _vacuum_step(db: sqlite3.Connection) -> bool:
     """Give back up to VACUUM_PAGES free pages; whether any are left."""
     db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
-    return bool(db.execute("PRAGMA freelist_count").fetchone()[0])
+    return bool(_pragma(db, "freelist_count"))
 
 
 def _incremental_vacuum(db: sqlite3.Connection, file: str) -> None:
     """Free pages can only be given back with auto_vacuum=INCREMENTAL: set on a new file;
     an older store is converted once (a full VACUUM, which rewrites it)."""
-    if db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+    if _pragma(db, "auto_vacuum") == 2:
         return
     db.execute("PRAGMA auto_vacuum=INCREMENTAL")
     if _has_table(db, "blobs"):

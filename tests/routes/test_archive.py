@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,11 @@ async def proxy(aiohttp_server: Any, tmp_path: Path, sim_server: TestServer) -> 
 async def archived(
     store: Store, session: str, text: str, owner: str | None, at: float = 1.0
 ) -> BlobInfo:
+    """A blob written `at` seconds into the last minute (recent: retention keeps it)."""
     data = text.encode()
     ref = content_ref(session, "tool_result", data)
     meta = {"tool": "read_file", "tool_call_id": "call_1"}
-    info = BlobInfo(ref, session, "tool_result", len(data), at, owner, meta)
+    info = BlobInfo(ref, session, "tool_result", len(data), time.time() - 60 + at, owner, meta)
     await store.put(info, data)
     return info
 
@@ -68,7 +70,7 @@ async def test_the_creating_key_reads_the_content(proxy: TestServer) -> None:
         "session": "s1",
         "kind": "tool_result",
         "size": len("full result ✓\nline 2\n".encode()),
-        "created_at": 1.0,
+        "created_at": info.created_at,
         "meta": {"tool": "read_file", "tool_call_id": "call_1"},
         "content": "full result ✓\nline 2\n",
     }
