@@ -1,0 +1,133 @@
+"""Session activity: a cold session touches the store before its request goes on, warm ones
+cost a dict update and are flushed in batches, idle ones are forgotten everywhere."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+from proxy.store.activity import Activity
+from proxy.store.base import BlobInfo, StoreError, content_ref
+from proxy.store.local import LocalStore
+from proxy.store.retention import Collected, Pressure, StoreStats
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Touches:
+    """Records touches; `gate` holds them until set, `fail` makes them raise."""
+
+    def __init__(self) -> None:
+        self.pressure = Pressure(None)
+        self.batches: list[dict[str, float]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail = False
+
+    async def touch(self, sessions: Mapping[str, float]) -> None:
+        await self.gate.wait()
+        if self.fail:
+            raise StoreError("redis 127.0.0.1:6379: touch failed")
+        self.batches.append(dict(sessions))
+
+    async def collect(self, *, expire_before: float, live_after: float) -> Collected:
+        return Collected()
+
+    async def stats(self, *, live_after: float) -> StoreStats:
+        raise NotImplementedError
+
+
+def tracker(touches: Touches, forgotten: list[set[str]], clock: Clock, **options: int) -> Activity:
+    return Activity(touches, forgotten.append, live_s=3600, clock=clock, **options)
+
+
+async def test_a_cold_session_touches_the_store_first_and_a_warm_one_does_not() -> None:
+    touches, forgotten, clock = Touches(), [], Clock()
+    activity = tracker(touches, forgotten, clock)
+    cold = activity.arrive("key:a/s1")
+    assert cold is not None
+    await cold
+    assert touches.batches == [{"key:a/s1": clock.now}]
+    clock.now += 5
+    assert activity.arrive("key:a/s1") is None  # warm: nothing to wait for
+    await activity.flush()
+    assert touches.batches[-1] == {"key:a/s1": clock.now}
+    await activity.flush()
+    assert len(touches.batches) == 2, "nothing new: no write"
+
+
+async def test_a_second_request_of_a_cold_session_waits_for_the_same_touch() -> None:
+    touches, clock = Touches(), Clock()
+    activity = tracker(touches, [], clock)
+    touches.gate.clear()
+    first = activity.arrive("key:a/s1")
+    second = activity.arrive("key:a/s1")
+    assert first is not None and second is not None
+    waiting = asyncio.ensure_future(second)
+    await asyncio.sleep(0.01)
+    assert not waiting.done(), "it must not read the store before the touch is in"
+    touches.gate.set()
+    await asyncio.gather(first, waiting)
+    assert touches.batches == [{"key:a/s1": clock.now}]  # one touch for both
+
+
+async def test_a_failing_touch_lets_the_request_go_on() -> None:
+    touches, clock = Touches(), Clock()
+    touches.fail = True
+    activity = tracker(touches, [], clock)
+    cold = activity.arrive("key:a/s1")
+    assert cold is not None
+    await cold  # no exception: the request degrades where it uses the store
+    await activity.flush()
+
+
+async def test_idle_sessions_are_forgotten_after_half_of_live_s_and_come_back_cold() -> None:
+    touches, forgotten, clock = Touches(), [], Clock()
+    activity = tracker(touches, forgotten, clock)
+    for session in ("key:a/old", "key:a/new"):
+        cold = activity.arrive(session)
+        assert cold is not None
+        await cold
+        clock.now += 1000
+    activity.leave("key:a/new")  # its long request just ended
+    clock.now += 900  # old: idle 1900 s > 1800; new: 900 s
+    assert activity.sweep() == {"key:a/old"}
+    assert forgotten == [{"key:a/old"}] and len(activity) == 1
+    assert activity.arrive("key:a/old") is not None, "cold again: it touches the store"
+
+
+async def test_past_its_bound_the_least_recent_session_is_forgotten() -> None:
+    forgotten: list[set[str]] = []
+    activity = tracker(Touches(), forgotten, Clock(), max_sessions=2)
+    for n in range(3):
+        cold = activity.arrive(f"key:a/s{n}")
+        assert cold is not None
+        await cold
+    assert forgotten == [{"key:a/s0"}] and len(activity) == 2
+
+
+async def test_a_touch_in_the_store_keeps_a_session_from_a_collection(tmp_path: Path) -> None:
+    """The race the cold touch closes, on a real store: a session idle past its TTL comes
+    back; once the touch is in, a collection that judged it by its old time keeps it."""
+    store = LocalStore(str(tmp_path))
+    clock = Clock()
+    clock.now = 2_000_000_000.0
+    info = BlobInfo(content_ref("key:a/s", "tool_result", b"x"), "key:a/s", "tool_result", 1,
+                    clock.now - 30 * 86400, "key:a", {})  # fmt: skip
+    try:
+        await store.put(info, b"x")
+        activity = Activity(store, lambda _: None, live_s=3600, clock=clock)
+        cold = activity.arrive("key:a/s")
+        assert cold is not None
+        await cold
+        done = await store.collect(expire_before=clock.now - 7 * 86400, live_after=clock.now)
+        assert done.expired == () and await store.get(info.ref) is not None
+    finally:
+        await store.close()
