@@ -1,4 +1,5 @@
-"""`agentproxy serve | validate | simulate | demo`; `--log-level` before or after the command."""
+"""`agentproxy serve | validate | simulate | demo | store`; `--log-level` before or after the
+command."""
 
 from __future__ import annotations
 
@@ -106,6 +107,21 @@ def _parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=1, help="agent sessions to run with --proxy [1]"
     )
     demo.set_defaults(run=_demo)
+
+    store = commands.add_parser(
+        "store",
+        parents=[common],
+        help="look after the store: its size, a collection now",
+        description="The store's size and sessions (stats), or a collection now (gc): "
+        "sessions idle past store.session_ttl deleted, whole sessions evicted down to "
+        "store.max_mb, never a live one. Safe while the proxy runs.",
+    )
+    store.add_argument("action", choices=["stats", "gc"],
+                       help="stats: size and sessions; gc: delete expired sessions and "
+                       "evict down to store.max_mb now (safe while the proxy runs)")  # fmt: skip
+    store.add_argument("--config", required=True, help="the configuration the proxy runs with")
+    store.add_argument("--json", action="store_true", help="print JSON")
+    store.set_defaults(run=_store)
     return parser
 
 
@@ -144,6 +160,33 @@ def _serve(args: argparse.Namespace) -> int:
     except StoreError as exc:  # checked at start-up: see app.py's lifecycle
         print(f"agentproxy: {exc}; not starting", file=sys.stderr)
         return 2
+    return 0
+
+
+def _store(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from proxy.policies.loader import ConfigError, load_config
+    from proxy.store import commands
+    from proxy.store.base import StoreError
+
+    try:
+        settings = load_config(args.config).store
+    except ConfigError as exc:
+        print(f"agentproxy store: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "stats":
+            found = asyncio.run(commands.stats(settings))
+            out, lines = found.describe(), commands.describe_stats(found, settings)
+        else:
+            done = asyncio.run(commands.collect(settings))
+            out, lines = dataclasses.asdict(done), commands.describe_collected(done)
+    except StoreError as exc:
+        print(f"agentproxy store: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2) if args.json else "\n".join(lines))
     return 0
 
 

@@ -885,3 +885,37 @@ def test_errors_about_urls_hide_their_credentials(
     ]
     errors, _ = validate_paths([str(tmp_path / "schema.yaml"), str(tmp_path / "meaning.yaml")])
     assert errors and not any(s in line for line in errors for s in ("hunter2", "secret"))
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [("7d", 7 * 86400.0), ("12h", 43200.0), ("90m", 5400.0), ("3600s", 3600.0), ("1.5d", 129600.0),
+     ("86400", 86400.0)],
+)  # fmt: skip
+def test_session_ttl_takes_a_unit(tmp_path: Path, given: str, seconds: float) -> None:
+    path = write(tmp_path, "main.yaml", f"store: {{session_ttl: {given}}}\n")
+    assert load_config(path).store.session_ttl_s == seconds
+
+
+def test_retention_defaults(tmp_path: Path) -> None:
+    store = load_config(write(tmp_path, "main.yaml", "store: {}\n")).store
+    assert (store.session_ttl_s, store.max_mb, store.live_s) == (7 * 86400.0, 1024, 3600.0)
+    no_cap = load_config(write(tmp_path, "main.yaml", "store: {max_mb: null}\n")).store
+    assert no_cap.max_mb is None
+
+
+def test_retention_errors_name_their_line(tmp_path: Path) -> None:
+    issue = only_issue(write(tmp_path, "main.yaml", "store:\n  live_s: 60\n  session_ttl: 30s\n"))
+    assert (issue.path, issue.line) == ("store.session_ttl", 3)
+    assert "session_ttl (30s) is shorter than live_s (60s)" in issue.message
+    issue = only_issue(write(tmp_path, "main.yaml", "store: {session_ttl: 7 days}\n"))
+    assert issue.path == "store.session_ttl"
+    issue = only_issue(write(tmp_path, "main.yaml", "store: {max_mb: 0}\n"))
+    assert issue.path == "store.max_mb"
+
+
+def test_the_old_ttl_s_still_works_with_a_warning(tmp_path: Path) -> None:
+    path = write(tmp_path, "main.yaml", "store:\n  ttl_s: 7200\n")
+    config = load_config(path)
+    assert config.store.session_ttl_s == 7200.0
+    assert any("main.yaml:2: store.ttl_s: ttl_s is now session_ttl" in w for w in config.warnings)
