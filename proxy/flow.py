@@ -87,13 +87,19 @@ class Flow:
 
     async def admit(self, ex: Exchange) -> None:
         """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""
-        if self.activity is not None:
-            cold = self.activity.arrive(ex.session)
-            if cold is not None:  # its first request here: the store learns of it first
-                await cold
-        await self.control.admit(ex)
-        self.control.route(ex)
-        await self.rewriter.before_call(ex)
+        activity = self.activity
+        try:
+            if activity is not None:
+                cold = activity.arrive(ex.session)
+                if cold is not None:  # its first request here: the store learns of it first
+                    await cold
+            await self.control.admit(ex)
+            self.control.route(ex)
+            await self.rewriter.before_call(ex)
+        except BaseException:  # refused or gone: finish (which would say so) never runs
+            if activity is not None:
+                activity.leave(ex.session)
+            raise
 
     async def complete(self, ex: Exchange, replies: Replies) -> UpstreamReply:
         """The answer, the recall rounds done and the proxy's own calls taken out."""

@@ -7,6 +7,9 @@ A request notes its session here (a dict update). The store learns of it two way
   (and then keeps it) — never half of each;
 - later requests are flushed in batches by the collector (proxy/store/collector.py).
 
+A session with a request in flight is active all along (a long stream may still recall what
+its request named): every flush reports it, and it is never forgotten.
+
 The warm-turn memos (offload pointers, checkpoints, truncated arguments…) believe the store
 holds what they name. So a session idle for half of `live_s` is forgotten here and in them
 (`forget`): by the time a collection may evict it (idle for `live_s`), no memo names it and its
@@ -48,15 +51,18 @@ class Activity:
         self._seen: OrderedDict[str, float] = OrderedDict()  # least recently seen first
         self._unflushed: dict[str, float] = {}
         self._touching: dict[str, asyncio.Task[None]] = {}  # cold sessions being touched
+        self._in_flight: dict[str, int] = {}  # sessions with requests under way: how many
 
     def __len__(self) -> int:
         return len(self._seen)
 
     def arrive(self, session: str) -> Awaitable[None] | None:
-        """A request of `session` begins. For a cold session, the touch to await before the
-        request goes on; None (the common case) when there is nothing to wait for."""
+        """A request of `session` begins (`leave` must follow, whatever happens). For a cold
+        session, the touch to await before the request goes on; None (the common case) when
+        there is nothing to wait for."""
         now = self.clock()
         seen = self._seen
+        self._in_flight[session] = self._in_flight.get(session, 0) + 1
         if session in seen:
             seen.move_to_end(session)
             seen[session] = self._unflushed[session] = now
@@ -71,6 +77,11 @@ class Activity:
 
     def leave(self, session: str) -> None:
         """A request ended (a long stream counts as activity until its end)."""
+        left = self._in_flight.get(session, 1) - 1
+        if left > 0:
+            self._in_flight[session] = left
+        else:
+            self._in_flight.pop(session, None)
         if session in self._seen:
             self._seen.move_to_end(session)
             self._seen[session] = self._unflushed[session] = self.clock()
@@ -78,6 +89,8 @@ class Activity:
     async def flush(self) -> None:
         """Send the activity noted since the last flush to the store."""
         batch, self._unflushed = self._unflushed, {}
+        now = self.clock()
+        batch.update((session, now) for session in self._in_flight)
         if batch:
             try:
                 await self.retention.touch(batch)
@@ -86,13 +99,18 @@ class Activity:
 
     def sweep(self) -> set[str]:
         """Forget sessions idle for half of live_s, here and in the memos."""
-        cutoff = self.clock() - self.idle_s
+        now = self.clock()
+        cutoff = now - self.idle_s
         seen = self._seen
         idle: set[str] = set()
         while seen:
             session, at = next(iter(seen.items()))
             if at >= cutoff:
                 break
+            if session in self._in_flight:  # busy all along: seen now
+                seen.move_to_end(session)
+                seen[session] = now
+                continue
             del seen[session]
             self._unflushed.pop(session, None)  # already flushed when it was last seen
             idle.add(session)

