@@ -126,12 +126,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from proxy.app import SERVER_OPTIONS, build_app
+    from proxy.app import build_app
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
+    from proxy.server import serve
     from proxy.store.base import StoreError
 
     if args.api_base is not None and args.model is None:
@@ -154,12 +153,16 @@ def _serve(args: argparse.Namespace) -> int:
         else f"config {config.version}, {len(config.deployments)} models"
     )
     banner = f"agentproxy {__version__} on http://{host}:{port}/v1 ({served})"
+    drain_s = config.server.drain_s  # read at start, like the port
     try:  # the banner once listening: start-up checks the store first
-        web.run_app(app, host=host, port=port, print=lambda _: print(banner, flush=True),
-                    **SERVER_OPTIONS)  # fmt: skip
+        asyncio.run(
+            serve(app, host, port, drain_s=drain_s, ready=lambda: print(banner, flush=True))
+        )
     except StoreError as exc:  # checked at start-up: see app.py's lifecycle
         print(f"agentproxy: {exc}; not starting", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the signal handlers are in place (start-up)
+        return 130
     return 0
 
 

@@ -1,0 +1,67 @@
+"""Run the application on a port until SIGTERM or SIGINT, then drain and exit.
+
+On the signal the listening socket closes at once (new connections are refused; a load
+balancer's readiness check fails over), idle keep-alive connections close, and requests in
+flight — streams included — get up to `server.drain_s` to finish. Past it the rest are
+cancelled (a stream's client sees it end), the application's clean-up runs (the store's last
+activity flushed, connections closed), and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from proxy.app import SERVER_OPTIONS
+from proxy.middleware import HANDLING
+
+log = logging.getLogger("agentproxy")
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    drain_s: float,
+    ready: Callable[[], None] = lambda: None,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT; `ready` is called once listening. Start-up failures (an
+    unwritable store) raise before anything listens. `sock`: an already bound socket to
+    serve on instead of host and port."""
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=drain_s, **SERVER_OPTIONS)
+    await runner.setup()
+    try:
+        site: web.BaseSite
+        site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
+        await site.start()
+        ready()
+        await _signalled()
+        in_flight = app[HANDLING].count
+        log.info(
+            "stopping: no new connections; %d request(s) in flight get up to %gs to finish",
+            in_flight, drain_s,
+        )  # fmt: skip
+    finally:
+        started = time.monotonic()
+        await runner.cleanup()
+    log.info("stopped after draining for %.1fs", time.monotonic() - started)
+
+
+async def _signalled() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,122 @@
+"""Graceful shutdown of `agentproxy serve`: on SIGTERM no new connections, streams in flight
+run to their end within server.drain_s, then exit 0; past the deadline they are cut."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from tests.conftest import free_port, sim_config
+from tests.test_cli import ROOT, start_serve
+
+WORDS = 30  # the simulator echoes them back, one chunk each
+
+
+@pytest.fixture
+def slow_simulator() -> Iterator[str]:
+    """A simulator that streams a chunk every 0.1 s: a 30-word answer takes ~3 s."""
+    import subprocess
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "simulate", "--port", str(port), "--chunk-delay", "0.1"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert "simulated upstream on" in process.stdout.readline()
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def refused(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=0.5):
+            return False
+    except OSError:
+        return True
+
+
+async def stream_text(client: openai.AsyncOpenAI, began: asyncio.Event) -> tuple[str, bool]:
+    """The streamed answer, and whether it ended properly (a finish_reason came)."""
+    ask = " ".join(f"w{n}" for n in range(WORDS))
+    text, finished = "", False
+    try:
+        stream = await client.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": ask}], stream=True
+        )
+        async for chunk in stream:
+            began.set()
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finished = True
+    except openai.APIError:
+        pass  # cut: what arrived so far is the answer
+    return text, finished
+
+
+async def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(
+    tmp_path: Path, slow_simulator: str
+) -> None:
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(
+        sim_config(slow_simulator) + f"store: {{path: {tmp_path}}}\nserver: {{drain_s: 20}}\n"
+    )
+    process, url = await start_serve(config)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    began = asyncio.Event()
+    streaming = asyncio.create_task(stream_text(client, began))
+    await asyncio.wait_for(began.wait(), 10)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+
+    for _ in range(100):  # the listener closes at once
+        if refused(url):
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("still accepting connections after SIGTERM")
+    assert process.returncode is None, "it must not exit while the stream runs"
+
+    text, finished = await asyncio.wait_for(streaming, 20)
+    assert finished and text == "You said: " + " ".join(f"w{n}" for n in range(WORDS))
+    _, stderr = await asyncio.wait_for(process.communicate(), 10)
+    assert process.returncode == 0, stderr.decode()
+    assert time.monotonic() - signalled > 2, "the stream took its time; so did the exit"
+    assert "1 request(s) in flight get up to 20s to finish" in stderr.decode()
+
+
+async def test_past_drain_s_a_stream_is_cut_and_the_process_still_exits_0(
+    tmp_path: Path, slow_simulator: str
+) -> None:
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(
+        sim_config(slow_simulator) + f"store: {{path: {tmp_path}}}\nserver: {{drain_s: 0.5}}\n"
+    )
+    process, url = await start_serve(config)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    began = asyncio.Event()
+    streaming = asyncio.create_task(stream_text(client, began))
+    await asyncio.wait_for(began.wait(), 10)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = await asyncio.wait_for(process.communicate(), 10)
+    exited_after = time.monotonic() - signalled
+    text, finished = await asyncio.wait_for(streaming, 10)
+    assert process.returncode == 0, stderr.decode()
+    assert exited_after < 2.5, f"exited {exited_after:.1f}s after SIGTERM with drain_s 0.5"
+    assert not finished and len(text.split()) < WORDS
