@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from proxy import __version__
 
@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on [server.host, else 127.0.0.1]")
     serve.add_argument("--port", type=int, help="port to listen on [server.port, else 4000]")
+    serve.add_argument(
+        "--workers",
+        default="1",
+        metavar="N",
+        help="processes serving the port: a number, or auto for one per core [1]; more than "
+        "one needs store.backend: redis",
+    )
     serve.set_defaults(run=_serve)
 
     validate = commands.add_parser(
@@ -126,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import socket
+
+    from proxy import workers
     from proxy.app import build_app
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
@@ -140,13 +150,20 @@ def _serve(args: argparse.Namespace) -> int:
         config = single_model_config(args.model, args.api_base) if args.model else (
             load_config(args.config)
         )  # fmt: skip
+        count = workers.workers_from(args.workers)
     except ConfigError as exc:
         print(f"agentproxy: invalid configuration, not starting:\n{exc}", file=sys.stderr)
+        return 2
+    except ValueError:
+        print(f"agentproxy: --workers {args.workers}: a number of 1 or more, or auto",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if refused := workers.refusal(config, count):
+        print(f"agentproxy: {refused}; not starting", file=sys.stderr)
         return 2
     use_format(config.server.log_format)
     host = args.host or config.server.host
     port = args.port or config.server.port
-    app = build_app(args.config, config=config, handle_sighup=True, host=host)
     served = (
         f"model {args.model}, as '{config.catch_all}' and any other name"
         if args.model
@@ -154,16 +171,25 @@ def _serve(args: argparse.Namespace) -> int:
     )
     banner = f"agentproxy {__version__} on http://{host}:{port}/v1 ({served})"
     drain_s = config.server.drain_s  # read at start, like the port
-    try:  # the banner once listening: start-up checks the store first
-        asyncio.run(
-            serve(app, host, port, drain_s=drain_s, ready=lambda: print(banner, flush=True))
-        )
-    except StoreError as exc:  # checked at start-up: see app.py's lifecycle
-        print(f"agentproxy: {exc}; not starting", file=sys.stderr)
+
+    def serve_one(sock: socket.socket | None, ready: Callable[[], None]) -> int:
+        app = build_app(args.config, config=config, handle_sighup=True, host=host)
+        try:  # ready once listening: start-up checks the store first
+            asyncio.run(serve(app, host, port, drain_s=drain_s, ready=ready, sock=sock))
+        except StoreError as exc:  # checked at start-up: see app.py's lifecycle
+            print(f"agentproxy: {exc}; not starting", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # before the signal handlers are in place (start-up)
+            return 130
+        return 0
+
+    if count == 1:
+        return serve_one(None, lambda: print(banner, flush=True))
+    try:
+        return workers.run(count, host, port, serve_one, banner)
+    except OSError as exc:  # the port: taken, or not ours to bind
+        print(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before the signal handlers are in place (start-up)
-        return 130
-    return 0
 
 
 def _store(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -194,3 +195,21 @@ def own_redis() -> Iterator[OwnRedis]:
 def start_redis(port: int, processes: list[subprocess.Popen[bytes]]) -> None:
     command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+
+
+@pytest.fixture
+def simulator() -> Iterator[str]:
+    """`agentproxy simulate` as its own process on a free port; its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "simulate", "--port", str(port)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert "simulated upstream on" in process.stdout.readline()
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,23 +55,6 @@ def test_serve_refuses_an_invalid_config(tmp_path: Path) -> None:
     result = agentproxy("serve", "--config", str(bad), "--port", str(free_port()))
     assert result.returncode == 2
     assert "model_list[0]" in result.stderr and "litellm_params" in result.stderr
-
-
-@pytest.fixture
-def simulator() -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "simulate", "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    assert "simulated upstream on" in process.stdout.readline()
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    process.wait(timeout=10)
 
 
 async def start_serve(config: Path) -> tuple[asyncio.subprocess.Process, str]:

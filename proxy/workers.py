@@ -1,0 +1,129 @@
+"""`agentproxy serve --workers N`: N processes serving one port.
+
+The parent binds the port once and forks the workers; each runs its own event loop and
+application on the shared listening socket (the kernel hands each new connection to one of
+them). Signals go to the parent, which passes SIGTERM/SIGINT (each worker drains, see
+proxy/server.py) and SIGHUP (reload) on. A worker that dies takes the others down with it
+(they drain) and the parent exits non-zero: whatever supervises it restarts the whole, rather
+than a half that silently serves with fewer workers.
+
+Guard state (loop levels, budgets, circuits) must stay exact across workers: with the embedded
+store it lives in each process's memory, so more than one worker needs store.backend: redis,
+and `refusal` says so at start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from proxy.policies.spec import Config
+
+log = logging.getLogger("agentproxy")
+
+READY_TIMEOUT_S = 120.0  # a cold start that imports litellm takes a few seconds
+
+
+def workers_from(value: str) -> int:
+    """`--workers`: a count, or `auto` for one per core."""
+    if value == "auto":
+        return os.cpu_count() or 1
+    count = int(value)
+    if count < 1:
+        raise ValueError("--workers must be 1 or more, or auto")
+    return count
+
+
+def refusal(config: Config, workers: int) -> str | None:
+    """Why `workers` processes cannot serve this configuration, or None."""
+    if workers > 1 and config.store.backend != "redis":
+        return (
+            f"--workers {workers} needs the Redis store (store: {{backend: redis, url: ...}}): "
+            "with the embedded store each worker would keep its own loop levels, budgets and "
+            "circuits, and none of them would be exact; run one worker, or point every worker "
+            "at one Redis"
+        )
+    return None
+
+
+def run(
+    workers: int,
+    host: str,
+    port: int,
+    serve_one: Callable[[socket.socket, Callable[[], None]], int],
+    banner: str,
+) -> int:
+    """Fork `workers` processes, each calling `serve_one(listening socket, ready)`; return
+    once they have all exited: 0 if each drained and exited 0."""
+    listener = socket.create_server((host, port), backlog=1024)
+    context = multiprocessing.get_context("fork")
+    # Each worker says it listens with one small write (atomic on a pipe).
+    ready_reader, ready_writer = context.Pipe(duplex=False)
+
+    def worker() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)  # the worker's own loop handles them
+        code = serve_one(listener, lambda: ready_writer.send(os.getpid()))
+        sys.stdout.flush()
+        os._exit(code)
+
+    children: list[BaseProcess] = [context.Process(target=worker) for _ in range(workers)]
+    stopping = False
+
+    def forward(sig: int, _frame: Any) -> None:
+        nonlocal stopping
+        if sig != signal.SIGHUP:
+            stopping = True
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM if sig == signal.SIGINT else sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    for child in children:
+        child.start()
+    listener.close()  # the workers hold it now
+    _announce(children, ready_reader, banner)
+    return _supervise(children, lambda: stopping, forward)
+
+
+def _announce(children: list[BaseProcess], ready: Connection, banner: str) -> None:
+    """Print the banner once every worker listens (nothing if one fails first)."""
+    waiting = len(children)
+    while waiting:
+        sentinels = [c.sentinel for c in children if c.exitcode is None]
+        woke = wait([ready, *sentinels], timeout=READY_TIMEOUT_S)
+        if ready not in woke:
+            return  # a worker exited before it was ready (or never got there): see _supervise
+        ready.recv()
+        waiting -= 1
+    print(f"{banner} [{len(children)} workers]", flush=True)
+
+
+def _supervise(
+    children: list[BaseProcess], stopping: Callable[[], bool], forward: Callable[[int, Any], None]
+) -> int:
+    worst = 0
+    alive = list(children)
+    while alive:
+        for sentinel in wait([c.sentinel for c in alive]):
+            child = next(c for c in alive if c.sentinel == sentinel)
+            child.join()
+            alive.remove(child)
+            code = child.exitcode or 0
+            worst = worst or code
+            if not stopping():
+                log.error("worker %s exited with %s: stopping the others", child.pid, code)
+                forward(signal.SIGTERM, None)
+                worst = worst or 1
+    return worst
