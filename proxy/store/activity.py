@@ -56,6 +56,11 @@ class Activity:
     def __len__(self) -> int:
         return len(self._seen)
 
+    @property
+    def in_flight(self) -> int:
+        """Sessions with a request under way."""
+        return len(self._in_flight)
+
     def arrive(self, session: str) -> Awaitable[None] | None:
         """A request of `session` begins (`leave` must follow, whatever happens). For a cold
         session, the touch to await before the request goes on; None (the common case) when

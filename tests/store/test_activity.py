@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from proxy.store.activity import Activity
 from proxy.store.base import BlobInfo, StoreError, content_ref
@@ -151,3 +152,24 @@ async def test_a_session_in_flight_is_reported_active_and_never_forgotten() -> N
     activity.leave("key:a/streaming")
     clock.now += 1801
     assert activity.sweep() == {"key:a/streaming"}
+
+
+async def test_a_refused_request_is_not_left_in_flight(proxy_for: Any, sim: Any) -> None:
+    """A guard refusal ends the request before it is finished: it must still leave."""
+    import aiohttp
+
+    from proxy.state import FLOW
+
+    policy = (
+        "policies:\n  - {name: one-call, budgets: [{name: one, scope: key, limits: {calls: 1}}]}\n"
+    )
+    proxy = await proxy_for(sim, policy)
+    ask = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+    statuses = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(str(proxy.make_url("/v1/chat/completions")), json=ask) as r:
+                statuses.append(r.status)
+    assert statuses[0] == 200 and statuses[1:] != [200, 200], statuses
+    activity = proxy.app[FLOW].activity
+    assert activity is not None and activity.in_flight == 0

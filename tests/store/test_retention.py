@@ -258,3 +258,37 @@ async def test_redis_keys_get_the_session_ttl_and_touches_push_it_back(redis_pre
         raw.close()
         await store.close()
         await connection.close()
+
+
+async def test_at_the_cap_with_only_live_sessions_a_write_is_refused_not_an_eviction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from proxy.store import retention
+
+    monkeypatch.setattr(retention, "ROOM_WAIT_S", 0.3)
+    store = LocalStore(str(tmp_path), max_bytes=512 * KB)
+    collections: list[Any] = []
+
+    def kick() -> None:  # what the collector does, every session live
+        now = time.time()
+        collections.append(
+            asyncio.ensure_future(store.collect(expire_before=0, live_after=now - 3600))
+        )
+
+    store.pressure.kick = kick
+    written: list[str] = []
+    try:
+        with pytest.raises(retention.StoreFull, match=r"at store\.max_mb"):
+            for n in range(100):
+                session = f"key:a/live{n}"
+                written += await fill(store, session, 1, 16 * KB, time.time())
+        await asyncio.gather(*collections)
+        assert all(await found(store, written)), "no live session lost anything"
+        assert file_size(store.file) <= 512 * KB
+        stored = await store.get(written[0])
+        assert stored is not None
+        await store.put(*stored)  # already there: it adds nothing, so it is not refused
+    finally:
+        await store.close()
