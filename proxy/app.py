@@ -88,7 +88,9 @@ def build_app(
     store, state, retention = open_backends(settings, metrics)
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
-    events = app[EVENTS] = EventLog(settings.event_log_path)
+    events = app[EVENTS] = EventLog(
+        settings.event_log_path, settings.event_log_max_mb, settings.event_log_keep
+    )
     recorder = Recorder(metrics, events)
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.

@@ -7,11 +7,15 @@ import logging
 import threading
 from pathlib import Path
 
+import openai
 import orjson
 import pytest
+from aiohttp.test_utils import TestServer
 
 from proxy import events as events_module
 from proxy.events import EventLog
+from proxy.state import EVENTS
+from tests.conftest import ProxyFactory, base_url, sim_config
 from tests.pipeline.factories import exchange
 
 
@@ -86,3 +90,35 @@ def test_an_unwritable_path_never_fails_a_request(tmp_path: Path) -> None:
     events = EventLog(str(tmp_path / "file" / "events.jsonl"))
     events.write(exchange([]), "test", "lost", {})  # said in the log, not raised
     events.close()
+
+
+async def test_the_proxy_rotates_its_event_log_as_configured_and_loses_no_line(
+    start_proxy: ProxyFactory, sim_server: TestServer, tmp_path: Path
+) -> None:
+    """Over real sockets: 300 repaired requests, 8 at a time, each one event line; the log
+    rotates at the configured size and every line is in one of the files."""
+    path = tmp_path / "rotating.yaml"
+    state = tmp_path / "state"
+    extra = f"store: {{path: {state}, event_log_max_mb: 0.02, event_log_keep: 500}}\n"
+    path.write_text(sim_config(str(sim_server.make_url("")).rstrip("/"), extra))
+    proxy = await start_proxy(path)
+    client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key="k", max_retries=0)
+    dangling = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+
+    async def turn(n: int) -> None:
+        messages = [
+            {"role": "user", "content": f"task {n}"},
+            {"role": "assistant", "content": None, "tool_calls": [dangling]},
+            {"role": "user", "content": "go on"},
+        ]
+        await client.chat.completions.create(
+            model="sim", messages=messages, extra_headers={"x-agentproxy-session": f"s{n}"}
+        )
+
+    for start in range(0, 300, 8):
+        await asyncio.gather(*(turn(n) for n in range(start, min(start + 8, 300))))
+    proxy.app[EVENTS].flush()
+    lines = lines_of(state / "events.jsonl", 500)
+    patched = sorted(e["session"] for e in lines if e["action"] == "patched_dangling")
+    assert patched == sorted(f"s{n}" for n in range(300))
+    assert len(sizes(state)) >= 3 and max(sizes(state)) <= 21_000

@@ -525,7 +525,7 @@ def _default_policy(defaults: PolicyDefaults) -> Policy:
     )
 
 
-_FLOAT_STORE_FIELDS = frozenset({"timeout_s", "live_s", "gc_interval_s"})
+_FLOAT_STORE_FIELDS = frozenset({"timeout_s", "live_s", "gc_interval_s", "event_log_max_mb"})
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -137,6 +137,8 @@ class StoreSettings:
     backend: Literal["local", "redis"] = "local"
     path: str = ".agentproxy"  # the local store's directory, and the event log's default home
     event_log: str | None = None  # JSONL of every rewrite; default <path>/events.jsonl
+    event_log_max_mb: float = 100.0  # the event log rotates past this size...
+    event_log_keep: int = 5  # ...keeping this many rotated files (events.jsonl.1 ... .5)
     url: str | None = None  # redis only
     prefix: str = "agentproxy:"  # of every Redis key; replicas sharing state share it
     timeout_s: float = 0.5  # one Redis operation; past it the request goes on without it
