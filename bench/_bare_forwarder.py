@@ -59,11 +59,18 @@ def app(upstream: str) -> web.Application:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:9000")
+    parser.add_argument("--uvloop", action="store_true", help="on uvloop's event loop")
     args = parser.parse_args()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     print(f"listening {sock.getsockname()[1]}", flush=True)
-    web.run_app(app(args.upstream.rstrip("/")), sock=sock, print=None, access_log=None)
+    loop = None
+    if args.uvloop:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    application = app(args.upstream.rstrip("/"))
+    web.run_app(application, sock=sock, print=None, access_log=None, loop=loop)
     return 0
 
 

@@ -145,10 +145,11 @@ def start_upstream(procs: Processes) -> tuple[int, subprocess.Popen[bytes]]:
 
 
 def start_bare_forwarder(
-    procs: Processes, upstream_port: int
+    procs: Processes, upstream_port: int, event_loop: str
 ) -> tuple[int, subprocess.Popen[bytes]]:
     upstream = f"http://127.0.0.1:{upstream_port}"
     command = [sys.executable, str(BENCH_DIR / "_bare_forwarder.py"), "--upstream", upstream]
+    command += ["--uvloop"] if event_loop == "uvloop" else []
     return _listening(procs, command, "the bare forwarder")
 
 
@@ -172,9 +173,12 @@ def free_port() -> int:
         return port
 
 
-def write_config(directory: Path, upstream_port: int, *, anthropic: bool = False) -> Path:
+def write_config(
+    directory: Path, upstream_port: int, *, anthropic: bool = False, event_loop: str = "asyncio"
+) -> Path:
     """The chat alias `bench`; with `anthropic`, also an `anthropic/` deployment (native
-    /v1/messages passthrough to the static upstream)."""
+    /v1/messages passthrough to the static upstream). On the event loop named (never `auto`:
+    the figures say which one they are of)."""
     deployments = [("bench", "openai/bench", f"http://127.0.0.1:{upstream_port}/v1", None)]
     if anthropic:
         deployments.append(
@@ -185,7 +189,7 @@ def write_config(directory: Path, upstream_port: int, *, anthropic: bool = False
                 UPSTREAM_KEY,
             )
         )
-    text = "model_list:\n"
+    text = f"server: {{event_loop: {event_loop}}}\nmodel_list:\n"
     for alias, model, api_base, api_key in deployments:
         text += (
             f"  - model_name: {alias}\n    litellm_params:\n      model: {model}\n"
@@ -319,6 +323,7 @@ class Settings:
     seconds: float
     warmup_s: float
     use_wrk: bool
+    event_loop: str = "asyncio"  # of the proxy and the bare forwarder alike
 
 
 @dataclass(slots=True)
@@ -794,7 +799,8 @@ def format_table(report: Report) -> str:
         )
     env = report.environment
     lines.append(
-        f"({env['cpus']} CPUs, Python {env['python']}, load: {env['load_generator']}, "
+        f"({env['cpus']} CPUs, Python {env['python']}, {env['event_loop']} event loop, "
+        f"load: {env['load_generator']}, "
         f"{env['seconds']:g} s per run; other processes used {q.others_cpus:.2f} CPUs, "
         f"hypervisor steal {q.steal_cpus:.2f} CPUs)"
     )
@@ -894,6 +900,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-wrk", action="store_true", help="use the python client even when wrk is installed"
     )
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run the proxy and the bare forwarder on uvloop (the `speed` extra) [asyncio]",
+    )
     return parser.parse_args(argv)
 
 
@@ -902,7 +913,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if seconds <= 0:
         raise SystemExit("--seconds must be positive")
     warmup = 0.2 if args.quick else min(1.0, seconds / 5)
-    return Settings(seconds, warmup, use_wrk=not args.no_wrk and wrk_path() is not None)
+    use_wrk = not args.no_wrk and wrk_path() is not None
+    return Settings(seconds, warmup, use_wrk, "uvloop" if args.uvloop else "asyncio")
 
 
 def environment(settings: Settings) -> dict[str, Any]:
@@ -917,18 +929,21 @@ def environment(settings: Settings) -> dict[str, Any]:
         ),
         "seconds": settings.seconds,
         "warmup_s": settings.warmup_s,
+        "event_loop": settings.event_loop,
     }
 
 
 def benchmark(procs: Processes, workdir: Path, settings: Settings) -> Report:
     upstream_port, upstream = start_upstream(procs)
     progress(f"static upstream on 127.0.0.1:{upstream_port}")
-    bare_port, bare = start_bare_forwarder(procs, upstream_port)
+    bare_port, bare = start_bare_forwarder(procs, upstream_port, settings.event_loop)
     settle(bare.pid)
     progress(f"bare aiohttp forwarder on 127.0.0.1:{bare_port}")
-    proxy, idle_rss = _started(procs, write_config(workdir, upstream_port), workdir / "proxy.log")
+    loop = settings.event_loop
+    config = write_config(workdir, upstream_port, event_loop=loop)
+    proxy, idle_rss = _started(procs, config, workdir / "proxy.log")
     # Started once the first is ready and settled: its litellm import does not slow the first.
-    config = write_config(workdir, upstream_port, anthropic=True)
+    config = write_config(workdir, upstream_port, anthropic=True, event_loop=loop)
     second, second_idle_rss = _started(procs, config, workdir / "proxy-anthropic.log")
     quietness: list[Quietness] = []
     pids = [proxy.process.pid, second.process.pid, upstream.pid, bare.pid]

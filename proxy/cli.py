@@ -140,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
-    from proxy.server import serve
+    from proxy.server import run, serve
     from proxy.store.base import StoreError
 
     if args.api_base is not None and args.model is None:
@@ -171,11 +171,12 @@ def _serve(args: argparse.Namespace) -> int:
     )
     banner = f"agentproxy {__version__} on http://{host}:{port}/v1 ({served})"
     drain_s = config.server.drain_s  # read at start, like the port
+    event_loop = config.server.event_loop
 
     def serve_one(sock: socket.socket | None, ready: Callable[[], None]) -> int:
         app = build_app(args.config, config=config, handle_sighup=True, host=host)
         try:  # ready once listening: start-up checks the store first
-            asyncio.run(serve(app, host, port, drain_s=drain_s, ready=ready, sock=sock))
+            run(serve(app, host, port, drain_s=drain_s, ready=ready, sock=sock), event_loop)
         except StoreError as exc:  # checked at start-up: see app.py's lifecycle
             print(f"agentproxy: {exc}; not starting", file=sys.stderr)
             return 2

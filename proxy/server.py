@@ -14,7 +14,8 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -43,6 +44,8 @@ async def serve(
         site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
         await site.start()
         ready()
+        kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
+        log.info("serving on the %s event loop", kind)
         await _signalled()
         in_flight = app[HANDLING].count
         log.info(
@@ -53,6 +56,24 @@ async def serve(
         started = time.monotonic()
         await runner.cleanup()
     log.info("stopped after draining for %.1fs", time.monotonic() - started)
+
+
+def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
+    """`asyncio.run(main)` on the event loop `server.event_loop` asks for: uvloop (`auto`
+    takes it when installed: `pip install 'agentproxy[speed]'`), else asyncio's own."""
+    if event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise RuntimeError(
+                    "server.event_loop is uvloop, which is not installed: "
+                    "pip install 'agentproxy[speed]' (or set event_loop: auto)"
+                ) from None
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
 
 
 async def _signalled() -> None:

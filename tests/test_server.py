@@ -69,13 +69,14 @@ async def stream_text(client: openai.AsyncOpenAI, began: asyncio.Event) -> tuple
     return text, finished
 
 
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 async def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(
-    tmp_path: Path, slow_simulator: str
+    tmp_path: Path, slow_simulator: str, event_loop: str
 ) -> None:
+    """On either event loop (`server.event_loop`; uvloop is the `speed` extra)."""
     config = tmp_path / "agentproxy.yaml"
-    config.write_text(
-        sim_config(slow_simulator) + f"store: {{path: {tmp_path}}}\nserver: {{drain_s: 20}}\n"
-    )
+    server = f"server: {{drain_s: 20, event_loop: {event_loop}}}\n"
+    config.write_text(sim_config(slow_simulator) + f"store: {{path: {tmp_path}}}\n{server}")
     process, url = await start_serve(config)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     began = asyncio.Event()
@@ -98,6 +99,7 @@ async def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(
     assert process.returncode == 0, stderr.decode()
     assert time.monotonic() - signalled > 2, "the stream took its time; so did the exit"
     assert "1 request(s) in flight get up to 20s to finish" in stderr.decode()
+    assert f"serving on the {event_loop} event loop" in stderr.decode()
 
 
 async def test_past_drain_s_a_stream_is_cut_and_the_process_still_exits_0(

@@ -126,6 +126,8 @@ class ServerSettings:
     watch_interval_s: float = 1.0
     access_log: bool = False  # successes too; failures are always logged
     log_format: Literal["text", "json"] = "text"  # json: one object per line (read at start)
+    # The event loop: uvloop where installed (auto), or the one named (read at start).
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
