@@ -18,6 +18,7 @@ from proxy.dialects.view_memo import ViewMemo
 from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
+from proxy.lineage import Lineage
 from proxy.logs import shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, proxy_middleware
@@ -107,7 +108,7 @@ def build_app(
 
     activity = Activity(retention, forget, live_s=settings.live_s)
     collector = Collector(retention, activity, settings, metrics)
-    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder, activity)
+    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder, activity, Lineage(state))
     metrics.watch_memos({**rewriter.memos(), "views": views.cache})
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)

@@ -124,6 +124,9 @@ class Exchange:
     # name a client sent, so one tenant's id cannot reach another's state.
     session: str = ""
     session_name: str = ""  # the session id as the client knows it, for headers and logs
+    # The client sent the id; else it is a fingerprint, narrowed to one conversation on
+    # admission (proxy/lineage.py).
+    session_given: bool = True
     owner: str = ""  # the tenant: "key:<name>", "team:<team>" or "open:"
     # The alias the client asked for; `alias` becomes the fallback's when one answers.
     requested_alias: str = ""

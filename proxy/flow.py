@@ -1,6 +1,7 @@
 """One exchange from admission to charge; knows no wire format.
 
-    admit     guards (session circuit; loops and budgets run with the rewrites), may refuse
+    admit     which conversation (a fingerprinted one: its branch), then the guards (session
+              circuit; loops and budgets run with the rewrites), may refuse
     route     the deployment to fit the history to and call
     rewrite   repair, offload, fit to the window; offer recall when something left the context
     call      control: fallback ⊃ retry ⊃ fit-to-context ⊃ upstream call (proxy/control)
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from proxy.control.control import Control
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
+from proxy.lineage import Lineage
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
@@ -76,8 +78,10 @@ class Flow:
         metrics: Metrics,
         recorder: Recorder,
         activity: Activity | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         self.control = control
+        self.lineage = lineage
         self.rewriter = rewriter
         self.store = store
         self.catalog = catalog
@@ -87,6 +91,8 @@ class Flow:
 
     async def admit(self, ex: Exchange) -> None:
         """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""
+        if self.lineage is not None:  # first: which conversation, so whose state
+            await self.lineage.resolve(ex)
         activity = self.activity
         try:
             if activity is not None:

@@ -1,8 +1,11 @@
 """Which session a request belongs to (never a metric label), and whose it is.
 
-The explicit `x-agentproxy-session` header wins; then `metadata.session_id` or `user` from the
-body; else a fingerprint of the key, the system prompt and the first user message, which stays
-the same on every turn of one conversation.
+The ids clients already send come first: the `x-agentproxy-session` header, Claude Code's
+and Codex's session headers, `metadata.session_id` (or the one inside Claude Code's
+`metadata.user_id`). Else a fingerprint of the key, the body's `user` (OpenAI's end-user id: it
+tells end users apart, never conversations), the system prompt and the first user message,
+which stays the same on every turn of one conversation. Conversations that share all of these
+are told apart once they diverge (proxy/lineage.py).
 
 A session id is a name inside one tenant, never a shared handle: every piece of per-session
 state is keyed by `scoped(owner, name)`, where the owner is the calling key (or its team, with
@@ -12,6 +15,7 @@ state is keyed by `scoped(owner, name)`, where the owner is the calling key (or 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -34,21 +38,32 @@ def _usable(value: Any) -> str | None:
     return None
 
 
-def session_id(headers: Mapping[str, str], body: dict[str, Any], key_name: str | None) -> str:
-    explicit = _usable(headers.get(SESSION_HEADER))
-    if explicit:
-        return explicit
-    for name in CLIENT_SESSION_HEADERS:
+@dataclass(frozen=True, slots=True)
+class SessionName:
+    name: str
+    # Sent by the client. A fingerprint (not given) names a family of conversations, which
+    # proxy/lineage.py narrows to the one this request continues.
+    given: bool
+
+
+def session_id(
+    headers: Mapping[str, str], body: dict[str, Any], key_name: str | None
+) -> SessionName:
+    if given := client_session_id(headers, body):
+        return SessionName(given, True)
+    user = body.get("user") if isinstance(body.get("user"), str) else ""
+    return SessionName(fingerprint(body.get("messages") or [], key_name, user), False)
+
+
+def client_session_id(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+    """The session id the client sent, if any, in the order the design gives."""
+    for name in (SESSION_HEADER, *CLIENT_SESSION_HEADERS):
         if given := _usable(headers.get(name)):
             return given
     metadata = body.get("metadata")
-    if isinstance(metadata, dict) and (
-        given := _usable(metadata.get("session_id")) or _in_user_id(metadata.get("user_id"))
-    ):
-        return given
-    if given := _usable(body.get("user")):
-        return given
-    return fingerprint(body.get("messages") or [], key_name)
+    if isinstance(metadata, dict):
+        return _usable(metadata.get("session_id")) or _in_user_id(metadata.get("user_id"))
+    return None
 
 
 def _in_user_id(user_id: Any) -> str | None:
@@ -67,11 +82,11 @@ def parent_session_id(headers: Mapping[str, str]) -> str | None:
     return _usable(headers.get(PARENT_HEADER))
 
 
-def fingerprint(messages: list[dict[str, Any]], key_name: str | None) -> str:
+def fingerprint(messages: list[dict[str, Any]], key_name: str | None, user: str = "") -> str:
     system = next((m for m in messages if m.get("role") in ("system", "developer")), None)
     first_user = next((m for m in messages if m.get("role") == "user"), None)
     digest = xxhash.xxh3_64()
-    for part in (key_name or "", text_of(system or {}), text_of(first_user or {})):
+    for part in (key_name or "", user, text_of(system or {}), text_of(first_user or {})):
         digest.update(part.encode())
         digest.update(b"\0")
     return f"fp-{digest.hexdigest()}"

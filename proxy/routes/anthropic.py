@@ -63,7 +63,7 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     body = parse_messages_request(raw, counting=counting)
     identity = {"metadata": body.get("metadata"), "messages": AnthropicView.opening(body)}
     session = session_id(request.headers, identity, key.name if key else None)
-    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session)
+    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = AnthropicView.of(body, views.last(own))
     if not counting:
         views.keep(own, view, len(raw))

@@ -49,7 +49,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     cache_key = body.get("prompt_cache_key")
     identity = {"metadata": {"session_id": cache_key}, "messages": ResponsesView.opening(body)}
     session = session_id(request.headers, identity, key.name if key else None)
-    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session)
+    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = ResponsesView.of(body, views.last(own))
     views.keep(own, view, len(raw))
     ex = open_exchange(

@@ -16,7 +16,7 @@ from proxy.exchange import Exchange
 from proxy.flow import Flow, status_of
 from proxy.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
-from proxy.session import owner_of, parent_session_id, scoped
+from proxy.session import SessionName, owner_of, parent_session_id, scoped
 from proxy.state import FLOW
 from proxy.upstream.base import UpstreamHTTPError
 
@@ -128,7 +128,7 @@ def open_exchange(
     config: Config,
     key: ApiKey | None,
     body: dict[str, Any],
-    session: str,
+    session: SessionName,
     **fields: Any,
 ) -> Exchange:
     """The Exchange of a parsed request whose session the route identified."""
@@ -153,8 +153,9 @@ def open_exchange(
         body=body,
         alias=alias,
         policy=_select_policy(request.headers, config, alias, key),
-        session=scoped(owner, session),
-        session_name=session,
+        session=scoped(owner, session.name),
+        session_name=session.name,
+        session_given=session.given,
         owner=owner,
         parent_session=scoped(owner, parent) if parent else None,
         **fields,

@@ -1,0 +1,114 @@
+"""Which conversation a fingerprinted request continues.
+
+A request without a session id the client chose is named by a fingerprint (key, end user,
+system prompt, first user message: proxy/session.py). Two independent conversations can share
+all of it — the same agent started twice on the same task — and would then share loop levels,
+budgets and circuits. So a fingerprint names a *family*, and each conversation in it is a
+*branch* whose tip is the history of its latest request: turn N+1 is turn N plus new messages,
+so a request continues the branch whose tip is the longest prefix of its history. One that
+continues none (it diverged from every branch, or came back to an older point) starts a new
+branch, named after its own history so that replicas name it alike.
+
+Tips live in the state store (shared by replicas), per family, scoped by the owner like every
+session's state; at most MAX_BRANCHES per family (the least recently continued go) and they
+expire after a day without a request. A branch's id is sent back in `x-agentproxy-session`:
+a client that sends it from then on is identified by it directly. Two requests of one family
+racing on two replicas may lose one tip update: the later request then starts a new branch.
+
+Cost: one orjson serialization of the history and one of each candidate tip's prefix (C speed,
+no per-message Python work), one read and one write of a small value.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+import xxhash
+
+from proxy.exchange import Exchange
+from proxy.session import scoped
+from proxy.store.base import StoreError
+from proxy.store.state import StateStore
+
+log = logging.getLogger("agentproxy.lineage")
+
+SPACE = "lineage"
+MAX_BRANCHES = 8
+TTL_S = 24 * 3600.0
+
+Tip = tuple[str, int, int]  # (branch name, messages in its latest request, their digest)
+
+
+def digest(messages: list[dict[str, Any]]) -> int:
+    """The identity of a whole history (the client serializes its past alike every turn)."""
+    return xxhash.xxh3_64_intdigest(orjson.dumps(messages))
+
+
+class Lineage:
+    def __init__(self, state: StateStore) -> None:
+        self.state = state
+
+    async def resolve(self, ex: Exchange) -> None:
+        """Narrow a fingerprinted exchange's session to the branch it continues."""
+        if ex.session_given:
+            return
+        family = ex.session_name
+        key = scoped(ex.owner, family)
+        messages = ex.messages
+        try:
+            tips = _decode(await self.state.get(SPACE, key))
+        except StoreError as exc:  # the family name will do: as before branches existed
+            log.warning("lineage of %s unreadable: %s", ex.request_id, exc)
+            return
+        whole = digest(messages)
+        branch = _continued(tips, messages, whole)
+        if branch is None:
+            taken = {name for name, _, _ in tips}
+            branch = family if family not in taken else f"{family}-{whole:016x}"
+        tips = [(branch, len(messages), whole), *(t for t in tips if t[0] != branch)]
+        try:
+            await self.state.set(SPACE, key, _encode(tips[:MAX_BRANCHES]), ttl_s=TTL_S)
+        except StoreError as exc:
+            log.warning("lineage of %s not saved: %s", ex.request_id, exc)
+        ex.session_name = branch
+        ex.session = scoped(ex.owner, branch)
+
+
+def _continued(tips: list[Tip], messages: list[dict[str, Any]], whole: int) -> str | None:
+    """The branch whose tip is the longest prefix of `messages`."""
+    best: tuple[int, str] | None = None
+    prefixes: dict[int, int] = {len(messages): whole}
+    for name, length, tip in tips:
+        if length > len(messages) or (best is not None and length <= best[0]):
+            continue
+        if length not in prefixes:
+            prefixes[length] = digest(messages[:length])
+        if prefixes[length] == tip:
+            best = (length, name)
+    return best[1] if best is not None else None
+
+
+def _encode(tips: list[Tip]) -> bytes:
+    return orjson.dumps(tips)
+
+
+def _decode(raw: bytes | None) -> list[Tip]:
+    if not raw:
+        return []
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return []
+    if not isinstance(value, list):
+        return []
+    return [
+        (t[0], t[1], t[2])
+        for t in value
+        if isinstance(t, list)
+        and len(t) == 3
+        and isinstance(t[0], str)
+        and isinstance(t[1], int)
+        and isinstance(t[2], int)
+    ]
