@@ -32,7 +32,8 @@ def request(messages: list[dict[str, Any]], owner: str = "key:a", given: bool = 
 
 def grown(history: list[dict[str, Any]], *texts: str) -> list[dict[str, Any]]:
     for text in texts:
-        history = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": text}]
+        reply = {"role": "assistant", "content": "ok"}
+        history = [*history, reply, {"role": "user", "content": text}]
     return history
 
 

@@ -81,7 +81,8 @@ async def test_the_user_field_does_not_merge_conversations(
 ) -> None:
     proxy = await start(start_proxy, tmp_path, sim_server)
     one = await send(proxy, [SYSTEM, TASK], user="end-user-7")
-    other = await send(proxy, [SYSTEM, {"role": "user", "content": "Other task."}], user="end-user-7")
+    other_task = {"role": "user", "content": "Other task."}
+    other = await send(proxy, [SYSTEM, other_task], user="end-user-7")
     assert session_of(one) != session_of(other)
     assert "end-user-7" not in (session_of(one), session_of(other))
     # And the same conversation opened for two end users is two conversations.
@@ -135,7 +136,8 @@ async def test_a_returned_branch_name_sent_back_is_that_conversation(
     b = [SYSTEM, TASK, answered(first), {"role": "user", "content": "Go on, B."}]
     await send(proxy, a)
     branch_b = session_of(await send(proxy, b))
-    named = await send(proxy, [*b, {"role": "user", "content": "x"}], {"x-agentproxy-session": branch_b})
+    later = [*b, {"role": "user", "content": "x"}]
+    named = await send(proxy, later, {"x-agentproxy-session": branch_b})
     assert session_of(named) == branch_b
 
 
