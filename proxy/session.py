@@ -51,8 +51,11 @@ def session_id(
 ) -> SessionName:
     if given := client_session_id(headers, body):
         return SessionName(given, True)
-    user = body.get("user") if isinstance(body.get("user"), str) else ""
-    return SessionName(fingerprint(body.get("messages") or [], key_name, user), False)
+    user = body.get("user")
+    return SessionName(
+        fingerprint(body.get("messages") or [], key_name, user if isinstance(user, str) else ""),
+        False,
+    )
 
 
 def client_session_id(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
