@@ -17,8 +17,10 @@ from typing import Any
 import orjson
 
 from .sim_model import (
+    CHARS_4,
     JSON,
     Reply,
+    Tokenizer,
     completion_tokens,
     estimate_prompt_tokens,
     request_digest,
@@ -245,9 +247,9 @@ def _usage(meta: Meta, output_tokens: int) -> JSON:
     }
 
 
-def count_prompt_tokens(body: JSON) -> int:
+def count_prompt_tokens(body: JSON, tokenizer: Tokenizer = CHARS_4) -> int:
     """The prompt tokens of an Anthropic body, as the scripted model counts them."""
-    return estimate_prompt_tokens(to_chat(body))
+    return estimate_prompt_tokens(to_chat(body), tokenizer)
 
 
 def _thinking_of(meta: Meta) -> ThinkingBlock | None:
@@ -264,9 +266,19 @@ class AnthropicDialect(Dialect):
     """Stateful, one per Simulator: it holds the secret its thinking signatures are minted
     with and the prompt cache its usage is counted against."""
 
-    def __init__(self, *, secret: bytes | None = None, cache_min_tokens: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        secret: bytes | None = None,
+        cache_min_tokens: int = 1024,
+        tokenizer: Tokenizer = CHARS_4,
+    ) -> None:
         self.signer = Signer(secret if secret is not None else os.urandom(32))
         self.prompt_cache = PromptCache(min_tokens=cache_min_tokens)
+        self.tokenizer = tokenizer
+
+    def count_prompt_tokens(self, body: JSON) -> int:
+        return count_prompt_tokens(body, self.tokenizer)
 
     def check_auth(self, headers: Mapping[str, str], api_key: str) -> ApiError | None:
         scheme, _, bearer = headers.get("Authorization", "").partition(" ")
@@ -299,7 +311,7 @@ class AnthropicDialect(Dialect):
         )
 
     def annotate(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> Meta:
-        usage = self.prompt_cache.account(body, count_prompt_tokens)
+        usage = self.prompt_cache.account(body, self.count_prompt_tokens)
         read = min(usage.read, meta.prompt_tokens)
         creation = min(usage.creation, meta.prompt_tokens - read)
         thinking = self._thinking(body, chat, reply)
@@ -318,7 +330,7 @@ class AnthropicDialect(Dialect):
             return None
         hidden = reasoning_for(reply, chat)
         seed = request_digest(chat) + hidden
-        tokens = completion_tokens(Reply(hidden))
+        tokens = completion_tokens(Reply(hidden), self.tokenizer)
         if wants_redacted(chat):
             return ThinkingBlock("", self.signer.redacted_data(seed), tokens, redacted=True)
         shown = "" if setting.display == "omitted" else hidden

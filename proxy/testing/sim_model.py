@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,32 +58,43 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def _tokens(chars: int) -> int:
-    return math.ceil(chars / 4)
+# The model's tokenizer: the tokens of some texts, counted together. The default is four
+# characters a token over their total; a test that needs another tokenizer (a model whose
+# tokens differ from the proxy's estimate) gives the Simulator its own.
+Tokenizer = Callable[[Sequence[str]], int]
 
 
-def _message_chars(message: JSON) -> int:
-    chars = len(text_of(message.get("content")))
+def chars_per_token(chars: float) -> Tokenizer:
+    """A tokenizer of `chars` characters a token (ceil over the total)."""
+    return lambda texts: math.ceil(sum(map(len, texts)) / chars)
+
+
+CHARS_4 = chars_per_token(4.0)
+
+
+def _message_texts(message: JSON) -> list[str]:
+    texts = [text_of(message.get("content"))]
     for call in message.get("tool_calls") or []:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
-            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
-    return chars
+            texts += [str(function.get("name", "")), str(function.get("arguments", ""))]
+    return texts
 
 
-def estimate_prompt_tokens(body: JSON) -> int:
-    """ceil(chars/4) over contents, tool call names+arguments and tool schemas, +4 per message."""
+def estimate_prompt_tokens(body: JSON, tokenizer: Tokenizer = CHARS_4) -> int:
+    """The tokenizer over contents, tool call names+arguments and tool schemas (their JSON),
+    +4 per message."""
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-    chars = sum(_message_chars(m) for m in messages)
+    texts = [text for message in messages for text in _message_texts(message)]
     if body.get("tools"):
-        chars += len(orjson.dumps(body["tools"]))
-    return _tokens(chars) + 4 * len(messages)
+        texts.append(orjson.dumps(body["tools"]).decode())
+    return tokenizer(texts) + 4 * len(messages)
 
 
-def completion_tokens(reply: Reply) -> int:
-    chars = len(reply.content or "")
-    chars += sum(len(call.name) + len(call.arguments) for call in reply.tool_calls)
-    return max(1, _tokens(chars))
+def completion_tokens(reply: Reply, tokenizer: Tokenizer = CHARS_4) -> int:
+    texts = [reply.content or ""]
+    texts += [text for call in reply.tool_calls for text in (call.name, call.arguments)]
+    return max(1, tokenizer(texts))
 
 
 def max_output_tokens(body: JSON) -> int | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .sim_model import JSON, Reply, max_output_tokens
+from .sim_model import CHARS_4, JSON, Reply, Tokenizer, estimate_prompt_tokens, max_output_tokens
+from .sim_prefix_cache import PrefixCache
 from .sim_wire import ApiError, Dialect, Event, Meta, fragments, split_words, sse_data
 
 SYSTEM_FINGERPRINT = "fp_5im0a1b2c3"
@@ -168,7 +170,7 @@ def usage(meta: Meta) -> JSON:
         "prompt_tokens": meta.prompt_tokens,
         "completion_tokens": meta.completion_tokens,
         "total_tokens": meta.prompt_tokens + meta.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": meta.cache_read_tokens, "audio_tokens": 0},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
@@ -186,6 +188,23 @@ def _wire_tool_calls(reply: Reply) -> list[JSON]:
 
 
 class OpenAIDialect(Dialect):
+    """Chat Completions. One per Simulator holds the automatic prompt cache its usage is
+    counted against (by model and `prompt_cache_key`, tools first, then messages)."""
+
+    def __init__(self, *, cache_min_tokens: int = 1024, tokenizer: Tokenizer = CHARS_4) -> None:
+        self.prompt_cache = PrefixCache(min_tokens=cache_min_tokens)
+        self.tokenizer = tokenizer
+
+    def annotate(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> Meta:
+        messages = body.get("messages") or []
+        cached = self.prompt_cache.account(
+            [body.get("model"), body.get("prompt_cache_key")],
+            body.get("tools"),
+            messages,
+            lambda n: estimate_prompt_tokens(body | {"messages": messages[:n]}, self.tokenizer),
+        )
+        return dataclasses.replace(meta, cache_read_tokens=min(cached, meta.prompt_tokens))
+
     def check_auth(self, headers: Mapping[str, str], api_key: str) -> ApiError | None:
         scheme, _, token = headers.get("Authorization", "").partition(" ")
         token = token.strip()

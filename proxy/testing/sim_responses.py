@@ -18,17 +18,24 @@ import dataclasses
 import hashlib
 import hmac
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from cachetools import TTLCache
 
-from .sim_model import JSON, Reply, completion_tokens, estimate_prompt_tokens, text_of
+from .sim_model import (
+    CHARS_4,
+    JSON,
+    Reply,
+    Tokenizer,
+    completion_tokens,
+    estimate_prompt_tokens,
+    text_of,
+)
 from .sim_openai import INVALID_JSON, OPENAI
 from .sim_openai import fault_error as openai_fault_error
+from .sim_prefix_cache import PrefixCache
 from .sim_thinking import reasoning_for
 from .sim_wire import ApiError, Dialect, Event, Meta, fragments, split_words
 
@@ -36,7 +43,6 @@ ENCRYPTED_CONTENT = "reasoning.encrypted_content"
 CONTEXT_EXCEEDED = (
     "Your input exceeds the context window of this model. Please adjust your input and try again."
 )
-CACHE_INCREMENT = 128  # cached_tokens come in steps of this many, as at OpenAI
 ROLES = ("user", "assistant", "system", "developer")
 # Input item types the API knows; anything else is refused. The chat model only reads
 # messages, function and custom tool calls and their outputs; the rest is accepted and skipped.
@@ -345,8 +351,8 @@ def to_chat(body: JSON) -> JSON:
     return chat
 
 
-def count_prompt_tokens(body: JSON) -> int:
-    return estimate_prompt_tokens(to_chat(body))
+def count_prompt_tokens(body: JSON, tokenizer: Tokenizer = CHARS_4) -> int:
+    return estimate_prompt_tokens(to_chat(body), tokenizer)
 
 
 class Sealer:
@@ -401,38 +407,25 @@ def check_reasoning_items(items: list[JSON], body: JSON, sealer: Sealer) -> ApiE
 
 
 class ResponsesCache:
-    """OpenAI-style automatic prompt caching: the longest earlier prompt prefix (tools,
-    instructions, then input items, whole items only) under the same model and
-    `prompt_cache_key` is read from the cache, counted in steps of 128 tokens from
-    `min_tokens` on. Bounded in entries and time."""
+    """The automatic prefix cache (sim_prefix_cache) over tools, instructions, then input
+    items, scoped by model and `prompt_cache_key`."""
 
-    def __init__(self, *, min_tokens: int = 1024, entries: int = 4096, ttl_s: float = 300.0):
-        self.min_tokens = min_tokens
-        self._seen: TTLCache[bytes, None] = TTLCache(entries, ttl_s, timer=time.monotonic)
+    def __init__(self, *, min_tokens: int = 1024, tokenizer: Tokenizer = CHARS_4) -> None:
+        self.prefixes = PrefixCache(min_tokens=min_tokens)
+        self.tokenizer = tokenizer
 
     def clear(self) -> None:
-        self._seen.clear()
+        self.prefixes.clear()
 
     def account(self, body: JSON) -> int:
         """Read the cache for `body`, remember its prefixes; returns the cached tokens."""
-        scope = [body.get("model"), body.get("prompt_cache_key")]
-        running = hashlib.blake2b(orjson.dumps(scope), digest_size=16)
-        running.update(orjson.dumps([body.get("tools"), body.get("instructions")]))
         items = input_items(body)
-        digests = []
-        for item in items:
-            running.update(orjson.dumps(item, option=orjson.OPT_SORT_KEYS))
-            digests.append(running.digest())
-        # The last item is the new turn: only what came before it can have been seen.
-        hit = max((n for n, d in enumerate(digests[:-1]) if d in self._seen), default=None)
-        for digest in digests:
-            self._seen[digest] = None
-        if hit is None:
-            return 0
-        tokens = count_prompt_tokens(body | {"input": items[: hit + 1]})
-        if tokens < self.min_tokens:
-            return 0
-        return tokens - tokens % CACHE_INCREMENT
+        return self.prefixes.account(
+            [body.get("model"), body.get("prompt_cache_key")],
+            [body.get("tools"), body.get("instructions")],
+            items,
+            lambda n: count_prompt_tokens(body | {"input": items[:n]}, self.tokenizer),
+        )
 
 
 def _echo(meta: Meta) -> Echo:
@@ -449,9 +442,16 @@ class ResponsesDialect(Dialect):
     """Stateful, one per Simulator: the secret encrypted reasoning is sealed with, and the
     prompt cache its usage is counted against."""
 
-    def __init__(self, *, secret: bytes | None = None, cache_min_tokens: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        secret: bytes | None = None,
+        cache_min_tokens: int = 1024,
+        tokenizer: Tokenizer = CHARS_4,
+    ) -> None:
         self.sealer = Sealer(secret if secret is not None else os.urandom(32))
-        self.prompt_cache = ResponsesCache(min_tokens=cache_min_tokens)
+        self.prompt_cache = ResponsesCache(min_tokens=cache_min_tokens, tokenizer=tokenizer)
+        self.tokenizer = tokenizer
 
     def check_auth(self, headers: Mapping[str, str], api_key: str) -> ApiError | None:
         return OPENAI.check_auth(headers, api_key)
@@ -524,7 +524,8 @@ class ResponsesDialect(Dialect):
         summary = hidden if isinstance(setting, dict) and setting.get("summary") else ""
         blob = self.sealer.seal(hidden, summary) if sealed else None
         item_id = "rs_" + meta.id.removeprefix("resp_")
-        return ReasoningItem(item_id, summary, blob, completion_tokens(Reply(hidden)))
+        tokens = completion_tokens(Reply(hidden), self.tokenizer)
+        return ReasoningItem(item_id, summary, blob, tokens)
 
     def fault_error(self, status: int, model: str) -> ApiError:
         return openai_fault_error(status, model)

@@ -22,17 +22,19 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .sim_anthropic import AnthropicDialect, betas, count_prompt_tokens
+from .sim_anthropic import AnthropicDialect, betas
 from .sim_model import (
+    CHARS_4,
     JSON,
     Reply,
+    Tokenizer,
     completion_tokens,
     estimate_prompt_tokens,
     limit_reply,
     reply_from_message,
     scripted_reply,
 )
-from .sim_openai import OPENAI
+from .sim_openai import OPENAI, OpenAIDialect
 from .sim_responses import ResponsesDialect
 from .sim_wire import ApiError, Dialect, Event, Meta
 
@@ -108,6 +110,7 @@ class Simulator:
         responder: Responder | None = None,
         record: bool = True,
         cache_min_tokens: int = 1024,
+        tokenizer: Tokenizer = CHARS_4,
     ) -> None:
         self.context_window = context_window
         self.api_key = api_key
@@ -119,11 +122,15 @@ class Simulator:
         self.requests: list[RecordedRequest] = []
         self.faults: list[Fault] = []
         self.models_seen: dict[str, None] = {}  # an ordered set
-        # The Anthropic twin's state: its thinking-signature secret and its prompt cache
-        # (prefixes shorter than cache_min_tokens are not cached, as at the API).
-        self.anthropic = AnthropicDialect(cache_min_tokens=cache_min_tokens)
-        # The Responses twin's: the secret its encrypted reasoning is sealed with, its cache.
-        self.responses = ResponsesDialect(cache_min_tokens=cache_min_tokens)
+        # How the model counts tokens (usage, the window, cached prefixes): four characters
+        # a token unless a test gives a tokenizer of its own.
+        self.tokenizer = tokenizer
+        # Each twin's prompt cache (prefixes shorter than cache_min_tokens are not cached, as
+        # at the APIs); the Anthropic twin's thinking-signature secret; the secret the
+        # Responses twin's encrypted reasoning is sealed with.
+        self.openai = OpenAIDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
+        self.anthropic = AnthropicDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
+        self.responses = ResponsesDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
 
     def inject(self, *faults: Fault) -> None:
         # Copies: consuming a fault decrements `times`, which must not touch the caller's object.
@@ -135,6 +142,7 @@ class Simulator:
         self.requests.clear()
         self.faults.clear()
         self.request_count = 0
+        self.openai.prompt_cache.clear()
         self.anthropic.prompt_cache.clear()
         self.responses.prompt_cache.clear()
 
@@ -155,7 +163,7 @@ class Simulator:
     # --- model endpoints -------------------------------------------------------------------
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._exchange(request, OPENAI, "chatcmpl-sim")
+        return await self._exchange(request, self.openai, "chatcmpl-sim")
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         return await self._exchange(request, self.anthropic, "msg_sim")
@@ -190,7 +198,7 @@ class Simulator:
             return call.error(error or self.anthropic.invalid_json())
         if error := error or self.anthropic.check_count_tokens(body, call.request.headers):
             return call.error(error)
-        tokens = {"input_tokens": count_prompt_tokens(body)}
+        tokens = {"input_tokens": self.anthropic.count_prompt_tokens(body)}
         return call.respond(200, orjson.dumps(tokens), "application/json")
 
     async def _answer(
@@ -204,7 +212,7 @@ class Simulator:
         if error := error or dialect.check_body(body, request.headers):
             return call.error(error)
         chat = dialect.to_chat(body)
-        prompt_tokens = estimate_prompt_tokens(chat)
+        prompt_tokens = estimate_prompt_tokens(chat, self.tokenizer)
         model = str(body.get("model", ""))
         if error := dialect.check_context(body, prompt_tokens, self.context_window):
             meta = Meta(f"{id_prefix}{seq:08d}", int(time.time()), model, prompt_tokens, 0)
@@ -220,7 +228,7 @@ class Simulator:
             int(time.time()),
             model,
             prompt_tokens,
-            completion_tokens(reply),
+            completion_tokens(reply, self.tokenizer),
         )
         meta = dialect.annotate(body, chat, reply, meta)
         if body.get("stream") is True:
