@@ -162,6 +162,8 @@ class Exchange:
     # Time spent awaiting the upstream and the client; the rest is the proxy's own overhead.
     upstream_wait: float = 0.0
     client_wait: float = 0.0
+    # When a streamed answer's first piece came from the upstream (perf_counter), if it did.
+    first_token: float | None = None
     recovery: Recovery = field(default_factory=Recovery)
     # The guards' per-session record (store/guard_record.py), once a guard has read it.
     guard_record: dict[str, Any] | None = None

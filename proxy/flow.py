@@ -186,10 +186,15 @@ class Flow:
         metrics = self.metrics
         metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
         metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
+        if ex.first_token is not None:
+            first = ex.first_token - ex.started
+            metrics.child(metrics.time_to_first_token, ex.alias).observe(first)
         usage = ex.usage
         cost = self._count(ex.alias, ex.deployment, usage)
         for side in ex.side_calls:  # the proxy's own calls for it (summaries), at their model
             side_cost = self._count(side.alias, side.deployment, side.usage)
+            if side_cost:
+                metrics.child(metrics.summarizer_cost, side.alias).inc(side_cost)
             usage = _total(usage, side.usage)
             cost = side_cost if cost is None else cost + (side_cost or 0.0)
         # Every call to the request's model counts for `calls` budgets: retries, fallbacks and

@@ -103,8 +103,24 @@ class Metrics:
         )
         self.cost = Counter(
             "agentproxy_cost_usd",
-            "Estimated spend in US dollars from reported usage and the model's prices.",
+            "Estimated spend in US dollars from reported usage and the model's prices (cached "
+            "reads and cache writes at their own rates), the proxy's own summaries included.",
             ["model"],
+            registry=r,
+        )
+        self.summarizer_cost = Counter(
+            "agentproxy_summarizer_cost_usd",
+            "The part of agentproxy_cost_usd_total the proxy's own summarizer calls spent, by "
+            "the model alias that wrote the summaries.",
+            ["model"],
+            registry=r,
+        )
+        self.time_to_first_token = Histogram(
+            "agentproxy_time_to_first_token_seconds",
+            "Streamed requests: from the request's arrival to the first piece of the answer "
+            "(text, tool arguments or reasoning) from the upstream, by model alias.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.rewrites = Counter(

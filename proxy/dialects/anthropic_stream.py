@@ -89,6 +89,8 @@ class Held:
 class Relay(StreamRelay):
     """Writes one Anthropic response stream to the client over the rounds' upstream streams."""
 
+    token_marks = (b"content_block_delta",)  # text, tool input JSON or thinking
+
     def __init__(
         self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: AnthropicView
     ) -> None:

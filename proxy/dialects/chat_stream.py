@@ -77,6 +77,15 @@ class Relay(StreamRelay):
     (the openai SDK raises it as an APIError)."""
 
     error_prefix = b"data: "
+    # A content piece (the opening chunk's content is empty), tool call arguments, reasoning.
+    token_marks = (b'"content":"', b'"arguments":"', b'"reasoning')
+
+    def _has_token(self, batch: list[bytes]) -> bool:
+        return any(
+            mark in event and mark + b'"' not in event
+            for event in batch
+            for mark in self.token_marks
+        )
 
     async def release(self, held: HeldCalls) -> None:
         """The held events, without the proxy's own calls, and the end of the stream."""

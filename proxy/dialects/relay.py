@@ -21,6 +21,9 @@ from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 class StreamRelay:
     # How an error event starts on this wire: OpenAI chat's is a bare data line.
     error_prefix = b"event: error\ndata: "
+    # Bytes only an event carrying a piece of the answer (text, tool arguments, reasoning) has
+    # on this wire: the first such event is the time to first token.
+    token_marks: tuple[bytes, ...] = ()
 
     def __init__(self, request: web.Request, ex: Exchange, response: web.StreamResponse) -> None:
         self.request = request
@@ -80,8 +83,13 @@ class StreamRelay:
                 return
             finally:
                 self.ex.upstream_wait += time.perf_counter() - waited
+            if self.ex.first_token is None and self._has_token(batch):
+                self.ex.first_token = time.perf_counter()
             self.relayed += len(batch)
             yield batch
+
+    def _has_token(self, batch: list[bytes]) -> bool:
+        return any(mark in event for event in batch for mark in self.token_marks)
 
     async def release(self, held: Any) -> None:
         """What `run` held back, without the proxy's own calls, and the stream's end."""

@@ -46,6 +46,9 @@ class Held:
 
 
 class Relay(StreamRelay):
+    # response.output_text.delta, response.function_call_arguments.delta, reasoning deltas.
+    token_marks = (b'.delta"',)
+
     def __init__(
         self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: ResponsesView
     ) -> None:

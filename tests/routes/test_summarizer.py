@@ -139,6 +139,10 @@ async def test_summary_tokens_are_counted_under_its_model_and_charged_to_budgets
     assert tokens[("sim", "prompt")] > 0
     summary_cost = 0.001 * (tokens[("summ", "prompt")] + tokens[("summ", "completion")])
     assert abs(sample(metrics, "agentproxy_cost_usd_total", model="summ") - summary_cost) < 1e-9
+    # Summaries are their own series too (part of the total): the summarizer's share of spend.
+    summarizer = sample(metrics, "agentproxy_summarizer_cost_usd_total", model="summ")
+    assert abs(summarizer - summary_cost) < 1e-9
+    assert sample(metrics, "agentproxy_summarizer_cost_usd_total", model="sim") == 0
     # The budget was charged the request's own tokens and the summary's, and its cost.
     used = sample(metrics, "agentproxy_budget_used_ratio", budget="b", limit="tokens")
     assert round(used * 1_000_000) == sum(tokens.values())
