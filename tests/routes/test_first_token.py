@@ -45,7 +45,7 @@ REQUESTS = {
 
 
 def body_for(wire: str, stream: bool) -> dict[str, Any]:
-    path, body = REQUESTS[wire]
+    _, body = REQUESTS[wire]
     text = "Tell me about the parser, in a few words please."
     if wire == "responses":
         return body | {"input": text, "stream": stream}
