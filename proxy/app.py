@@ -157,6 +157,7 @@ def build_app(
         await activity.flush()  # the last requests' activity, before the store closes
         await upstreams.close()
         await catalog.close()
+        await ctx.meter.close()
         await store.close()
         await state.close()
         events.close()

@@ -64,6 +64,22 @@ def _cached(details: Any) -> int:
     return cached if isinstance(cached, int) and cached > 0 else 0
 
 
+@dataclass(slots=True)
+class PromptMeasure:
+    """The prompt size a decision was made on (proxy/tokens/meter.py): `total` in the
+    measure's units (estimates, or the model's tokenizer when `exact`), times `factor` (the
+    session's calibration against the provider's counts) in provider tokens."""
+
+    model: str  # the deployment's model it was measured for
+    total: int  # of what is sent: set again when compaction changes the history
+    factor: float = 1.0
+    exact: bool = False
+
+    @property
+    def estimate(self) -> int:
+        return int(self.total * self.factor + 0.5)
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What the proxy's own calls for a request (a summary) used, on the deployment that
@@ -156,6 +172,10 @@ class Exchange:
     notes: list[Note] = field(default_factory=list)
     usage: Usage | None = None  # of the request's own calls: what its client is told
     cost_usd: float | None = None  # what the request cost in all (summaries too), once charged
+    usage_reports: int = 0  # upstream calls whose usage was added (recall rounds: several)
+    usage_estimated: bool = False  # some of it never reported: estimated instead
+    # The prompt as the proxy measured it for its decisions (compaction, budgets), if it did.
+    prompt: PromptMeasure | None = None
     # The proxy's own calls for this request (summaries), each charged at its own model.
     side_calls: list[Charge] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -186,6 +206,7 @@ class Exchange:
         if self.usage is None:
             self.usage = Usage()
         self.usage.add(usage)
+        self.usage_reports += 1
 
     def add_side_call(self, child: Exchange) -> None:
         """`child` was a call made for this request (a summary): what it used is charged here,
@@ -203,6 +224,7 @@ class Exchange:
         (one token per streamed event)."""
         prompt = self.estimated_prompt()
         self.add_usage(Usage(prompt, completion_tokens))
+        self.usage_estimated = True
         self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
 
     @property
@@ -224,8 +246,11 @@ class Exchange:
         return self.view.translated(self.body), None
 
     def estimated_prompt(self) -> int:
-        """The body's size over four, at most the window: O(1), and on the high side, as a
-        guard (and a charge for usage never reported) should be."""
+        """The prompt the decisions were made on (compaction measured it: counted, calibrated)
+        when there is one; else the body's size over four, at most the window: O(1), and on
+        the high side, as a guard (and a charge for usage never reported) should be."""
+        if self.prompt is not None:
+            return self.prompt.estimate
         estimate = self.body_bytes // 4
         window = self.deployment.max_input_tokens if self.deployment else None
         return min(estimate, window) if window else estimate

@@ -190,6 +190,7 @@ class Flow:
             first = ex.first_token - ex.started
             metrics.child(metrics.time_to_first_token, ex.alias).observe(first)
         usage = ex.usage
+        self.rewriter.ctx.meter.learn(ex, usage)  # the provider's count of what was measured
         cost = self._count(ex.alias, ex.deployment, usage)
         for side in ex.side_calls:  # the proxy's own calls for it (summaries), at their model
             side_cost = self._count(side.alias, side.deployment, side.usage)

@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 import xxhash
 
+from proxy.tokens.parts import part_tokens
+
 Message = dict[str, Any]
 
 # Characters per token for the estimate; calibrated later against reported usage.
@@ -103,5 +105,18 @@ def text_of(message: Message) -> str:
     return "\n".join(parts)
 
 
+def non_text_tokens(message: Message) -> int:
+    """Tokens of the parts that are not text (images, documents, audio: proxy/tokens/parts)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        part_tokens(part)
+        for part in content
+        if isinstance(part, dict) and not isinstance(part.get("text"), str)
+    )
+
+
 def estimate_tokens(message: Message) -> int:
-    return TOKENS_PER_MESSAGE + int(len(text_of(message)) / CHARS_PER_TOKEN + 0.999)
+    text = int(len(text_of(message)) / CHARS_PER_TOKEN + 0.999)
+    return TOKENS_PER_MESSAGE + text + non_text_tokens(message)

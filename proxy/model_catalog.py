@@ -68,6 +68,11 @@ class ModelCatalog:
     async def _load(self) -> None:
         self._known = await asyncio.to_thread(_read_price_map)
 
+    async def ready(self) -> None:
+        """Wait until litellm's price map is read (tests; requests never wait for it)."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+
     async def close(self) -> None:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()

@@ -20,6 +20,7 @@ from proxy.policies.spec import Policy
 from proxy.recorder import Recorder
 from proxy.store.base import Store
 from proxy.store.state import MemoryState, StateStore
+from proxy.tokens.meter import PromptMeter
 
 # Writes a summary of `messages` for the exchange's session; raises on failure or timeout.
 Summarizer = Callable[[Exchange, list[Message]], Awaitable[str]]
@@ -29,7 +30,8 @@ class StageContext:
     """What the stages may use, passed in by whoever builds the pipeline."""
 
     __slots__ = (
-        "archive", "catalog", "events", "metrics", "recorder", "state", "store", "summarize",
+        "archive", "catalog", "events", "meter", "metrics", "recorder", "state", "store",
+        "summarize",
     )  # fmt: skip
 
     def __init__(
@@ -41,6 +43,7 @@ class StageContext:
         summarize: Summarizer,
         state: StateStore | None = None,
         recorder: Recorder | None = None,
+        meter: PromptMeter | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -52,6 +55,8 @@ class StageContext:
         self.recorder = recorder or Recorder(metrics, events)
         # The one writer of what leaves a context (store before removal).
         self.archive = Archive(store, self.recorder)
+        # The prompt's size as decisions take it: counted near them, calibrated.
+        self.meter = meter or PromptMeter()
 
 
 class Stage(Protocol):

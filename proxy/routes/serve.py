@@ -185,6 +185,8 @@ def proxy_headers(ex: Exchange) -> dict[str, str]:
         "x-agentproxy-policy": ex.policy.name,
         "x-agentproxy-session": ex.session_name,
     }
+    if ex.prompt is not None:  # the prompt size its decisions took: counted, calibrated
+        headers["x-agentproxy-prompt-tokens"] = str(ex.prompt.estimate)
     if ex.notes:
         headers["x-agentproxy-applied"] = applied_header(ex)
     if ex.dry_run:

@@ -17,6 +17,7 @@ from proxy import messages as msgs
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext
+from proxy.tokens.parts import part_tokens
 
 HEAD_ROLES = ("system", "developer")
 
@@ -26,7 +27,7 @@ def message_tokens(message: Message) -> int:
     content = message.get("content")
     if content.__class__ is str and not message.get("tool_calls"):  # the common case, fast
         return msgs.TOKENS_PER_MESSAGE + int(len(content) / msgs.CHARS_PER_TOKEN + 0.999)
-    parts = chars = 0
+    parts = chars = other = 0
     if isinstance(content, str):
         parts, chars = 1, len(content)
     elif isinstance(content, list):
@@ -34,6 +35,8 @@ def message_tokens(message: Message) -> int:
             if isinstance(part, dict) and isinstance(text := part.get("text"), str):
                 parts += 1
                 chars += len(text)
+            elif isinstance(part, dict):
+                other += part_tokens(part)  # images, documents, audio
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
@@ -41,7 +44,7 @@ def message_tokens(message: Message) -> int:
             chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
     if parts:
         chars += parts - 1  # text_of joins its parts with one newline each
-    return msgs.TOKENS_PER_MESSAGE + int(chars / msgs.CHARS_PER_TOKEN + 0.999)
+    return msgs.TOKENS_PER_MESSAGE + int(chars / msgs.CHARS_PER_TOKEN + 0.999) + other
 
 
 def tokens_of(messages: Sequence[Message]) -> int:
@@ -72,6 +75,13 @@ class Budget:
 
     def limit(self, fraction: float) -> int:
         return int(fraction * self.available)
+
+    def scaled(self, factor: float, fixed: int) -> Budget:
+        """The budget in the units of a measure whose every unit is `factor` provider tokens
+        (tokens/meter.py), the tool schemas measured as `fixed`."""
+        if factor == 1.0:
+            return Budget(self.window, self.available, fixed)
+        return Budget(int(self.window / factor), int(self.available / factor), fixed)
 
     def capped(self, window: int | None) -> Budget:
         """The budget when the provider is known to overflow at `window` tokens, prompt and

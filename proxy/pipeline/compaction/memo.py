@@ -29,6 +29,7 @@ class Seen:
     messages: list[Message]  # a copy of the list: callers may append to theirs
     costs: list[int]  # token estimate of each message
     hashes: list[int] = field(default_factory=list)  # prefix hashes of the first len(hashes)
+    exact: int = 0  # the first `exact` costs are the model tokenizer's counts (tokens/meter)
 
     @property
     def chars(self) -> int:
@@ -58,7 +59,7 @@ class SeenHistories:
             len(last.messages) <= known_shared or last.messages == messages[: len(last.messages)]
         ):
             costs = last.costs + list(map(message_tokens, messages[len(last.messages) :]))
-            seen = Seen(list(messages), costs, last.hashes)
+            seen = Seen(list(messages), costs, last.hashes, min(last.exact, len(messages)))
         else:
             seen = Seen(list(messages), list(map(message_tokens, messages)))
         if seen.chars <= self._seen.maxsize:

@@ -110,7 +110,10 @@ class CompactionStage:
         # it the session sent before: no need to compare it again.
         known = ex.stable_prefix if messages is ex.messages else 0
         seen = self.seen.remember(ex.session, messages, known_shared=known)
-        tokens = budget.fixed + sum(seen.costs)
+        # Counted exactly near the trigger, calibrated against the provider (tokens/meter.py):
+        # the budget is then in the measure's units.
+        measure = await ctx.meter.measure(ex, seen, budget.fixed, budget.limit(spec.trigger))
+        budget, tokens = budget.scaled(measure.factor, measure.fixed), measure.total
         state = self.index.peek(ex.session)
         if state is None:
             # Only a session that overflowed has a smaller window than the catalog's, and such
@@ -199,6 +202,8 @@ class CompactionStage:
             await self._truncate(ex, ctx, state, plan, horizon, recent, target)
         if plan.tokens() > target:
             await self._summarize(ex, ctx, state, plan, recent, budget.window)
+        if ex.prompt is not None:
+            ex.prompt.total = plan.tokens()  # what is sent, for the calibration
         return plan.output()
 
     async def _reuse_checkpoint(

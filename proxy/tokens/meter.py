@@ -1,0 +1,158 @@
+"""The prompt size the proxy acts on: estimated, counted exactly near a decision, calibrated.
+
+Every turn the compaction stage has a per-message estimate of the history (characters / 4,
+plus images and documents: proxy/tokens/parts), kept incrementally per session. That is cheap
+and good enough far from any decision. Near one — once the calibrated estimate reaches NEAR of
+the compaction trigger — the messages are counted with the model's own tokenizer
+(proxy/tokens/tokenizers), each once: a session's counts carry over turn to turn with its
+history, and a text counted before (in any session) is found by its hash. From then on the
+session's new messages are counted as they come.
+
+Whatever is counted, the provider may count differently (its tokenizer, the way it frames
+messages and tool schemas, what the proxy does not see). So after each call the provider's
+reported prompt tokens are compared with the proxy's count of that very request, and the ratio
+is kept per scoped session and model: the next turn's count is multiplied by it. A trigger then
+lands where it should for any tokenizer, from the second turn of a session on.
+
+Bounded: ratios for the most recent sessions, counts for the most recent texts, by entries.
+Per process: replicas each learn a session's ratio from the turns they serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import xxhash
+from cachetools import LRUCache
+
+from proxy.exchange import Exchange, PromptMeasure, Usage
+from proxy.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
+from proxy.tokens.tokenizers import Tokenizer, Tokenizers
+
+NEAR = 0.7  # exact counting starts at this share of the decision's limit
+THREAD_CHARS = 64 * 1024  # more text than this counted at once is counted in a thread
+MEMO_MIN_CHARS = 256  # shorter texts are counted again rather than remembered
+RATIO_BOUNDS = (0.2, 5.0)  # a report outside this is a mismatch (not the same request): ignored
+
+
+class Measured(Protocol):
+    """A session's history as the compaction stage keeps it (compaction/memo.Seen)."""
+
+    messages: list[Message]
+    costs: list[int]  # per message, in the measure's units
+    exact: int  # how many leading costs are exact counts
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    value: float  # provider tokens per measured token
+    exact: bool  # learned against exact counts (else against estimates)
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    fixed: int  # tool schemas
+    total: int  # fixed and every message, in the measure's units
+    factor: float  # provider tokens per unit: the calibration
+
+
+class PromptMeter:
+    def __init__(
+        self,
+        tokenizers: Tokenizers | None = None,
+        sessions: int = 65_536,
+        texts: int = 65_536,
+    ) -> None:
+        self.tokenizers = tokenizers or Tokenizers()
+        self._ratios: LRUCache[tuple[str, str], Ratio] = LRUCache(sessions)
+        self._counts: LRUCache[tuple[str, int], int] = LRUCache(texts)
+
+    def ratio(self, session: str, model: str) -> Ratio | None:
+        return self._ratios.get((session, model))
+
+    async def measure(self, ex: Exchange, seen: Measured, fixed: int, limit: int) -> Measure:
+        """This request's prompt, with `fixed` (the tool schemas' estimate) and `limit` (the
+        decision's, in provider tokens). Near the limit, counts `seen` exactly in place."""
+        model = ex.deployment.model if ex.deployment is not None else ""
+        ratio = self.ratio(ex.session, model)
+        estimate = fixed + sum(seen.costs)
+        factor = ratio.value if ratio is not None else 1.0
+        tokenizer = None
+        if seen.exact or estimate * factor >= NEAR * limit:
+            tokenizer = await self.tokenizers.get(model)  # None: no known family
+        if tokenizer is None:
+            return self._measured(ex, model, Measure(fixed, estimate, factor), exact=False)
+        await self._count_exactly(tokenizer, seen)
+        fixed = await self._schema_tokens(tokenizer, ex.body.get("tools"))
+        total = fixed + sum(seen.costs)
+        if ratio is not None and not ratio.exact:
+            # Learned against estimates: carry that calibration over to the exact count.
+            factor = ratio.value * estimate / max(1, total)
+        return self._measured(ex, model, Measure(fixed, total, factor), exact=True)
+
+    def _measured(self, ex: Exchange, model: str, measure: Measure, exact: bool) -> Measure:
+        ex.prompt = PromptMeasure(model, measure.total, measure.factor, exact)
+        return measure
+
+    async def _count_exactly(self, tokenizer: Tokenizer, seen: Measured) -> None:
+        start = seen.exact
+        if start >= len(seen.messages):
+            return
+        fresh = seen.messages[start:]
+        counts = await self.count(tokenizer, [text_of(m) for m in fresh])
+        for offset, (message, tokens) in enumerate(zip(fresh, counts, strict=True)):
+            seen.costs[start + offset] = TOKENS_PER_MESSAGE + tokens + non_text_tokens(message)
+        seen.exact = len(seen.messages)
+
+    async def _schema_tokens(self, tokenizer: Tokenizer, tools: Any) -> int:
+        if not isinstance(tools, list) or not tools:
+            return 0
+        (tokens,) = await self.count(tokenizer, [orjson.dumps(tools).decode()])
+        return tokens
+
+    async def count(self, tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
+        """Exact counts of `texts`; long ones remembered by hash, a large batch in a thread
+        (the tokenizers release the GIL), the memo touched on the event loop only."""
+        counts: list[int | None] = [None] * len(texts)
+        missing: list[int] = []
+        for i, text in enumerate(texts):
+            if len(text) >= MEMO_MIN_CHARS:
+                counts[i] = self._counts.get((tokenizer.name, _hash(text)))
+            if counts[i] is None:
+                missing.append(i)
+        batch = [texts[i] for i in missing]
+        if sum(map(len, batch)) > THREAD_CHARS:
+            fresh = await asyncio.to_thread(lambda: [tokenizer.count(t) for t in batch])
+        else:
+            fresh = [tokenizer.count(t) for t in batch]
+        for i, tokens in zip(missing, fresh, strict=True):
+            counts[i] = tokens
+            if len(texts[i]) >= MEMO_MIN_CHARS:
+                self._counts[(tokenizer.name, _hash(texts[i]))] = tokens
+        return [c or 0 for c in counts]
+
+    def learn(self, ex: Exchange, usage: Usage | None) -> None:
+        """After the call: the provider's count of the very request measured, if there was
+        exactly one reported call and it went to the model the measure was for."""
+        measured = ex.prompt
+        if measured is None or usage is None or ex.usage_reports != 1 or ex.usage_estimated:
+            return
+        if ex.deployment is None or ex.deployment.model != measured.model:
+            return
+        if measured.total <= 0 or usage.prompt_tokens <= 0:
+            return
+        value = usage.prompt_tokens / measured.total
+        low, high = RATIO_BOUNDS
+        if low <= value <= high:
+            self._ratios[(ex.session, measured.model)] = Ratio(value, measured.exact)
+
+    async def close(self) -> None:
+        await self.tokenizers.close()
+
+
+def _hash(text: str) -> int:
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
