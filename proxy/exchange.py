@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.messages import TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
@@ -67,17 +68,32 @@ def _cached(details: Any) -> int:
 @dataclass(slots=True)
 class PromptMeasure:
     """The prompt size a decision was made on (proxy/tokens/meter.py): `total` in the
-    measure's units (estimates, or the model's tokenizer when `exact`), times `factor` (the
-    session's calibration against the provider's counts) in provider tokens."""
+    measure's units (estimates, or the model's tokenizer when `exact`), of which each of the
+    `messages` framed takes a fixed few; the rest scaled by `ratio` (the session's calibration
+    against the provider's counts) gives provider tokens."""
 
     model: str  # the deployment's model it was measured for
     total: int  # of what is sent: set again when compaction changes the history
-    factor: float = 1.0
+    messages: int
+    ratio: float = 1.0
     exact: bool = False
 
     @property
+    def framing(self) -> int:
+        return min(self.total, TOKENS_PER_MESSAGE * self.messages)
+
+    @property
     def estimate(self) -> int:
-        return int(self.total * self.factor + 0.5)
+        return int(self.framing + self.ratio * (self.total - self.framing) + 0.5)
+
+    @property
+    def factor(self) -> float:
+        """Provider tokens per unit of the measure, for this request."""
+        return self.estimate / self.total if self.total > 0 else 1.0
+
+    def sent(self, total: int, messages: int) -> None:
+        """Compaction changed what is sent: measure that."""
+        self.total, self.messages = total, messages
 
 
 @dataclass(frozen=True, slots=True)

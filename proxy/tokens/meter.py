@@ -49,7 +49,7 @@ class Measured(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Ratio:
-    value: float  # provider tokens per measured token
+    value: float  # provider tokens per measured token of text (framing aside)
     exact: bool  # learned against exact counts (else against estimates)
 
 
@@ -79,24 +79,25 @@ class PromptMeter:
         decision's, in provider tokens). Near the limit, counts `seen` exactly in place."""
         model = ex.deployment.model if ex.deployment is not None else ""
         ratio = self.ratio(ex.session, model)
+        value = ratio.value if ratio is not None else 1.0
+        messages = len(seen.messages)
         estimate = fixed + sum(seen.costs)
-        factor = ratio.value if ratio is not None else 1.0
-        tokenizer = None
-        if seen.exact or estimate * factor >= NEAR * limit:
-            tokenizer = await self.tokenizers.get(model)  # None: no known family
-        if tokenizer is None:
-            return self._measured(ex, model, Measure(fixed, estimate, factor), exact=False)
-        await self._count_exactly(tokenizer, seen)
-        fixed = await self._schema_tokens(tokenizer, ex.body.get("tools"))
-        total = fixed + sum(seen.costs)
-        if ratio is not None and not ratio.exact:
-            # Learned against estimates: carry that calibration over to the exact count.
-            factor = ratio.value * estimate / max(1, total)
-        return self._measured(ex, model, Measure(fixed, total, factor), exact=True)
-
-    def _measured(self, ex: Exchange, model: str, measure: Measure, exact: bool) -> Measure:
-        ex.prompt = PromptMeasure(model, measure.total, measure.factor, exact)
-        return measure
+        measured = PromptMeasure(model, estimate, messages, value)
+        if seen.exact or measured.estimate >= NEAR * limit:
+            tokenizer = await self.tokenizers.get(model)  # None: no family it knows
+            if tokenizer is not None:
+                await self._count_exactly(tokenizer, seen)
+                fixed = await self._schema_tokens(tokenizer, ex.body.get("tools"))
+                exact = PromptMeasure(model, fixed + sum(seen.costs), messages, value, True)
+                if ratio is not None and not ratio.exact:
+                    # Learned against estimates. The provider's own tokenizer needs none; an
+                    # approximate one starts from the same calibrated figure, in its units.
+                    text = max(1, exact.total - exact.framing)
+                    own = (measured.estimate - measured.framing) / text
+                    exact.ratio = own if tokenizer.approximate else 1.0
+                measured = exact
+        ex.prompt = measured
+        return Measure(fixed, measured.total, measured.factor)
 
     async def _count_exactly(self, tokenizer: Tokenizer, seen: Measured) -> None:
         start = seen.exact
@@ -137,15 +138,18 @@ class PromptMeter:
 
     def learn(self, ex: Exchange, usage: Usage | None) -> None:
         """After the call: the provider's count of the very request measured, if there was
-        exactly one reported call and it went to the model the measure was for."""
+        exactly one reported call and it went to the model the measure was for. What the
+        calibration keeps is the ratio of the text (and tool schemas): the few tokens framing
+        each message are the same in both counts, whatever the tokenizer."""
         measured = ex.prompt
         if measured is None or usage is None or ex.usage_reports != 1 or ex.usage_estimated:
             return
         if ex.deployment is None or ex.deployment.model != measured.model:
             return
-        if measured.total <= 0 or usage.prompt_tokens <= 0:
+        text = measured.total - measured.framing
+        if text <= 0 or usage.prompt_tokens <= measured.framing:
             return
-        value = usage.prompt_tokens / measured.total
+        value = (usage.prompt_tokens - measured.framing) / text
         low, high = RATIO_BOUNDS
         if low <= value <= high:
             self._ratios[(ex.session, measured.model)] = Ratio(value, measured.exact)

@@ -33,6 +33,9 @@ BUNDLE = "litellm_core_utils/tokenizers"
 
 class Tokenizer(Protocol):
     name: str
+    # Not the provider's own tokenizer, only the closest one litellm ships (Claude 3 and later
+    # count with one Anthropic has not published).
+    approximate: bool
 
     def count(self, text: str) -> int: ...
 
@@ -126,6 +129,7 @@ class _Tiktoken:
             for token, rank in (line.split() for line in data.splitlines() if line)
         }
         self.name = name
+        self.approximate = False
         self._encoding = tiktoken.Encoding(
             name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special
         )
@@ -139,6 +143,7 @@ class _HuggingFace:
         from tokenizers import Tokenizer as HFTokenizer
 
         self.name = name
+        self.approximate = name == "anthropic"
         self._tokenizer = HFTokenizer.from_file(str(folder / HUGGINGFACE[name]))
 
     def count(self, text: str) -> int:

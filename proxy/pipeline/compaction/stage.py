@@ -202,9 +202,10 @@ class CompactionStage:
             await self._truncate(ex, ctx, state, plan, horizon, recent, target)
         if plan.tokens() > target:
             await self._summarize(ex, ctx, state, plan, recent, budget.window)
-        if ex.prompt is not None:
-            ex.prompt.total = plan.tokens()  # what is sent, for the calibration
-        return plan.output()
+        output = plan.output()
+        if ex.prompt is not None:  # what is sent, for the calibration
+            ex.prompt.sent(plan.tokens(), len(output if output is not None else messages))
+        return output
 
     async def _reuse_checkpoint(
         self, ex: Exchange, ctx: StageContext, state: SessionState, plan: Plan, hashes: list[int]

@@ -1,0 +1,169 @@
+"""The prompt size the proxy acts on, over real sockets against simulated models whose
+tokenizers are not the proxy's estimate: the calibration converges after one turn, a small
+model's dense log lines never overflow its window, a known model family is counted exactly
+from the first turn, and each tenant's session learns on its own."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import openai
+from aiohttp.test_utils import TestServer
+
+from proxy.testing.sim_model import Tokenizer, chars_per_token
+from proxy.testing.simulator import Simulator
+from proxy.tokens.tokenizers import load
+from tests.conftest import ProxyFactory, base_url
+
+LOG = "\n".join(
+    f"2026-11-30 10:{i // 60:02d}:{i % 60:02d} WARN pool {i % 7} slow: {3 + i % 11} ms"
+    for i in range(40)
+)
+KEYS = """
+keys:
+  api_keys:
+    - {name: alice, key: sk-alice}
+    - {name: bob, key: sk-bob}
+"""
+
+
+async def start(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    window: int,
+    model: str = "openai/sim",
+    policy: str = "",
+) -> TestServer:
+    url = str(upstream.make_url("")).rstrip("/")
+    text = f"""\
+        store: {{path: {tmp_path}}}
+        model_list:
+          - model_name: sim
+            litellm_params: {{model: {model}, api_base: "{url}/v1"}}
+            model_info: {{max_input_tokens: {window}}}
+        """
+    path = tmp_path / "tokens.yaml"
+    path.write_text(textwrap.dedent(text) + textwrap.dedent(KEYS) + textwrap.dedent(policy))
+    return await start_proxy(path)
+
+
+class Agent:
+    """A coding agent reading logs, turn after turn, in one session."""
+
+    def __init__(self, proxy: TestServer, key: str = "sk-alice", session: str = "s1") -> None:
+        self.client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key=key, max_retries=0)
+        self.session = session
+        self.history: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a careful operations agent. " * 50},
+            {"role": "user", "content": "Find out why the pool is slow."},
+        ]
+
+    async def turn(self, step: int) -> tuple[int, int, str]:
+        """(the proxy's prompt tokens, the model's reported prompt tokens, applied)."""
+        raw = await self.client.chat.completions.with_raw_response.create(
+            model="sim",
+            messages=self.history,  # type: ignore[arg-type]
+            extra_headers={"x-agentproxy-session": self.session},
+        )
+        reply = raw.parse()
+        assert reply.usage is not None
+        estimate = int(raw.headers["x-agentproxy-prompt-tokens"])
+        call = {
+            "id": f"c{step}",
+            "type": "function",
+            "function": {"name": "logs", "arguments": f'{{"since": "10:{step:02d}"}}'},
+        }
+        self.history += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"Step {step}: checking the logs."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{step}", "content": f"step {step}\n{LOG}"},
+            {"role": "user", "content": "What do you see?"},
+        ]
+        return estimate, reply.usage.prompt_tokens, raw.headers.get("x-agentproxy-applied", "")
+
+
+def error(estimate: int, reported: int) -> float:
+    return abs(estimate - reported) / reported
+
+
+async def test_calibration_converges_on_a_tokenizer_30_percent_off_the_estimate(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = Simulator(context_window=1_000_000, tokenizer=chars_per_token(4 / 1.3))
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), 1_000_000)
+    agent = Agent(proxy)
+    errors = [error(*(await agent.turn(step))[:2]) for step in range(8)]
+    assert 0.2 < errors[0] < 0.3  # the first turn: the estimate alone, ~30% under
+    assert max(errors[1:]) <= 0.03, errors  # then calibrated
+    assert errors[-1] <= 0.01, errors
+
+
+async def test_calibration_is_per_tenant_session(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = Simulator(context_window=1_000_000, tokenizer=chars_per_token(4 / 1.3))
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), 1_000_000)
+    alice = Agent(proxy, "sk-alice", "shared-name")
+    for step in range(3):
+        await alice.turn(step)
+    bob = Agent(proxy, "sk-bob", "shared-name")  # the same session id, another tenant
+    bob.history = list(alice.history)  # and the very same history
+    assert error(*(await bob.turn(0))[:2]) > 0.2  # alice's calibration is not his
+    assert error(*(await alice.turn(3))[:2]) <= 0.03
+
+
+SMALL_MODEL = """
+policies:
+  - name: agents
+    offload: {min_tokens: 100000}
+"""
+
+
+async def test_a_small_models_dense_tokens_never_overflow_its_window(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """2.1 characters a token on these log lines: the estimate says half of what the model
+    counts. Calibrated, compaction starts before the model's window is reached, every turn."""
+    window = 8_000
+    sim = Simulator(context_window=window, tokenizer=chars_per_token(2.1))
+    proxy = await start(
+        start_proxy, tmp_path, await aiohttp_server(sim.app()), window, policy=SMALL_MODEL
+    )
+    agent = Agent(proxy)
+    compacted = 0
+    for step in range(14):
+        estimate, reported, applied = await agent.turn(step)
+        assert "overflow" not in applied, (step, applied)
+        assert reported <= window
+        compacted += "compaction.summarized" in applied
+        if step:
+            assert error(estimate, reported) <= 0.03 or "compaction" in applied, step
+    assert compacted >= 1
+    assert all(r.status == 200 for r in sim.requests)  # the model never refused a prompt
+
+
+def o200k() -> Tokenizer:
+    """A model counting with OpenAI's o200k_base (GPT-4o's): the simulator's tokenizer."""
+    encoding = load("o200k_base")
+    return lambda texts: sum(encoding.count(text) for text in texts)
+
+
+async def test_a_known_model_family_is_counted_exactly_from_the_first_turn(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    window = 6_000
+    sim = Simulator(context_window=100_000, tokenizer=o200k())
+    upstream = await aiohttp_server(sim.app())
+    proxy = await start(start_proxy, tmp_path, upstream, window, model="openai/gpt-4o")
+    agent = Agent(proxy)
+    near: list[float] = []
+    for step in range(10):
+        estimate, reported, applied = await agent.turn(step)
+        if estimate > 0.7 * 0.85 * window and "compaction" not in applied:
+            near.append(error(estimate, reported))
+    assert near and near[0] <= 0.01, near  # exact before any calibration: GPT-4o's tokenizer
+    assert max(near) <= 0.01, near

@@ -1,0 +1,180 @@
+"""The prompt meter: estimates far from a decision, the model's tokenizer near it (each text
+counted once, a session's new messages only), and the calibration it learns from reported
+usage, per scoped session and model."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+
+from proxy.exchange import Exchange, PromptMeasure, Usage
+from proxy.messages import TOKENS_PER_MESSAGE, text_of
+from proxy.pipeline.compaction.budget import message_tokens
+from proxy.pipeline.compaction.memo import Seen, SeenHistories
+from proxy.tokens.meter import PromptMeter
+from proxy.tokens.tokenizers import Tokenizer, Tokenizers, load
+from tests.pipeline.factories import deployment, exchange
+
+SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
+LOG = "\n".join(f"2026-11-30 10:{i % 60:02d}:00 INFO request {i} served in 4 ms" for i in range(80))
+
+
+class Spy:
+    """The o200k tokenizer, noting each text it counts and on which thread."""
+
+    def __init__(self, approximate: bool = False) -> None:
+        self.inner = load("o200k_base")
+        self.name = self.inner.name
+        self.approximate = approximate
+        self.texts: list[str] = []
+        self.threads: set[str] = set()
+
+    def count(self, text: str) -> int:
+        self.texts.append(text)
+        self.threads.add(threading.current_thread().name)
+        return self.inner.count(text)
+
+
+def meter_with(spy: Spy) -> PromptMeter:
+    def loader(name: str) -> Tokenizer:
+        assert name == "o200k_base"
+        return spy
+
+    return PromptMeter(Tokenizers(loader))
+
+
+def history(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "Fix the parser."}]
+    for i in range(turns):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"run {i}\n{LOG}"},
+        ]
+    return messages
+
+
+def gpt4o(messages: list[dict[str, Any]], session: str = "key:a/s1", tools: Any = None) -> Exchange:
+    ex = exchange(messages, session=session, **({"tools": tools} if tools else {}))
+    ex.deployment = dataclasses.replace(deployment(alias="gpt"), model="openai/gpt-4o")
+    return ex
+
+
+async def test_far_from_the_limit_the_estimate_stands_and_nothing_loads() -> None:
+    loads: list[str] = []
+
+    def loader(name: str) -> Tokenizer:
+        loads.append(name)
+        return load(name)
+
+    meter = PromptMeter(Tokenizers(loader))
+    seen = SeenHistories().remember("s", history(2))
+    ex = gpt4o(seen.messages)
+    measure = await meter.measure(ex, seen, 0, limit=1_000_000)
+    assert measure.total == sum(seen.costs) and measure.factor == 1.0 and not loads
+    assert ex.prompt is not None and not ex.prompt.exact and seen.exact == 0
+
+
+async def test_near_the_limit_messages_are_counted_by_the_models_tokenizer() -> None:
+    spy = Spy()
+    seen = SeenHistories().remember("s", history(3))
+    estimate = sum(seen.costs)
+    measure = await meter_with(spy).measure(gpt4o(seen.messages), seen, 0, limit=estimate)
+    assert seen.exact == len(seen.messages)
+    expected = [TOKENS_PER_MESSAGE + spy.inner.count(text_of(m)) for m in seen.messages]
+    assert seen.costs == expected and measure.total == sum(expected)
+    assert measure.total > 1.3 * estimate  # log lines: far more tokens than characters / 4
+
+
+async def test_a_warm_turn_counts_only_its_new_messages_and_texts_once() -> None:
+    spy = Spy()
+    meter, histories = meter_with(spy), SeenHistories()
+    tools = [{"type": "function", "function": {"name": "bash", "description": "x" * 400}}]
+    first = history(3)
+    seen = histories.remember("s", first)
+    await meter.measure(gpt4o(first, "key:a/s", tools), seen, 0, limit=1)
+    spy.texts.clear()
+    grown = history(4)
+    seen = histories.remember("s", grown)
+    await meter.measure(gpt4o(grown, "key:a/s", tools), seen, 0, limit=1)
+    assert spy.texts == [text_of(m) for m in grown[len(first) :]]  # tools: by their hash
+    # Another session sending the same long texts finds them by hash: only the short ones.
+    spy.texts.clear()
+    other = histories.remember("t", grown)
+    await meter.measure(gpt4o(grown, "key:a/t", tools), other, 0, limit=1)
+    assert all(len(text) < 256 for text in spy.texts)
+
+
+async def test_a_large_batch_is_counted_off_the_event_loop() -> None:
+    spy = Spy()
+    seen = SeenHistories().remember("s", history(40))  # ~200 KB of logs
+    await meter_with(spy).measure(gpt4o(seen.messages), seen, 0, limit=1)
+    assert threading.current_thread().name not in spy.threads
+
+
+async def test_the_calibration_is_learned_per_session_and_model() -> None:
+    meter = PromptMeter(Tokenizers(lambda name: load(name)))
+    messages = [{"role": "user", "content": "x" * 4000}]  # estimate 1004
+    seen = Seen(list(messages), [message_tokens(m) for m in messages])
+    ex = exchange(messages, session="key:a/s1")
+    await meter.measure(ex, seen, 0, limit=1_000_000)
+    ex.add_usage(Usage(1305, 10))  # the provider counts 30% more
+    meter.learn(ex, ex.usage)
+    again = exchange(messages, session="key:a/s1")
+    measure = await meter.measure(again, seen, 0, limit=1_000_000)
+    assert abs(measure.factor - 1305 / 1004) < 1e-9 and again.prompt is not None
+    assert again.prompt.estimate == 1305
+    other = exchange(messages, session="key:b/s1")  # another tenant's session of that name
+    assert (await meter.measure(other, seen, 0, limit=1_000_000)).factor == 1.0
+
+
+async def test_what_was_not_one_reported_call_of_the_measured_model_teaches_nothing() -> None:
+    meter = PromptMeter(Tokenizers(lambda name: load(name)))
+    messages = [{"role": "user", "content": "x" * 4000}]
+    seen = Seen(list(messages), [message_tokens(m) for m in messages])
+
+    async def taught(change: Any) -> bool:
+        ex = exchange(messages, session="key:a/new")
+        await meter.measure(ex, seen, 0, limit=1_000_000)
+        ex.add_usage(Usage(2000, 1))
+        change(ex)
+        meter.learn(ex, ex.usage)
+        return meter.ratio("key:a/new", "openai/sim") is not None
+
+    assert not await taught(lambda ex: ex.add_usage(Usage(2000, 1)))  # two calls (recall)
+    assert not await taught(lambda ex: setattr(ex, "usage_estimated", True))  # cut short
+    assert not await taught(lambda ex: setattr(ex, "deployment", deployment(alias="other")))
+    assert not await taught(lambda ex: setattr(ex.usage, "prompt_tokens", 10**6))  # 1,000x off
+    assert await taught(lambda ex: None)
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+async def test_a_ratio_learned_on_estimates_and_exact_counts(approximate: bool) -> None:
+    """The provider's own tokenizer needs no calibration to start from; an approximate one
+    starts from the figure the estimate's calibration gave."""
+    spy = Spy(approximate)
+    meter = meter_with(spy)
+    histories = SeenHistories()
+    first = history(2)
+    seen = histories.remember("s", first)
+    ex = gpt4o(first, "key:a/s")
+    await meter.measure(ex, seen, 0, limit=1_000_000)  # far: estimates
+    reported = int(sum(seen.costs) * 1.5)
+    ex.add_usage(Usage(reported, 1))
+    meter.learn(ex, ex.usage)
+    learned = meter.ratio("key:a/s", "openai/gpt-4o")
+    assert learned is not None and not learned.exact
+    grown = history(3)
+    seen = histories.remember("s", grown)
+    estimated = PromptMeasure("openai/gpt-4o", sum(seen.costs), len(grown), learned.value)
+    again = gpt4o(grown, "key:a/s")
+    measure = await meter.measure(again, seen, 0, limit=1)  # near: now exact
+    assert again.prompt is not None and again.prompt.exact
+    assert measure.total != estimated.total
+    if approximate:
+        assert abs(again.prompt.estimate - estimated.estimate) <= 1  # the same calibrated figure
+    else:
+        assert again.prompt.estimate == measure.total  # the exact count as it is
