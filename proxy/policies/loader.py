@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,9 +248,21 @@ def _read(file: Path) -> tuple[_Source | None, list[ConfigIssue]]:
     return source, sorted(issues, key=lambda issue: issue.line or 0)
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2's floats too: PyYAML (YAML 1.1) reads `3e-6` — how prices are written — as a
+    string, wanting a dot (`3.0e-6`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _parse_yaml(name: str, text: str) -> tuple[Any, dict[YamlPath, int], list[ConfigIssue]]:
     """Data, the line of each path, and key problems (duplicates, non-string keys), one parse."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:

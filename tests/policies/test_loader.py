@@ -919,3 +919,23 @@ def test_the_old_ttl_s_still_works_with_a_warning(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.store.session_ttl_s == 7200.0
     assert any("main.yaml:2: store.ttl_s: ttl_s is now session_ttl" in w for w in config.warnings)
+
+
+def test_prices_written_as_yaml_1_2_floats_load_as_numbers(tmp_path: Path) -> None:
+    """`3e-6` is how a price is written; YAML 1.1 (PyYAML) would read it as a string."""
+    path = write(
+        tmp_path,
+        "prices.yaml",
+        """\
+        model_list:
+          - model_name: m
+            litellm_params: {model: openai/m, api_base: "http://127.0.0.1:9/v1"}
+            model_info: {input_cost_per_token: 3e-6, output_cost_per_token: 1.5E-5,
+                         cache_read_input_token_cost: 3e-7, cache_creation_input_token_cost: 3.75e-6}
+        """,
+    )
+    (deployment,) = load_config(path).deployments["m"]
+    assert deployment.input_cost_per_token == 3e-6
+    assert deployment.output_cost_per_token == 1.5e-5
+    assert deployment.cache_read_cost_per_token == 3e-7
+    assert deployment.cache_write_cost_per_token == 3.75e-6
