@@ -930,8 +930,11 @@ def test_prices_written_as_yaml_1_2_floats_load_as_numbers(tmp_path: Path) -> No
         model_list:
           - model_name: m
             litellm_params: {model: openai/m, api_base: "http://127.0.0.1:9/v1"}
-            model_info: {input_cost_per_token: 3e-6, output_cost_per_token: 1.5E-5,
-                         cache_read_input_token_cost: 3e-7, cache_creation_input_token_cost: 3.75e-6}
+            model_info:
+              input_cost_per_token: 3e-6
+              output_cost_per_token: 1.5E-5
+              cache_read_input_token_cost: 3e-7
+              cache_creation_input_token_cost: 3.75e-6
         """,
     )
     (deployment,) = load_config(path).deployments["m"]
