@@ -31,7 +31,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
 from proxy.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
-from proxy.tokens.tokenizers import Tokenizer, Tokenizers
+from proxy.tokens.tokenizers import Tokenizer, Tokenizers, family
 
 NEAR = 0.7  # exact counting starts at this share of the decision's limit
 THREAD_CHARS = 64 * 1024  # more text than this counted at once is counted in a thread
@@ -84,17 +84,17 @@ class PromptMeter:
         estimate = fixed + sum(seen.costs)
         measured = PromptMeasure(model, estimate, messages, value)
         if seen.exact or measured.estimate >= NEAR * limit:
-            tokenizer = await self.tokenizers.get(model)  # None: no family it knows
+            tokenizer = await self.tokenizers.get(model)  # None: none could be loaded
             if tokenizer is not None:
                 await self._count_exactly(tokenizer, seen)
                 fixed = await self._schema_tokens(tokenizer, ex.body.get("tools"))
                 exact = PromptMeasure(model, fixed + sum(seen.costs), messages, value, True)
                 if ratio is not None and not ratio.exact:
-                    # Learned against estimates. The provider's own tokenizer needs none; an
-                    # approximate one starts from the same calibrated figure, in its units.
+                    # Learned against estimates. The model's own tokenizer needs none; a
+                    # borrowed one starts from the same calibrated figure, in its units.
                     text = max(1, exact.total - exact.framing)
-                    own = (measured.estimate - measured.framing) / text
-                    exact.ratio = own if tokenizer.approximate else 1.0
+                    carried = (measured.estimate - measured.framing) / text
+                    exact.ratio = 1.0 if family(model)[1] else carried
                 measured = exact
         ex.prompt = measured
         return Measure(fixed, measured.total, measured.factor)

@@ -6,8 +6,8 @@ SHA-1 of its download URL, as tiktoken's cache names them) and HuggingFace token
 alone would download its encodings on first use (and fail offline), and `import litellm` costs
 seconds. The model-to-tokenizer choice follows litellm's `token_counter`: DeepSeek models their
 own, Claude models but Claude 3 the Anthropic one, otherwise tiktoken's encoding for the model
-name. A model of no known family (litellm would fall back to cl100k_base) keeps the estimate:
-the calibration fits that to its provider as well as any borrowed tokenizer would.
+name, and cl100k_base for a model of no family litellm knows. Only OpenAI's and DeepSeek's are
+the models' own; the others are the closest litellm has, and the calibration fits them.
 
 Loading one takes 0.1-0.3 s and holds 30-85 MB: it happens in a thread the first time a model
 needs exact counts (that request waits for it, once per process; other requests go on), and
@@ -33,9 +33,6 @@ BUNDLE = "litellm_core_utils/tokenizers"
 
 class Tokenizer(Protocol):
     name: str
-    # Not the provider's own tokenizer, only the closest one litellm ships (Claude 3 and later
-    # count with one Anthropic has not published).
-    approximate: bool
 
     def count(self, text: str) -> int: ...
 
@@ -84,6 +81,7 @@ ENCODINGS: dict[str, tuple[str, str, dict[str, int]]] = {
     ),
 }
 HUGGINGFACE = {"anthropic": "anthropic_tokenizer.json", "deepseek": "deepseek_tokenizer.json"}
+BORROWED = "cl100k_base"  # litellm's default for a model of no family it knows
 _CLAUDE = re.compile(r"(?:^|[./])claude-(?:\d|instant|opus|sonnet|haiku)")
 _DEEPSEEK = re.compile(
     r"deepseek[-_.](?:chat[-_.])?v[34]|(?:^|/)deepseek-(?:chat|reasoner|flash)(?::free)?$",
@@ -91,21 +89,28 @@ _DEEPSEEK = re.compile(
 )
 
 
-def tokenizer_name(model: str) -> str | None:
-    """Which tokenizer litellm counts `model` ("provider/name") with; None for a model of no
-    family it knows (a local model, a test double): the estimate then stands."""
+def tokenizer_name(model: str) -> str:
+    """Which tokenizer litellm counts `model` ("provider/name") with."""
+    return family(model)[0]
+
+
+def family(model: str) -> tuple[str, bool]:
+    """(the tokenizer litellm counts `model` with, whether it is the model's own). A model of
+    no family litellm knows (a local model, a test double) is counted with cl100k_base, as
+    litellm does: a byte-pair count follows what the text is made of (prose, code, log lines)
+    far better than characters do, and the calibration fits it to the model's own."""
     name = model.partition("/")[2] or model
     if _DEEPSEEK.search(model):
-        return "deepseek"
-    if _CLAUDE.search(name):
-        return "cl100k_base" if "claude-3" in name else "anthropic"
+        return "deepseek", True
+    if _CLAUDE.search(name):  # Claude 3 and later: a tokenizer Anthropic has not published
+        return ("cl100k_base" if "claude-3" in name else "anthropic"), "claude-2" in name
     import tiktoken.model  # a table, offline
 
     try:
         encoding = tiktoken.model.encoding_name_for_model(name)
     except KeyError:
-        return None
-    return encoding if encoding in ENCODINGS else None
+        return BORROWED, False
+    return (encoding, True) if encoding in ENCODINGS else (BORROWED, False)
 
 
 def bundle_folder() -> Path | None:
@@ -129,7 +134,6 @@ class _Tiktoken:
             for token, rank in (line.split() for line in data.splitlines() if line)
         }
         self.name = name
-        self.approximate = False
         self._encoding = tiktoken.Encoding(
             name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special
         )
@@ -143,7 +147,6 @@ class _HuggingFace:
         from tokenizers import Tokenizer as HFTokenizer
 
         self.name = name
-        self.approximate = name == "anthropic"
         self._tokenizer = HFTokenizer.from_file(str(folder / HUGGINGFACE[name]))
 
     def count(self, text: str) -> int:
@@ -163,17 +166,16 @@ def load(name: str, folder: Path | None = None) -> Tokenizer:
 class Tokenizers:
     """The tokenizers loaded so far, by name; each loaded once, in a thread, on first need."""
 
-    def __init__(self, loader: Callable[[str], Tokenizer] = load) -> None:
+    def __init__(self, loader: Callable[[str], Tokenizer] | None = load) -> None:
+        """`loader=None`: no tokenizers at all, the estimate everywhere."""
         self._loader = loader
         self._ready: dict[str, Tokenizer | None] = {}  # None: could not be loaded
         self._loading: dict[str, asyncio.Task[Tokenizer | None]] = {}
 
     async def get(self, model: str) -> Tokenizer | None:
-        """The model's tokenizer, loaded first if need be; None for a model of no known
-        family, or when its tokenizer cannot be loaded (the estimate then stands)."""
+        """The model's tokenizer, loaded first if need be; None when it cannot be loaded (the
+        estimate then stands)."""
         name = tokenizer_name(model)
-        if name is None:
-            return None
         if name in self._ready:
             return self._ready[name]
         task = self._loading.get(name)
@@ -185,6 +187,8 @@ class Tokenizers:
         return found
 
     async def _load(self, name: str) -> Tokenizer | None:
+        if self._loader is None:
+            return None
         try:
             return await asyncio.to_thread(self._loader, name)
         except Exception as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,16 @@ def config(url: str, state: Path) -> str:
     )
 
 
+OPENED: list[anthropic.AsyncAnthropic | openai.AsyncOpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+async def close_clients() -> AsyncIterator[None]:
+    yield
+    while OPENED:
+        await OPENED.pop().close()
+
+
 class Bill:
     def __init__(self) -> None:
         self.uncached = self.read = self.written = self.output = 0
@@ -99,6 +110,7 @@ class ClaudeCode:
 
     def __init__(self, base_url: str, key: str) -> None:
         self.sdk = anthropic.AsyncAnthropic(base_url=base_url, api_key=key, max_retries=0)
+        OPENED.append(self.sdk)
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
         self.bill = Bill()
 
@@ -158,6 +170,7 @@ class Codex:
 
     def __init__(self, base_url: str, key: str) -> None:
         self.sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+        OPENED.append(self.sdk)
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": TASK},

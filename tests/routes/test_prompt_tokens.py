@@ -6,10 +6,12 @@ from the first turn, and each tenant's session learns on its own."""
 from __future__ import annotations
 
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.testing.sim_model import Tokenizer, chars_per_token
@@ -50,11 +52,22 @@ async def start(
     return await start_proxy(path)
 
 
+OPENED: list[openai.AsyncOpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+async def close_clients() -> AsyncIterator[None]:
+    yield
+    while OPENED:
+        await OPENED.pop().close()
+
+
 class Agent:
     """A coding agent reading logs, turn after turn, in one session."""
 
     def __init__(self, proxy: TestServer, key: str = "sk-alice", session: str = "s1") -> None:
         self.client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key=key, max_retries=0)
+        OPENED.append(self.client)
         self.session = session
         self.history: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a careful operations agent. " * 50},

@@ -54,13 +54,13 @@ async def send(
     key: str = KEY,
     **body: Any,
 ) -> Any:
-    client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key=key, max_retries=0)
-    return await client.chat.completions.with_raw_response.create(
-        model="sim",
-        messages=messages,  # type: ignore[arg-type]
-        extra_headers=headers or {},
-        **body,
-    )
+    async with openai.AsyncOpenAI(base_url=base_url(proxy), api_key=key, max_retries=0) as sdk:
+        return await sdk.chat.completions.with_raw_response.create(
+            model="sim",
+            messages=messages,  # type: ignore[arg-type]
+            extra_headers=headers or {},
+            **body,
+        )
 
 
 def answered(raw: Any) -> dict[str, Any]:

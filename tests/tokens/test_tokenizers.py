@@ -9,7 +9,14 @@ import threading
 
 import pytest
 
-from proxy.tokens.tokenizers import Tokenizer, Tokenizers, bundle_folder, load, tokenizer_name
+from proxy.tokens.tokenizers import (
+    Tokenizer,
+    Tokenizers,
+    bundle_folder,
+    family,
+    load,
+    tokenizer_name,
+)
 from tests.tokens.litellm_reference import litellm
 
 TEXTS = (
@@ -33,13 +40,26 @@ TEXTS = (
         ("anthropic/claude-sonnet-4-5-20250929", "anthropic"),
         ("anthropic/claude-3-5-sonnet-20241022", "cl100k_base"),
         ("deepseek/deepseek-chat", "deepseek"),
-        ("openai/sim", None),  # no known family: the estimate, calibrated
-        ("anthropic/claude-sim", None),
-        ("openai/text-davinci-003", None),  # a legacy encoding litellm does not bundle
+        ("openai/sim", "cl100k_base"),  # no known family: litellm's default, borrowed
+        ("anthropic/claude-sim", "cl100k_base"),
+        ("openai/text-davinci-003", "cl100k_base"),  # a legacy encoding litellm lacks
     ],
 )
-def test_the_tokenizer_follows_litellms_choice(model: str, expected: str | None) -> None:
+def test_the_tokenizer_follows_litellms_choice(model: str, expected: str) -> None:
     assert tokenizer_name(model) == expected
+
+
+@pytest.mark.parametrize(
+    "model, own",
+    [
+        ("openai/gpt-4o", True),
+        ("deepseek/deepseek-chat", True),
+        ("anthropic/claude-sonnet-4-5", False),  # the closest litellm has, not Claude's
+        ("openai/sim", False),
+    ],
+)
+def test_only_openai_and_deepseek_tokenizers_are_the_models_own(model: str, own: bool) -> None:
+    assert family(model)[1] is own
 
 
 @pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
@@ -85,7 +105,7 @@ async def test_a_tokenizer_loads_once_for_every_caller() -> None:
     found = await asyncio.gather(*(tokenizers.get("openai/gpt-4o") for _ in range(5)))
     assert loader.loads == 1 and all(t is found[0] and t is not None for t in found)
     assert await tokenizers.get("openai/gpt-4o-mini") is found[0]  # the same encoding
-    assert await tokenizers.get("openai/sim") is None and loader.loads == 1
+    assert await tokenizers.get("openai/sim") is not None and loader.loads == 2  # cl100k
 
 
 async def test_a_tokenizer_that_cannot_load_leaves_the_estimate(

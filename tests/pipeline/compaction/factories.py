@@ -21,6 +21,8 @@ from proxy.recorder import Recorder
 from proxy.store.memory import MemoryStore
 from proxy.store.state import MemoryState
 from proxy.testing.sim_model import summary_sections
+from proxy.tokens.meter import PromptMeter
+from proxy.tokens.tokenizers import Tokenizers
 from proxy.upstream.pool import Upstreams
 
 WINDOW = 2_000
@@ -113,6 +115,9 @@ def context(summarize: Summarizer, store: MemoryStore | None = None) -> StageCon
         metrics=Metrics(),
         events=EventLog(None),
         summarize=summarize,
+        # Compaction on the estimate (characters / 4): the exact counts near the trigger and
+        # the calibration are tests/tokens' and tests/routes/test_prompt_tokens.py's.
+        meter=PromptMeter(Tokenizers(loader=None)),
     )
 
 
