@@ -305,6 +305,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> int:
         f"({len(others)} turns): median {statistics.median(others):.2%}, p95 "
         f"{percentile(others, 95):.2%}"
     )
+    every = decisions + others
+    print(
+        f"every turn after the first ({len(every)}): median {statistics.median(every):.2%}, "
+        f"p95 {percentile(every, 95):.2%}"
+    )
     met = median <= TARGET and p95 <= TARGET
     print(f"  {'met' if met else 'MISSED'}  |acted on - reported| / reported near the trigger")
     print(

@@ -11,7 +11,7 @@ the models' own; the others are the closest litellm has, and the calibration fit
 
 Loading one takes 0.1-0.3 s and holds 30-85 MB: it happens in a thread the first time a model
 needs exact counts (that request waits for it, once per process; other requests go on), and
-it is kept for the process's life.
+it is kept for the process's life (shared by every app the process runs).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import logging
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -153,14 +154,22 @@ class _HuggingFace:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def load(name: str, folder: Path | None = None) -> Tokenizer:
-    """Build a tokenizer from the bundled files (blocking: call it in a thread)."""
-    folder = folder or bundle_folder()
-    if folder is None:
-        raise FileNotFoundError("litellm is not installed: no bundled tokenizers")
-    if name in HUGGINGFACE:
-        return _HuggingFace(name, folder)
-    return _Tiktoken(name, folder)
+_LOADED: dict[str, Tokenizer] = {}
+_LOADING = threading.Lock()
+
+
+def load(name: str) -> Tokenizer:
+    """The tokenizer `name` from the bundled files (blocking: call it in a thread). Built once
+    per process: it is immutable, and tens of megabytes."""
+    with _LOADING:
+        found = _LOADED.get(name)
+        if found is None:
+            folder = bundle_folder()
+            if folder is None:
+                raise FileNotFoundError("litellm is not installed: no bundled tokenizers")
+            found = _HuggingFace(name, folder) if name in HUGGINGFACE else _Tiktoken(name, folder)
+            _LOADED[name] = found
+        return found
 
 
 class Tokenizers:
