@@ -56,8 +56,8 @@ if str(REPO_ROOT) not in sys.path:  # run as `python bench/tokens.py` from anywh
 from aiohttp import web  # noqa: E402
 
 from proxy.app import SERVER_OPTIONS, build_app  # noqa: E402
-from proxy.testing.sim_model import Tokenizer  # noqa: E402
 from proxy.policies.spec import CompactionSpec  # noqa: E402
+from proxy.testing.sim_model import Tokenizer  # noqa: E402
 from proxy.testing.simulator import Simulator, run_simulator  # noqa: E402
 from proxy.tokens.meter import NEAR  # noqa: E402
 from proxy.tokens.tokenizers import load  # noqa: E402
