@@ -47,6 +47,7 @@ from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
+from proxy.tokens.meter import PromptMeter
 from proxy.upstream.pool import Upstreams
 
 log = logging.getLogger("agentproxy")
@@ -97,19 +98,23 @@ def build_app(
     # flow's to offer it, call by call.
     control = app[CONTROL] = Control(upstreams, metrics, state, recorder)
     summarize = make_summarizer(control, metrics)
-    ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder)
     memo_bytes = holder.current.server.memo_mb * 1024 * 1024  # fixed for the process
+    meter = PromptMeter(
+        ratios_bytes=int(MEMO_SHARES["token_ratios"] * memo_bytes),
+        counts_bytes=int(MEMO_SHARES["token_counts"] * memo_bytes),
+    )
+    ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder, meter)
     rewriter = Rewriter(ctx, memo_bytes=memo_bytes)
     views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
 
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
-        forget_sessions(sessions, named=[views.cache])
+        forget_sessions(sessions, named=[views.cache], led=meter.by_session())
 
     activity = Activity(retention, forget, live_s=settings.live_s)
     collector = Collector(retention, activity, settings, metrics)
     app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder, activity, Lineage(state))
-    metrics.watch_memos({**rewriter.memos(), "views": views.cache})
+    metrics.watch_memos({**rewriter.memos(), "views": views.cache, **meter.memos()})
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
     app.add_routes(responses.routes)

@@ -21,7 +21,7 @@ MB = 1024 * 1024
 # The four that keep whole histories mostly hold the same message objects, so their sum
 # overstates what they keep alive.
 MEMO_SHARES = {
-    "histories": 0.3125,
+    "histories": 0.296875,
     "views": 0.0625,
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
@@ -29,6 +29,8 @@ MEMO_SHARES = {
     "offload_pointers": 0.05,
     "truncated_arguments": 0.05,
     "checkpoints": 0.05,
+    "token_ratios": 0.0125,  # per session and model: the calibration (tokens/meter.py)
+    "token_counts": 0.009375,  # exact counts of long texts, by hash
 }
 
 

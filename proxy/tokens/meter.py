@@ -14,7 +14,7 @@ reported prompt tokens are compared with the proxy's count of that very request,
 is kept per scoped session and model: the next turn's count is multiplied by it. A trigger then
 lands where it should for any tokenizer, from the second turn of a session on.
 
-Bounded: ratios for the most recent sessions, counts for the most recent texts, by entries.
+Bounded by bytes: ratios for the most recent sessions, counts for the most recent texts.
 Per process: replicas each learn a session's ratio from the turns they serve.
 """
 
@@ -36,6 +36,7 @@ from proxy.tokens.tokenizers import Tokenizer, Tokenizers, family
 NEAR = 0.7  # exact counting starts at this share of the decision's limit
 THREAD_CHARS = 64 * 1024  # more text than this counted at once is counted in a thread
 MEMO_MIN_CHARS = 256  # shorter texts are counted again rather than remembered
+RATIO_BYTES, COUNT_BYTES = 400, 200  # an entry's memory, about
 RATIO_BOUNDS = (0.2, 5.0)  # a report outside this is a mismatch (not the same request): ignored
 
 
@@ -64,12 +65,25 @@ class PromptMeter:
     def __init__(
         self,
         tokenizers: Tokenizers | None = None,
-        sessions: int = 65_536,
-        texts: int = 65_536,
+        ratios_bytes: int = 8 * 1024 * 1024,
+        counts_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.tokenizers = tokenizers or Tokenizers()
-        self._ratios: LRUCache[tuple[str, str], Ratio] = LRUCache(sessions)
-        self._counts: LRUCache[tuple[str, int], int] = LRUCache(texts)
+        # Bounded by bytes, each entry costed at about what it holds (a session key, a float;
+        # a hash and an int).
+        self._ratios: LRUCache[tuple[str, str], Ratio] = LRUCache(
+            ratios_bytes, getsizeof=lambda ratio: RATIO_BYTES
+        )
+        self._counts: LRUCache[tuple[str, int], int] = LRUCache(
+            counts_bytes, getsizeof=lambda count: COUNT_BYTES
+        )
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]:
+        return {"token_ratios": self._ratios, "token_counts": self._counts}
+
+    def by_session(self) -> list[LRUCache[Any, Any]]:
+        """The memos keyed by (session, ...): an idle session's entries go with it."""
+        return [self._ratios]
 
     def ratio(self, session: str, model: str) -> Ratio | None:
         return self._ratios.get((session, model))
