@@ -232,6 +232,7 @@ class Flow:
         answers = await recall.answer(ex, calls, self.store)
         turn = {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
         ex.body["messages"] = [*ex.messages, turn, *answers]
+        self.rewriter.adapt_appended(ex)  # the model's turn may carry a null content
         if last:
             recall.withdraw(ex.body)
         self.recorder.record(ex, "recall", "answered", count=len(calls))

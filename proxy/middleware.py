@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 
 from aiohttp import web
@@ -20,6 +19,7 @@ from proxy.errors import (
     from_http_exception,
 )
 from proxy.exchange import Exchange
+from proxy.request_id import new_request_id
 from proxy.state import CONFIG, METRICS
 
 log = logging.getLogger("agentproxy")
@@ -67,10 +67,12 @@ HANDLING = web.AppKey("handling", Handling)
 
 
 def _request_id(request: web.Request) -> str:
+    """The client's own id (echoed and logged; sent upstream only if UUID-shaped), else a
+    new UUID."""
     given = request.headers.get("x-request-id", "")
     if 0 < len(given) <= 128 and given.isprintable():
         return given
-    return secrets.token_hex(12)
+    return new_request_id()
 
 
 @web.middleware

@@ -7,8 +7,12 @@ state store (Redis) an opened circuit is published and every replica opens it to
 
 While the probe is out, every other caller finds the deployment open; a probe that never
 finishes (its client left) hands the probe to the next caller. Only transient failures count:
-a provider answering 400 is up. A deployment is named `alias#index` (its place among the
-alias' deployments), which keeps metric labels bounded.
+a provider answering 400 is up. And one request must not close a deployment for everyone: a
+failure that says the deployment is down (unreachable, timed out, 429, 502, 503, 504, 529)
+counts every time, but one that a single bad request can draw on every retry (an HTTP 500 or
+another 5xx) counts once per session, so only failures seen from `circuit.failures` sessions
+open the circuit that way. A deployment is named `alias#index` (its place among the alias'
+deployments), which keeps metric labels bounded.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.metrics import Metrics
@@ -40,6 +44,9 @@ class Breaker:
     failures: int = 0  # consecutive transient failures
     retry_at: float = 0.0  # when open: the clock time the probe may go
     probing: bool = False  # when half-open: the probe is out
+    # Sessions whose failure, perhaps caused by their own request, counted in this streak: at
+    # most `circuit.failures` of them (the circuit opens, and this is cleared, at that count).
+    blamed: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +117,15 @@ class Circuits:
         if breaker is None:
             return
         breaker.failures = 0
+        breaker.blamed.clear()
         if permit.probe:
             breaker.probing = False
             self._move(permit.key, breaker, "closed")
 
-    def failed(self, permit: Permit, spec: CircuitSpec) -> None:
-        """A transient failure of a call made under `permit`."""
+    def failed(self, permit: Permit, spec: CircuitSpec, session: str | None = None) -> None:
+        """A transient failure of a call made under `permit`. `session`: the (scoped) session
+        whose request may have caused it; such failures count once per session. None: the
+        failure is the deployment's, whoever called."""
         breaker = self._breakers.get(permit.key)
         if breaker is None:
             breaker = self._breakers[permit.key] = Breaker()
@@ -124,6 +134,10 @@ class Circuits:
             breaker.probing = False
             self._open(permit.key, breaker, spec)
         elif breaker.state == "closed":
+            if session is not None:
+                if session in breaker.blamed:
+                    return  # this session's request again: no news about the deployment
+                breaker.blamed.add(session)
             breaker.failures += 1
             if breaker.failures >= spec.failures:
                 self._open(permit.key, breaker, spec)
@@ -178,6 +192,7 @@ class Circuits:
 
     def _open(self, key: str, breaker: Breaker, spec: CircuitSpec) -> None:
         breaker.retry_at = self.clock() + spec.cooldown_s
+        breaker.blamed.clear()
         self._move(key, breaker, "open")
         if self.state is not None and self.state.backend != "memory":
             task = asyncio.ensure_future(self._publish(key, spec.cooldown_s))

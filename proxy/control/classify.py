@@ -3,8 +3,10 @@
 - transient: worth retrying (408, 429, 500, 502, 503, 504, 529 and other 5xx; connection
   refused or reset, read timeout, a garbled body; every deployment's circuit open)
 - overflow: the provider says the context is exceeded (handed to reactive compaction)
-- logical: retrying cannot help (400, 401, 403, 404, 422 and every other 4xx; 501, 505; an
-  upstream body or event over the proxy's size cap, which the same request would draw again)
+- logical: retrying cannot help (400, 401, 403, 404, 422 and every other 4xx; 501, 505; a 5xx
+  whose body is a validation error of the request, as llama-cpp-python answers a field it does
+  not accept; an upstream body or event over the proxy's size cap, which the same request would
+  draw again)
 - fatal: the proxy's own resources are exhausted (memory, file descriptors, disk)
 
 Anything else raised on the way is a bug in the proxy: no class, never retried.
@@ -23,9 +25,23 @@ from proxy.upstream.base import UpstreamHTTPError
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 LOGICAL_5XX = frozenset({501, 505})  # not implemented, version not supported
+# Statuses that say the deployment itself is unwell, whatever was asked: a plain 500 (or
+# another 5xx) may instead be one request the server cannot handle.
+DEPLOYMENT_STATUSES = frozenset({408, 429, 502, 503, 504, 529})
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ENOSPC})
 
 NO_OVERRIDES: Mapping[int, ErrorClass] = {}
+# Lower-case fragments of an error body that blames the request's shape, not the server:
+# pydantic's and FastAPI's validation errors (what Python model servers answer, some with a
+# 500), and OpenAI's error type for a bad request.
+VALIDATION_TEXTS = (
+    "validation error",
+    "validationerror",
+    "input should be",
+    "field required",
+    "invalid_request_error",
+)
+SCAN_BYTES = 64 * 1024  # error bodies are small; never lower-case a megabyte of HTML
 
 
 def classify(
@@ -55,8 +71,24 @@ def classify_status(status: int, body: bytes, overrides: Mapping[int, ErrorClass
     override = overrides.get(status)
     if override is not None:
         return override
+    if status >= 500 and is_request_invalid(body):
+        return "logical"  # the same request would be refused again
     if status in TRANSIENT_STATUSES:
         return "transient"
     if status >= 500 and status not in LOGICAL_5XX:
         return "transient"
     return "logical"
+
+
+def is_request_invalid(body: bytes) -> bool:
+    """Whether an error body says the request itself is malformed (so a retry cannot help)."""
+    text = body[:SCAN_BYTES].decode("utf-8", "replace").lower()
+    return any(fragment in text for fragment in VALIDATION_TEXTS)
+
+
+def blames_deployment(error: BaseException) -> bool:
+    """Whether a transient failure is the deployment's (unreachable, timed out, overloaded),
+    not possibly the one request's: only the former count per call toward its circuit."""
+    if isinstance(error, UpstreamHTTPError):
+        return error.status in DEPLOYMENT_STATUSES
+    return True

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
-from proxy.control.classify import classify
+from proxy.control.classify import blames_deployment, classify
 from proxy.control.fallback import with_fallbacks
 from proxy.control.outcome import CircuitOpen, decorate
 from proxy.control.retry import with_retries
@@ -57,6 +57,10 @@ class Fitter(Protocol):
 
     async def after_overflow(self, ex: Exchange) -> bool:
         """The provider said the context is exceeded: compact tighter. False = give up."""
+
+    async def after_rejection(self, ex: Exchange, error: UpstreamHTTPError) -> bool:
+        """The provider refused the request as invalid: adapt it to that deployment (a
+        compatibility shim). False = nothing to change."""
 
 
 class Control:
@@ -166,7 +170,7 @@ class Control:
             result = await self._fit_and_call(ex, stream, fitter)
         except Exception as error:
             if permit is not None:
-                self._report(ex, permit, classify(error, ex.policy.retry.classify))
+                self._report(ex, permit, error, classify(error, ex.policy.retry.classify))
             raise
         except BaseException:  # cancelled: no verdict on the deployment
             if permit is not None:
@@ -177,18 +181,31 @@ class Control:
         return result
 
     async def _fit_and_call(self, ex: Exchange, stream: bool, fitter: Fitter | None) -> Any:
-        """After "context exceeded", compact tighter and call once more."""
-        for call in (1, 2):
+        """After "context exceeded", compact tighter and call once more; after a refusal a
+        compatibility shim fixes, call once more with it. Each at most once."""
+        tried: set[str] = set()
+        while True:
             try:
                 return await self._call(ex, stream)
             except UpstreamHTTPError as error:
-                if call == 2 or fitter is None:
+                if fitter is None:
                     raise
-                overflow = classify(error, ex.policy.retry.classify) == "overflow"
-                if not overflow or not await fitter.after_overflow(ex):
+                step = await self._fix(ex, error, fitter, tried)
+                if step is None:
                     raise
-                ex.recovery.steps.append("compaction")
-        raise AssertionError("unreachable: the second call returns or raises")
+                tried.add(step)
+                ex.recovery.steps.append(step)
+
+    async def _fix(
+        self, ex: Exchange, error: UpstreamHTTPError, fitter: Fitter, tried: set[str]
+    ) -> str | None:
+        """What was changed so the request is worth sending again, or None."""
+        kind = classify(error, ex.policy.retry.classify)
+        if kind == "overflow" and "compaction" not in tried:
+            return "compaction" if await fitter.after_overflow(ex) else None
+        if kind == "logical" and "compatibility" not in tried:
+            return "compatibility" if await fitter.after_rejection(ex, error) else None
+        return None
 
     async def _call(self, ex: Exchange, stream: bool) -> Any:
         deployment = ex.deployment
@@ -272,9 +289,13 @@ class Control:
         ex.recovery.last_status = None
         raise CircuitOpen(ex.alias, self.circuits.failures(key), retry_in)
 
-    def _report(self, ex: Exchange, permit: Permit, kind: ErrorClass | None) -> None:
+    def _report(
+        self, ex: Exchange, permit: Permit, error: Exception, kind: ErrorClass | None
+    ) -> None:
         if kind == "transient":
-            self.circuits.failed(permit, ex.policy.circuit)
+            # A failure one request may have caused counts once for its session.
+            session = None if blames_deployment(error) else ex.session
+            self.circuits.failed(permit, ex.policy.circuit, session)
         elif kind in ("logical", "overflow"):
             self.circuits.succeeded(permit)  # the provider answered: it is up
         else:

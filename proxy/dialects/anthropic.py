@@ -71,8 +71,7 @@ def passthrough_body(error: UpstreamHTTPError, request_id: str) -> bytes:
     if isinstance(inner, dict) and isinstance(inner.get("message"), str):
         message = inner["message"]
     else:
-        text = error.body[:500].decode("utf-8", "replace").strip() or "(empty body)"
-        message = f"upstream answered HTTP {error.status}: {text}"
+        message = error.plain_message()
     body = {
         "type": "error",
         "error": {"type": error_type(error.status), "message": message, **error.extra},

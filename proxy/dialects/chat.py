@@ -40,10 +40,9 @@ def passthrough_body(error: UpstreamHTTPError, request_id: str) -> bytes:
         if not error.extra:
             return error.body
     if not isinstance(parsed, dict) or not isinstance(parsed.get("error"), dict):
-        text = error.body[:500].decode("utf-8", "replace").strip() or "(empty body)"
         parsed = {
             "error": {
-                "message": f"upstream answered HTTP {error.status}: {text}",
+                "message": error.plain_message(),
                 "type": "upstream_error",
                 "param": None,
                 "code": "upstream_http_error",

@@ -12,9 +12,11 @@ from proxy.pipeline.base import StageContext
 from proxy.pipeline.budget import BudgetStage
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
+from proxy.pipeline.compat import CompatStage, Quirks, adapt
 from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
+from proxy.upstream.base import UpstreamHTTPError
 
 MB = 1024 * 1024
 # How server.memo_mb is shared between the warm-turn memos ("views" is the routes' ViewMemo).
@@ -49,8 +51,16 @@ class Rewriter:
         self.budgets = BudgetStage()
         self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
         self.repair = RepairStage()
+        self.quirks = Quirks()
         self.chain = Chain(
-            [self.repair, self.offload, self.compaction, LoopStage(), self.budgets],
+            [
+                self.repair,
+                CompatStage(self.quirks),
+                self.offload,
+                self.compaction,
+                LoopStage(),
+                self.budgets,
+            ],
             memo_bytes=size["histories"],
         )
 
@@ -101,6 +111,29 @@ class Rewriter:
         if recall.offered(ex.body):
             recall.withdraw(ex.body)
         await self.before_call(ex)
+
+    async def after_rejection(self, ex: Exchange, error: UpstreamHTTPError) -> bool:
+        """The deployment refused the request as invalid: True when a compatibility shim it
+        turned out to need (compat.py) now changed the request, so it is worth sending again."""
+        deployment = ex.deployment
+        if ex.dry_run or ex.opaque_history or deployment is None:
+            return False
+        if not self.quirks.learn(deployment, error.body, ex.messages):
+            return False
+        adapted = adapt(ex, self.ctx, ex.messages)
+        if adapted is None:
+            return False
+        ex.body["messages"] = adapted
+        return True
+
+    def adapt_appended(self, ex: Exchange) -> None:
+        """The history grew outside the chain (a recall round): shim it for the deployment."""
+        deployment = ex.deployment
+        if ex.dry_run or deployment is None or not self.quirks.needs_empty_content(deployment):
+            return
+        adapted = adapt(ex, self.ctx, ex.messages)
+        if adapted is not None:
+            ex.body["messages"] = adapted
 
     async def after_overflow(self, ex: Exchange) -> bool:
         """The provider said the context is exceeded: compact tighter. False = give up."""

@@ -627,6 +627,7 @@ def _deployment(entry: _Entry, report: _Report) -> Deployment:
         output_cost_per_token=_float_or_none(info.get("output_cost_per_token")),
         cache_read_cost_per_token=_float_or_none(info.get("cache_read_input_token_cost")),
         cache_write_cost_per_token=_float_or_none(info.get("cache_creation_input_token_cost")),
+        supports_null_content=info.get("supports_null_content"),
         source=entry.where,
     )
     report.not_applied += litellm_compat.deployment_leftovers(deployment, entry.value, entry)

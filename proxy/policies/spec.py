@@ -57,6 +57,10 @@ class Deployment:
     output_cost_per_token: float | None = None
     cache_read_cost_per_token: float | None = None  # model_info.cache_read_input_token_cost
     cache_write_cost_per_token: float | None = None  # model_info.cache_creation_input_token_cost
+    # model_info.supports_null_content: False = the server refuses `content: null` on an
+    # assistant message (llama-cpp-python), so it gets "" (proxy/pipeline/compat.py); None =
+    # unknown, learnt from the first such refusal.
+    supports_null_content: bool | None = None
     source: str = ""  # "file.yaml: model_list[3]", for messages
 
     @property

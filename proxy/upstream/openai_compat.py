@@ -18,7 +18,13 @@ from proxy.errors import (
 )
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
-from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
+from proxy.request_id import is_uuid
+from proxy.upstream.base import (
+    UpstreamHTTPError,
+    UpstreamReply,
+    describe,
+    forwarded_headers,
+)
 from proxy.upstream.sse import EventTooLarge, SSESplitter
 
 MAX_ERROR_BODY = 1024 * 1024
@@ -135,7 +141,7 @@ class OpenAICompatUpstream:
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
-            "X-Request-Id": request_id,
+            **({"X-Request-Id": request_id} if is_uuid(request_id) else {}),
             **(passed or {}),  # the client's protocol headers (anthropic-version, -beta)
             **deployment.extra_headers,
             **self.auth_headers(deployment),
@@ -155,6 +161,7 @@ class OpenAICompatUpstream:
                 response.status,
                 redact(raw, deployment.api_key),
                 forwarded_headers(response.headers),
+                describe(deployment),
             )
         return response
 
