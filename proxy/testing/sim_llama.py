@@ -41,9 +41,9 @@ class LlamaCppSimulator(Simulator):
         given = call.request.headers.get("X-Request-Id")
         if given is not None and not is_valid_request_id(given):
             return web.Response(status=400, body=b"", headers={"vary": "Origin"})
-        if body is not None and call.request.path.endswith("/chat/completions"):
-            if nulls := null_content_indexes(body):
-                return web.json_response(validation_error(nulls), status=500)
+        chat = body is not None and call.request.path.endswith("/chat/completions")
+        if chat and body is not None and (nulls := null_content_indexes(body)):
+            return web.json_response(validation_error(nulls), status=500)
         return await super()._answer(call, body, seq, id_prefix)
 
 

@@ -142,7 +142,7 @@ async def test_a_null_content_refusal_teaches_the_shim_once_for_every_tenant(
 ) -> None:
     sim = LlamaCppSimulator()
     proxy = await start(aiohttp_server, start_proxy, tmp_path, sim)
-    raw, history = await tool_turns(client(proxy), "s1")
+    raw, _ = await tool_turns(client(proxy), "s1")
     assert raw.http_response.status_code == 200
     assert "compat.emptied_null_content;count=1" in raw.headers["x-agentproxy-applied"]
     refused, accepted = sim.requests[-2], sim.requests[-1]
