@@ -86,3 +86,39 @@ def test_deployments_are_named_by_alias_and_place() -> None:
     a, b = deployment(alias="sim"), deployment(alias="sim", window=4096)
     assert deployment_key(a, (a, b)) == "sim#0"
     assert deployment_key(b, (a, b)) == "sim#1"
+
+
+def fail_for(circuits: Circuits, key: str, session: str, times: int = 1) -> None:
+    for _ in range(times):
+        permit = circuits.enter(key)
+        assert permit is not None
+        circuits.failed(permit, SPEC, session)
+
+
+def test_failures_one_request_may_cause_count_once_per_session() -> None:
+    circuits = Circuits(Metrics(), Clock())
+    fail_for(circuits, "sim#0", "key:a/s1", times=10)  # one session's bad request, retried
+    assert circuits.usable("sim#0") and circuits.failures("sim#0") == 1
+    fail_for(circuits, "sim#0", "key:b/s1")  # the same session id of another tenant
+    assert circuits.usable("sim#0") and circuits.failures("sim#0") == 2
+    fail_for(circuits, "sim#0", "key:a/s2")
+    assert not circuits.usable("sim#0")  # three sessions: it is the deployment
+
+
+def test_a_success_forgets_which_sessions_failed() -> None:
+    circuits = Circuits(Metrics(), Clock())
+    fail_for(circuits, "sim#0", "key:a/s1")
+    fail_for(circuits, "sim#0", "key:a/s2")
+    permit = circuits.enter("sim#0")
+    assert permit is not None
+    circuits.succeeded(permit)
+    fail_for(circuits, "sim#0", "key:a/s1")
+    fail_for(circuits, "sim#0", "key:a/s2")
+    assert circuits.usable("sim#0") and circuits.failures("sim#0") == 2
+
+
+def test_the_deployments_own_failures_count_every_time_beside_them() -> None:
+    circuits = Circuits(Metrics(), Clock())
+    fail_for(circuits, "sim#0", "key:a/s1", times=3)
+    fail(circuits, "sim#0", 2)  # unreachable: whoever called
+    assert not circuits.usable("sim#0")

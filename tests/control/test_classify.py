@@ -4,7 +4,7 @@ import errno
 
 import pytest
 
-from proxy.control.classify import classify
+from proxy.control.classify import blames_deployment, classify
 from proxy.control.outcome import CircuitOpen
 from proxy.errors import BadRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.base import UpstreamHTTPError
@@ -50,3 +50,40 @@ def test_own_resources_are_fatal_and_bugs_have_no_class() -> None:
     assert classify(OSError(errno.EMFILE, "Too many open files")) == "fatal"
     assert classify(ValueError("a bug")) is None
     assert classify(BadRequest("not an upstream outcome")) is None
+
+
+LLAMA_CPP_500 = (
+    b"{\"error\":{\"message\":\"1 validation error:\\n  {'type': 'string_type', 'loc': "
+    b"('body', 'messages', 1, 'ChatCompletionRequestAssistantMessage', 'content'), 'msg': "
+    b'\'Input should be a valid string\', \'input\': None}","type":"internal_server_error"}}'
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        LLAMA_CPP_500,
+        b'{"detail": [{"type": "missing", "msg": "Field required"}]}',
+        b'{"error": {"message": "bad", "type": "invalid_request_error"}}',
+    ],
+)
+def test_a_5xx_blaming_the_request_is_logical(body: bytes) -> None:
+    assert classify(http(500, body)) == "logical"
+    assert classify(http(503, body)) == "logical"
+    assert classify(http(500, body), {500: "transient"}) == "transient"  # the policy decides
+
+
+def test_a_5xx_saying_nothing_of_the_request_stays_transient() -> None:
+    assert classify(http(500, b"Internal Server Error")) == "transient"
+    assert classify(http(500, b'{"error": {"message": "boom", "type": "server_error"}}')) == (
+        "transient"
+    )
+
+
+def test_which_failures_are_the_deployments_own() -> None:
+    for status in (408, 429, 502, 503, 504, 529):
+        assert blames_deployment(http(status))
+    for status in (500, 520, 599):
+        assert not blames_deployment(http(status))  # one bad request can draw these
+    assert blames_deployment(UpstreamUnreachable("refused"))
+    assert blames_deployment(UpstreamTimeout("slow"))
