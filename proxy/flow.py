@@ -182,7 +182,10 @@ class Flow:
         """Settle and charge: runs whatever happened, the client gone included."""
         if self.activity is not None:
             self.activity.leave(ex.session)
-        await self.control.settle(ex, ok and ex.failure is None)
+        succeeded = ok and ex.failure is None
+        await self.control.settle(ex, succeeded)
+        if succeeded:
+            self.rewriter.accepted(ex)
         metrics = self.metrics
         metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
         metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)

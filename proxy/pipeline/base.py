@@ -22,8 +22,9 @@ from proxy.store.base import Store
 from proxy.store.state import MemoryState, StateStore
 from proxy.tokens.meter import PromptMeter
 
-# Writes a summary of `messages` for the exchange's session; raises on failure or timeout.
-Summarizer = Callable[[Exchange, list[Message]], Awaitable[str]]
+# Writes a summary of `messages` for the exchange's session, of at most the given number of
+# tokens (its room in the window); raises on failure or timeout.
+Summarizer = Callable[[Exchange, list[Message], int], Awaitable[str]]
 
 
 class StageContext:

@@ -95,6 +95,11 @@ class Rewriter:
         sent = received if ex.dry_run else max(0, received - ex.tokens_saved)
         metrics.child(metrics.context_tokens, "sent").inc(sent)
 
+    def accepted(self, ex: Exchange) -> None:
+        """The model took the request as sent (compaction learns what the window holds)."""
+        if not ex.opaque_history and ex.policy.compaction.enabled:
+            self.compaction.accepted(ex)
+
     async def after_call(
         self, ex: Exchange, usage: Usage | None, cost: float | None, calls: int
     ) -> None:

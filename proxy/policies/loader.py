@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -826,7 +826,7 @@ def _policy(
         description=raw.get("description", ""),
         repair=_section(RepairSpec, raw.get("repair")),
         offload=_section(OffloadSpec, raw.get("offload")),
-        compaction=_section(CompactionSpec, raw.get("compaction")),
+        compaction=_compaction(entry, raw.get("compaction"), report),
         recall=_section(RecallSpec, raw.get("recall")),
         retry=_retry({**defaults.retry, **raw.get("retry", {})}),
         fallbacks=_fallbacks(entry, raw.get("fallbacks", []), aliases, report, defaults),
@@ -835,6 +835,25 @@ def _policy(
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
         degraded=raw.get("degraded", False),
     )
+
+
+def _compaction(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> CompactionSpec:
+    spec = _section(CompactionSpec, raw)
+    if "target" not in (raw or {}):  # the default, under any trigger
+        spec = replace(spec, target=min(spec.target, round(0.6 * spec.trigger, 3)))
+    elif spec.target >= spec.trigger:
+        message = (
+            f"target ({spec.target:g}) must be under trigger ({spec.trigger:g}): a compaction "
+            "that stops at the trigger starts again on the next turn"
+        )
+        report.errors.append(entry.issue(("compaction", "target"), message))
+    if spec.intent is not None:
+        try:
+            re.compile(spec.intent, re.MULTILINE)
+        except re.error as exc:
+            message = f"not a regular expression: {exc}"
+            report.errors.append(entry.issue(("compaction", "intent"), message))
+    return spec
 
 
 def _budget(entry: _Entry, index: int, raw: dict[str, Any], report: _Report) -> BudgetSpec:

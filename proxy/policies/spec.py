@@ -206,6 +206,9 @@ class CompactionSpec:
 
     enabled: bool = True
     trigger: float = 0.85  # fraction of the window that starts compaction
+    # ...and the fraction it compacts to: well under the trigger, so that the next compaction
+    # (a summarizer call) is several turns away.
+    target: float = 0.5
     keep_recent: float = 0.10  # fraction of the window kept verbatim at the end
     keep_messages: int | None = None  # or keep this many recent messages instead
     truncate_tools: tuple[str, ...] = WRITING_TOOLS
@@ -213,6 +216,9 @@ class CompactionSpec:
     truncate_head_chars: int = 200  # how much of a truncated argument stays
     summarizer_model: str | None = None  # an alias; None = the request's own model
     summarizer_timeout_s: float = 60.0
+    # The session's intent, kept verbatim beside every summary: the first user message, or
+    # (when set) the lines of user messages this regular expression finds, e.g. "^GOAL:.*".
+    intent: str | None = None
     reactive: bool = True  # compact and retry once when the provider says it overflowed
     reactive_target: float = 0.6  # fraction of the window to compact to after an overflow
 

@@ -44,7 +44,7 @@ def exchange(
     return ex
 
 
-async def _no_summaries(ex: Exchange, messages: list[Message]) -> str:
+async def _no_summaries(ex: Exchange, messages: list[Message], room: int) -> str:
     raise RuntimeError("no summarizer in this test")
 
 

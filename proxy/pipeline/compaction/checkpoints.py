@@ -80,6 +80,9 @@ class SessionState:
     # The deployment model (litellm spelling) that overflowed: a fallback to another model has
     # its own window. None (an index saved before this was kept): any model.
     window_model: str | None = None
+    # The largest prompt (with its answer's reservation) that model took since: the floor of
+    # any window learnt later, so that a denser text overflowing does not shrink it for good.
+    window_floor: int = 0
     # One compaction at a time per session: a concurrent turn waits and reuses the result.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -93,6 +96,7 @@ class SessionState:
                 "truncation": mark(self.truncation),
                 "window_cap": self.window_cap,
                 "window_model": self.window_model,
+                "window_floor": self.window_floor,
             }
         )
 
@@ -105,6 +109,7 @@ class SessionState:
             truncation=Mark(int(truncation[0]), str(truncation[1])) if truncation else None,
             window_cap=raw.get("window_cap"),
             window_model=raw.get("window_model"),
+            window_floor=int(raw.get("window_floor") or 0),
         )
 
     def cap_for(self, model: str) -> int | None:
@@ -112,6 +117,14 @@ class SessionState:
         if self.window_model is None or self.window_model == model:
             return self.window_cap
         return None
+
+    def floor_for(self, model: str) -> int:
+        """The largest prompt `model` took since the window was learnt on it (0: none)."""
+        return self.window_floor if self.window_model in (None, model) else 0
+
+    def accepted(self, model: str, tokens: int) -> None:
+        if self.window_model in (None, model) and tokens > self.window_floor:
+            self.window_floor = tokens
 
     def needed_length(self) -> int:
         """How many leading messages must be hashed to check every mark."""

@@ -1,13 +1,18 @@
 """Fit the history to the target model's context window.
 
 Proactive: when the estimate (messages + tool schemas, with room kept for the answer) passes
-`trigger` of the window, in order and stopping as soon as it fits:
+`trigger` of the window, in order and stopping as soon as it is back under the trigger:
   0. reuse the longest checkpoint whose prefix matches (byte for byte, no summarizer call);
   a. truncate long string arguments of old writing-tool calls (truncate.py);
-  b. archive the older part, then replace it with a structured summary and checkpoint that;
-  d. if the summarizer fails or is too slow, cut the middle out instead (with a marker).
+  b. archive the older part, then replace it with the session's intent (intent.py) and a
+     structured summary, and checkpoint that;
+  d. if the summarizer fails, is too slow or answers without the required sections, cut the
+     middle out instead (the intent and a marker).
+A compaction event (a, b, d) compacts to `target`, well under the trigger, so the next event is
+several turns away rather than on the very next turn.
 Reactive (overflow.py): the same steps to a tighter target once the provider said it
-overflowed; from then on the session's window counts as no larger than what overflowed.
+overflowed; from then on the session's window counts as no larger than what overflowed, but
+never smaller than a prompt the model took in this session (what it really takes).
 
 Stability: every output is head + replacement + messages[cut:], where the replacement comes
 from a checkpoint and old arguments truncate deterministically up to a stored horizon, so
@@ -44,10 +49,16 @@ from proxy.pipeline.compaction.checkpoints import (
     SessionState,
     key_of,
 )
+from proxy.pipeline.compaction.intent import intent_of
 from proxy.pipeline.compaction.memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
 from proxy.pipeline.compaction.overflow import compact_after_overflow
 from proxy.pipeline.compaction.plan import Plan
-from proxy.pipeline.compaction.summarize import STAGE, history_entry, replace_stretch
+from proxy.pipeline.compaction.summarize import (
+    STAGE,
+    history_entry,
+    replace_stretch,
+    summary_room,
+)
 from proxy.pipeline.compaction.truncate import Truncator
 from proxy.policies.spec import Policy
 
@@ -122,10 +133,12 @@ class CompactionStage:
                 return None
             state = await self.index.state(ctx.store, ex.session)
         budget = budget.capped(state.cap_for(_model(ex)))
-        if tokens <= budget.limit(spec.trigger):
+        trigger = budget.limit(spec.trigger)
+        if tokens <= trigger:
             return None
+        target = budget.limit(min(spec.target, spec.trigger))
         async with state.lock:
-            output = await self._fit(ex, seen, ctx, budget, budget.limit(spec.trigger), state)
+            output = await self._fit(ex, seen, ctx, budget, (trigger, target), state)
         if output is not None:
             size = max(1, ex.body_bytes or 64 * len(output))
             if size <= self._outputs.maxsize:
@@ -162,12 +175,26 @@ class CompactionStage:
         # Learn the window only when the prompt is to blame: an overflow caused mostly by the
         # answer's reservation (max_tokens) says little of what prompt fits, and learning
         # from it would shrink every later turn (a tiny prompt would teach a tiny window).
-        if sent > reserved and (cap is None or needed < cap):
-            state.window_cap, state.window_model = needed, _model(ex)
+        # Nor below a prompt the model took in this session: an overflow at less than that
+        # says the text got denser, not that the window shrank.
+        learnt = max(needed, state.floor_for(_model(ex)))
+        if sent > reserved and (cap is None or learnt < cap):
+            state.window_cap, state.window_model = learnt, _model(ex)
             await self._save(ex, ctx, state)
         budget = budget.capped(min(needed, cap) if cap else needed)
+        limit = budget.limit(fraction)
         async with state.lock:
-            return await self._fit(ex, seen, ctx, budget, budget.limit(fraction), state)
+            return await self._fit(ex, seen, ctx, budget, (limit, limit), state)
+
+    def accepted(self, ex: Exchange) -> None:
+        """The model took this request: a session that learnt a window keeps the largest
+        prompt taken as the floor of what it may learn next (only in memory until its index
+        is saved again; a session that never overflowed pays a dict lookup)."""
+        state = self.index.peek(ex.session)
+        if state is None or state.window_cap is None or ex.deployment is None:
+            return
+        tokens = schema_tokens(ex.body.get("tools")) + tokens_of(ex.messages)
+        state.accepted(ex.deployment.model, tokens + reserved_output(ex.body))
 
     def _as_input(self, session: str, messages: list[Message]) -> list[Message]:
         last = self._outputs.get(session)
@@ -184,9 +211,12 @@ class CompactionStage:
         seen: Seen,
         ctx: StageContext,
         budget: Budget,
-        target: int,
+        limits: tuple[int, int],
         state: SessionState,
     ) -> list[Message] | None:
+        """`limits`: (trigger, target) in tokens. Past the trigger, a compaction event
+        compacts to the target."""
+        trigger, target = limits
         messages = seen.messages
         head = head_length(messages)
         plan = Plan(seen, head, budget.fixed, base=head, tail=messages[head:])
@@ -198,10 +228,10 @@ class CompactionStage:
         # A tight (reactive) target shrinks the verbatim part too: half of it at most.
         keep_tokens = min(int(spec.keep_recent * budget.window), target // 2)
         recent = recent_start(seen.costs, plan.base, keep_tokens, spec.keep_messages)
-        if horizon > plan.base or plan.tokens() > target:
-            await self._truncate(ex, ctx, state, plan, horizon, recent, target)
-        if plan.tokens() > target:
-            await self._summarize(ex, ctx, state, plan, recent, budget.window)
+        if horizon > plan.base or plan.tokens() > trigger:
+            await self._truncate(ex, ctx, state, plan, horizon, recent, trigger)
+        if plan.tokens() > trigger:
+            await self._summarize(ex, ctx, state, plan, recent, budget.window, target)
         output = plan.output()
         if ex.prompt is not None:  # what is sent, for the calibration
             ex.prompt.sent(plan.tokens(), len(output if output is not None else messages))
@@ -231,17 +261,17 @@ class CompactionStage:
         plan: Plan,
         horizon: int,
         recent: int,
-        target: int,
+        trigger: int,
     ) -> None:
         """Re-apply the stored horizon (same bytes as last turn); move it up to the recent
-        part only when still over the target (a compaction event)."""
+        part only when still over the trigger (a compaction event)."""
         messages = plan.seen.messages
         before = plan.tokens()
         stop = horizon
         done = await self.truncator.apply(ex, ctx.archive, messages, plan.base, stop)
         plan.saved = done.saved
         old_count = done.arguments
-        if plan.tokens() > target and recent > max(horizon, plan.base):
+        if plan.tokens() > trigger and recent > max(horizon, plan.base):
             stop = recent
             done = await self.truncator.apply(ex, ctx.archive, messages, plan.base, stop)
             plan.saved = done.saved
@@ -265,6 +295,7 @@ class CompactionStage:
         plan: Plan,
         recent: int,
         window: int,
+        target: int,
     ) -> None:
         messages = plan.seen.messages
         cut = choose_cut(messages, plan.base, recent)
@@ -273,13 +304,19 @@ class CompactionStage:
         if sum(plan.seen.costs[plan.base : cut]) < MIN_STRETCH_SHARE * window:
             return  # the target is out of reach; a summarizer call per turn would not help
         before = plan.tokens()
-        stretch = [*plan.inserted, *messages[plan.base : cut]]
+        raw = messages[plan.base : cut]
+        stretch = [*plan.inserted, *raw]
         archived = history_entry(ex, stretch, plan.base, cut - 1)
         if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
             return  # nothing leaves the context unless it is stored
         ref = archived.ref
+        pattern = ex.policy.compaction.intent
+        intent = intent_of(plan.inserted, raw, pattern, window, ref)
+        kept = before - tokens_of(plan.inserted) - sum(plan.seen.costs[plan.base : cut])
+        kept += sum(t for i, t in plan.saved.items() if plan.base <= i < cut)  # saved there
+        room = summary_room(window, target, kept, tokens_of(intent))
         started = time.perf_counter()
-        replacement, kind = await replace_stretch(ex, ctx, plan.inserted, stretch, ref, window)
+        replacement, kind = await replace_stretch(ex, ctx, intent, stretch, ref, room)
         seconds = round(time.perf_counter() - started, 3)
         mark = Mark(cut, key_of(plan.seen.prefix_hashes(cut)[-1]))
         checkpoint = Checkpoint(mark, kind, tuple(replacement), ref)

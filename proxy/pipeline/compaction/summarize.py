@@ -1,5 +1,6 @@
-"""Steps b and d of fitting: archive a stretch of history, then replace it with a summary
-or, when the summarizer fails, with a marker (middle-out).
+"""Steps b and d of fitting: archive a stretch of history, then replace it with the session's
+intent (intent.py) and a summary or, when the summarizer fails or its summary lacks the
+required sections, a marker (middle-out).
 
 The replacement messages are `user` messages: every provider accepts one right after the
 system prompt, and none accepts a second system message there.
@@ -13,11 +14,13 @@ from collections.abc import Sequence
 
 import orjson
 
+from proxy import messages as msgs
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.compaction.sections import missing_sections
 
 STAGE = "compaction"
 KIND = "history"
@@ -30,10 +33,11 @@ MIDDLE_OUT = (
     "context window; they are archived as {ref}{how}."
 )
 MIDDLE_OUT_HOW = " (agentproxy_recall can read them)"
-# A summary may use at most this share of the window (in chars at 4 per token), so a wordy
-# summarizer cannot push the history straight back over the trigger.
+# A summary may use at most this share of the window, and what is left under the target
+# otherwise, so a wordy summarizer cannot push the history straight back over the trigger.
 SUMMARY_WINDOW_SHARE = 0.2
-MIN_SUMMARY_CHARS = 1_000
+MIN_SUMMARY_TOKENS = 64
+MIN_SUMMARY_CHARS = 256
 
 
 def history_entry(ex: Exchange, stretch: Sequence[Message], first: int, last: int) -> Entry:
@@ -44,8 +48,10 @@ def history_entry(ex: Exchange, stretch: Sequence[Message], first: int, last: in
     return entry(ex, KIND, data, **meta)
 
 
-def summary_message(summary: str, count: int, ref: str, window: int, recall: bool) -> Message:
-    limit = max(MIN_SUMMARY_CHARS, int(window * SUMMARY_WINDOW_SHARE * 4))
+def summary_message(summary: str, count: int, ref: str, max_tokens: int, recall: bool) -> Message:
+    """The summary as a message: a header with its archive reference, then the text, cut at
+    `max_tokens` (the room it has in the window) should the summarizer have overrun it."""
+    limit = max(MIN_SUMMARY_CHARS, int(max_tokens * msgs.CHARS_PER_TOKEN))
     text = summary.strip()
     if len(text) > limit:
         text = text[:limit] + " …"
@@ -54,41 +60,49 @@ def summary_message(summary: str, count: int, ref: str, window: int, recall: boo
     return {"role": "user", "content": f"{header}\n\n{text}"}
 
 
+def summary_room(window: int, target: int, kept: int, intent: int) -> int:
+    """Tokens a summary may take: what is left under the target once the kept part and the
+    intent are counted, within [MIN_SUMMARY_TOKENS, SUMMARY_WINDOW_SHARE of the window]."""
+    return max(MIN_SUMMARY_TOKENS, min(int(SUMMARY_WINDOW_SHARE * window), target - kept - intent))
+
+
 def middle_out(
-    previous: Sequence[Message], stretch: Sequence[Message], ref: str, recall: bool
+    intent: Sequence[Message], stretch: Sequence[Message], ref: str, recall: bool
 ) -> list[Message]:
-    """What replaces the stretch without a summarizer: the message carrying the user's goal
-    (the earlier replacement's first message, else the first user message), and a marker."""
-    anchor: Message | None = previous[0] if previous else None
-    if anchor is None:
-        anchor = next((m for m in stretch if m.get("role") == "user"), None)
-    cut = [m for m in stretch if m is not anchor]
+    """What replaces the stretch without a summary: the intent, and a marker."""
+    cut = [m for m in stretch if not any(m is i for i in intent)]
     how = MIDDLE_OUT_HOW if recall else ""
     text = MIDDLE_OUT.format(count=len(cut), tokens=tokens_of(cut), ref=ref, how=how)
-    marker: Message = {"role": "user", "content": text}
-    return [anchor, marker] if anchor is not None else [marker]
+    return [*intent, {"role": "user", "content": text}]
 
 
 async def replace_stretch(
     ex: Exchange,
     ctx: StageContext,
-    previous: list[Message],
+    intent: list[Message],
     stretch: list[Message],
     ref: str,
-    window: int,
+    room: int,
 ) -> tuple[list[Message], str]:
-    """The summary of an archived stretch, or the middle-out marker when the summarizer fails
-    or is too slow; the kind ("summary" or "middle_out") comes with it."""
+    """`[*intent, summary]` for an archived stretch, or `[*intent, marker]` (middle-out) when
+    the summarizer fails, is too slow or answers without the required sections; the kind
+    ("summary" or "middle_out") comes with it. `room`: the tokens the summary may take."""
     spec = ex.policy.compaction
     recall = ex.policy.recall.enabled
     started = time.perf_counter()
     try:
-        summary = await asyncio.wait_for(ctx.summarize(ex, stretch), spec.summarizer_timeout_s)
+        summary = await asyncio.wait_for(
+            ctx.summarize(ex, stretch, room), spec.summarizer_timeout_s
+        )
         if not summary.strip():
             raise ValueError("the summarizer returned an empty summary")
     except Exception as exc:  # never fail the request because compaction failed
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         waited = round(time.perf_counter() - started, 3)
         record(ex, ctx, STAGE, "summarizer_failed", error=error, seconds=waited)
-        return middle_out(previous, stretch, ref, recall), "middle_out"
-    return [summary_message(summary, len(stretch), ref, window, recall)], "summary"
+        return middle_out(intent, stretch, ref, recall), "middle_out"
+    missing = missing_sections(summary)
+    if missing:  # a summary that lost its structure has likely lost the task too
+        record(ex, ctx, STAGE, "summary_rejected", missing=missing, chars=len(summary))
+        return middle_out(intent, stretch, ref, recall), "middle_out"
+    return [*intent, summary_message(summary, len(stretch), ref, room, recall)], "summary"

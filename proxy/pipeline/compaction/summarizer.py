@@ -1,13 +1,17 @@
 """The summarizer: one non-streaming chat call that turns a stretch of history into a
-structured summary (SESSION INTENT, SUMMARY, ARTIFACTS, NEXT STEPS).
+structured summary (SESSION INTENT, SUMMARY, ARTIFACTS, NEXT STEPS; sections.py).
 
 The call goes through control like any other (retries, fallbacks, deployment circuits, the
 request's deadline) as a child exchange of the request, and what it used is charged to the
 request: to its budgets, and to the token and cost metrics under the summarizer's model.
 
 Intent and next steps are what keep an agent on task after compaction (deepagents' lesson);
-artifacts keep it from redoing work. The transcript is bounded so the summarizer's own
-request cannot overflow: each message and the whole are capped, the middle cut first.
+artifacts keep it from redoing work. The request is fitted to the summarizer model's own
+window: its output is bounded (max_tokens: the room the summary has in the target's window, at
+most a quarter of the summarizer's), and the transcript gets what is left of the window after
+the instructions and that output, each message and the whole capped, the middle cut first.
+Token counts are the proxy's estimates (proxy.messages), so a "context exceeded" answer is
+retried once with half the transcript.
 """
 
 from __future__ import annotations
@@ -19,14 +23,19 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy import messages as msgs
 from proxy.exchange import Exchange
 from proxy.messages import Message, text_of
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import Summarizer
+from proxy.pipeline.compaction.overflow import is_context_overflow
+from proxy.pipeline.compaction.sections import SECTIONS
 from proxy.policies.spec import Deployment, Policy
+from proxy.upstream.base import UpstreamHTTPError
 
-SECTIONS = ("SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS")
+__all__ = ["SECTIONS", "SYSTEM_PROMPT", "make_summarizer"]
+
 SYSTEM_PROMPT = """\
 You summarize the earlier part of a conversation between a user and an AI agent. The agent will \
 continue the task with only your summary and the most recent messages, so keep everything it \
@@ -51,9 +60,17 @@ NEXT STEPS:
 What remains to do to reach the user's goal, in order, starting with what the agent was doing \
 when the transcript ends."""
 
-MESSAGE_CHARS = 3_000  # per message in the transcript
+MESSAGE_CHARS = 3_000  # per message in the transcript, at most
+MIN_MESSAGE_CHARS = 300  # ...and at least: a tighter transcript shows fewer messages
 TRANSCRIPT_CHARS = 200_000  # the whole transcript, unless the summarizer's window is smaller
-WINDOW_SHARE = 0.5  # of the summarizer's window (at 4 chars per token) the transcript may use
+MIN_TRANSCRIPT_CHARS = 1_000
+SUMMARY_MAX_TOKENS = 2_048  # the longest summary asked for, whatever the windows
+MIN_OUTPUT_TOKENS = 64
+OUTPUT_WINDOW_SHARE = 0.25  # of the summarizer's window its answer may take
+WINDOW_MARGIN = 0.1  # of the transcript's budget left unused: the estimates are rough
+# OpenAI's own API counts reasoning within max_completion_tokens: room for it on top.
+REASONING_ALLOWANCE = 4_096
+OPENAI_API = "https://api.openai.com/v1"
 
 
 class SummarizerError(Exception):
@@ -74,30 +91,41 @@ def make_summarizer(
     """A Summarizer calling the policy's summarizer model (or the request's own model) through
     control, charged to the request; every call timed and counted by result."""
 
-    async def summarize(ex: Exchange, messages: list[Message]) -> str:
+    async def summarize(ex: Exchange, messages: list[Message], room: int) -> str:
         started = time.perf_counter()
         result = "failed"
         try:
-            summary = await _summarize(ex, messages)
+            summary = await _summarize(ex, messages, room)
             result = "ok"
             return summary
         finally:
             elapsed = time.perf_counter() - started
             metrics.child(metrics.summarizer_duration, result).observe(elapsed)
 
-    async def _summarize(ex: Exchange, messages: list[Message]) -> str:
-        child = summary_exchange(ex)
-        if child.deployment is None:
-            control.route(child)  # round-robin over the alias, open circuits skipped
-        deployment = child.deployment
-        assert deployment is not None
-        child.body = summary_request(deployment, messages, transcript_limit(deployment, catalog))
-        child.body_bytes = len(orjson.dumps(child.body))  # what an unreported usage is charged
-        try:
-            reply = await control.call(child, stream=False)  # no fitter: sent as built
-        finally:
-            ex.add_side_call(child)  # charged to the request whatever happened
-        return summary_text(reply.data)
+    async def _summarize(ex: Exchange, messages: list[Message], room: int) -> str:
+        fit: Fit | None = None
+        for attempt in (1, 2):
+            child = summary_exchange(ex)
+            if child.deployment is None:
+                control.route(child)  # round-robin over the alias, open circuits skipped
+            deployment = child.deployment
+            assert deployment is not None
+            if fit is None:
+                fit = fit_to(window_of(deployment, catalog), room)
+            child.body = summary_request(deployment, messages, fit)
+            child.body_bytes = len(orjson.dumps(child.body))  # what an unreported usage costs
+            try:
+                reply = await control.call(child, stream=False)  # no fitter: sent as built
+            except UpstreamHTTPError as error:
+                overflowed = is_context_overflow(error.status, error.body)
+                if attempt == 2 or not overflowed or fit.transcript_chars <= MIN_TRANSCRIPT_CHARS:
+                    raise
+                fit = fit.smaller()  # our estimate was low for this model: once, half as much
+                continue
+            finally:
+                ex.add_side_call(child)  # charged to the request whatever happened
+            return summary_text(reply.data)
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     return summarize
 
@@ -142,25 +170,68 @@ def _for_summaries(policy: Policy) -> Policy:
     )
 
 
-def transcript_limit(deployment: Deployment, catalog: ModelCatalog | None) -> int:
-    tokens = catalog.facts(deployment).max_input_tokens if catalog else deployment.max_input_tokens
-    if not tokens:
-        return TRANSCRIPT_CHARS
-    return max(2 * MESSAGE_CHARS, min(TRANSCRIPT_CHARS, int(tokens * WINDOW_SHARE * 4)))
+def window_of(deployment: Deployment, catalog: ModelCatalog | None) -> int | None:
+    return catalog.facts(deployment).max_input_tokens if catalog else deployment.max_input_tokens
+
+
+class Fit:
+    """How much transcript goes in and how much summary may come out."""
+
+    __slots__ = ("max_tokens", "transcript_chars")
+
+    def __init__(self, transcript_chars: int, max_tokens: int) -> None:
+        self.transcript_chars = transcript_chars
+        self.max_tokens = max_tokens
+
+    def smaller(self) -> Fit:
+        return Fit(max(MIN_TRANSCRIPT_CHARS, self.transcript_chars // 2), self.max_tokens)
+
+
+INSTRUCTION_TOKENS = (
+    msgs.TOKENS_PER_MESSAGE * 2 + int(len(SYSTEM_PROMPT) / msgs.CHARS_PER_TOKEN) + 40
+)
+
+
+def fit_to(window: int | None, room: int) -> Fit:
+    """The request for a summarizer whose window is `window` tokens (None: unknown), for a
+    summary of at most `room` tokens."""
+    output = max(MIN_OUTPUT_TOKENS, min(room, SUMMARY_MAX_TOKENS))
+    if not window:
+        return Fit(TRANSCRIPT_CHARS, output)
+    output = max(MIN_OUTPUT_TOKENS, min(output, int(OUTPUT_WINDOW_SHARE * window)))
+    # The system prompt, the user message's own overhead and its closing instruction.
+    instructions = msgs.estimate_tokens({"content": SYSTEM_PROMPT}) + msgs.TOKENS_PER_MESSAGE + 30
+    budget = (window - output - instructions) * (1 - WINDOW_MARGIN)
+    chars = int(budget * msgs.CHARS_PER_TOKEN)
+    return Fit(max(MIN_TRANSCRIPT_CHARS, min(TRANSCRIPT_CHARS, chars)), output)
 
 
 def summary_request(
-    deployment: Deployment, messages: Sequence[Message], limit: int
+    deployment: Deployment, messages: Sequence[Message], fit: Fit
 ) -> dict[str, Any]:
-    transcript = render_transcript(messages, MESSAGE_CHARS, limit)
+    limit = fit.transcript_chars
+    per_message = max(MIN_MESSAGE_CHARS, min(MESSAGE_CHARS, limit // 4))
+    transcript = render_transcript(messages, per_message, limit)
+    words = max(30, int(fit.max_tokens * 0.6))  # a word is ~1.3 tokens; leave some slack
+    ask = f"Answer with the four sections, in at most {words} words."
     return {
         "model": deployment.alias,
         "messages": [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Transcript to summarize:\n\n{transcript}"},
+            {"role": "user", "content": f"Transcript to summarize:\n\n{transcript}\n\n{ask}"},
         ],
         "stream": False,
+        **output_limit(deployment, fit.max_tokens),
     }
+
+
+def output_limit(deployment: Deployment, tokens: int) -> dict[str, int]:
+    """`max_tokens`, which every OpenAI-compatible server and litellm know, except at OpenAI's
+    own API: its reasoning models refuse it and want `max_completion_tokens`, reasoning
+    included (so it gets room for that too)."""
+    if deployment.provider == "openai" and deployment.base_url == OPENAI_API:
+        return {"max_completion_tokens": tokens + REASONING_ALLOWANCE}
+    return {"max_tokens": tokens}
 
 
 def render_transcript(messages: Sequence[Message], message_chars: int, limit: int) -> str:

@@ -28,6 +28,7 @@ from proxy.upstream.pool import Upstreams
 WINDOW = 2_000
 SIM_KEY = "sk-sim-upstream-secret"
 GOAL = "Build a CSV report tool in src/report.py that sums the amounts per customer"
+WELL_FORMED = "SESSION INTENT:\ng\n\nSUMMARY:\ns\n\nARTIFACTS:\n- none\n\nNEXT STEPS:\nn"
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent."}
 SPEC = CompactionSpec(truncate_min_chars=400, truncate_head_chars=40)
 POLICY = Policy(name="test", compaction=SPEC)
@@ -88,9 +89,11 @@ class Scripted:
         self.answer = answer
         self.delay_s = delay_s
         self.calls: list[list[Message]] = []
+        self.rooms: list[int] = []
 
-    async def __call__(self, ex: Exchange, messages: list[Message]) -> str:
+    async def __call__(self, ex: Exchange, messages: list[Message], room: int = 500) -> str:
         self.calls.append(messages)
+        self.rooms.append(room)
         await asyncio.sleep(self.delay_s)
         if isinstance(self.answer, BaseException):
             raise self.answer
@@ -98,7 +101,10 @@ class Scripted:
             return self.answer
         first = next(m["content"] for m in messages if m.get("role") == "user")
         intent = summary_sections(first).get("SESSION INTENT", first)  # carried forward
-        return f"SESSION INTENT:\n{intent}\n\nSUMMARY:\n{len(messages)} messages\n\nNEXT STEPS:\ngo"
+        return (
+            f"SESSION INTENT:\n{intent}\n\nSUMMARY:\n{len(messages)} messages\n\n"
+            "ARTIFACTS:\n- none\n\nNEXT STEPS:\ngo"
+        )
 
 
 def real_summarizer(upstreams: Upstreams) -> Summarizer:

@@ -29,6 +29,7 @@ from tests.pipeline.compaction.factories import (
     SPEC,
     SYSTEM,
     TOOLS,
+    WELL_FORMED,
     WINDOW,
     Scripted,
     actions,
@@ -53,9 +54,9 @@ class Counting:
         self.inner = inner
         self.calls = 0
 
-    async def __call__(self, ex: Exchange, messages: list[Message]) -> str:
+    async def __call__(self, ex: Exchange, messages: list[Message], room: int) -> str:
         self.calls += 1
-        return await self.inner(ex, messages)
+        return await self.inner(ex, messages, room)
 
 
 async def send(upstreams: Upstreams, deployment: Deployment, body: dict[str, Any]) -> Message:
@@ -187,14 +188,15 @@ async def test_summary_keeps_the_intent_and_the_archive_holds_the_raw_messages(
     assert out is not None and pairing_problems(out) == []
     assert actions(ex)[-1] == "summarized"
     assert out[0] == SYSTEM
-    summary = out[1]["content"]
-    assert out[1]["role"] == "user"
+    assert out[1] == user(GOAL)  # the intent, verbatim
+    summary = out[2]["content"]
+    assert out[2]["role"] == "user"
     assert summary.startswith("[agentproxy] Earlier conversation summarized (")
     assert "call agentproxy_recall with that ref to read them)." in summary.splitlines()[0]
     sections = summary_sections(summary)
     assert sections["SESSION INTENT"] == GOAL
     assert "src/mod0.py" in sections["ARTIFACTS"]
-    kept = out[2:]
+    kept = out[3:]
     assert kept == history[len(history) - len(kept) :]  # the recent part, verbatim
     assert kept[0]["role"] == "user"
     fields = note(ex, "summarized")
@@ -206,17 +208,17 @@ async def test_summary_keeps_the_intent_and_the_archive_holds_the_raw_messages(
         "messages": len(raw), "first": 1, "last": len(raw), "tokens": tokens_of(raw),
     }  # fmt: skip
     assert fields["ref"] in summary
-    assert fields["tokens_after"] <= SPEC.trigger * WINDOW
+    assert fields["tokens_after"] <= SPEC.target * WINDOW  # headroom under the trigger
     assert sum(is_summary_request(r.body) for r in small_sim.requests) == 1
 
 
 async def test_the_archive_is_written_before_the_summarizer_runs() -> None:
     store = MemoryStore()
 
-    async def summarize(ex: Exchange, messages: list[Message]) -> str:
+    async def summarize(ex: Exchange, messages: list[Message], room: int) -> str:
         blobs = await store.blobs(ex.session)
         assert [b.kind for b in blobs] == ["history"], "archive first"
-        return "SESSION INTENT:\ngoal"
+        return WELL_FORMED
 
     history = coding_session(20, content_chars=280)
     ex = exchange(history)
@@ -263,10 +265,11 @@ async def test_the_next_compaction_summarizes_the_previous_summary_and_the_new_s
     assert out is not None and pairing_problems(out) == []
     assert actions(ex) == ["checkpoint_reused", "summarized"]
     second_input = summarize.calls[1]
-    assert second_input[0] == first[1]  # the earlier summary opens the new stretch
-    old_cut = len(history) - (len(first) - 2)
-    assert second_input[1:] == grown[old_cut : old_cut + len(second_input) - 1]
-    assert GOAL in out[1]["content"]  # the intent survives two compactions
+    assert second_input[:2] == first[1:3]  # the intent and the earlier summary open it
+    old_cut = len(history) - (len(first) - 3)
+    assert second_input[2:] == grown[old_cut : old_cut + len(second_input) - 2]
+    assert wire(out[:2]) == wire([SYSTEM, user(GOAL)])  # the intent survives, byte for byte
+    assert GOAL in out[2]["content"] and out[2]["content"] != first[2]["content"]
 
 
 async def test_an_unreachable_target_does_not_cost_a_summarizer_call_every_turn() -> None:
@@ -420,9 +423,104 @@ async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event
         if not event and previous:
             assert now[: len(previous)] == previous, f"turn {turn}: prefix changed"
         events += event
+        assert out[1] == user(GOAL)  # in every request
         if "summarized" in actions(ex):
-            assert summary_sections(out[1]["content"])["SESSION INTENT"] == GOAL
+            assert summary_sections(out[2]["content"])["SESSION INTENT"] == GOAL
         previous = now
     assert summaries >= 2, "the test must cross several compaction events"
     assert summarizer.calls == summaries
     assert sum(is_summary_request(r.body) for r in small_sim.requests) == summaries
+
+
+# --- the intent beside every summary; summaries without their sections ---------------------
+
+FORGETFUL = "In summary, the user's goal was achieved. The task was completed successfully."
+
+
+async def test_a_summary_without_its_sections_is_rejected_for_middle_out() -> None:
+    store, summarize = MemoryStore(), Scripted(FORGETFUL)
+    ctx = context(summarize, store)
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history)
+    out = await CompactionStage().run(ex, history, ctx)
+    assert out is not None and pairing_problems(out) == []
+    assert actions(ex) == ["summary_rejected", "middle_out"]
+    assert note(ex, "summary_rejected") == {
+        "missing": ["SESSION INTENT", "SUMMARY", "ARTIFACTS", "NEXT STEPS"],
+        "chars": len(FORGETFUL),
+    }
+    assert out[:2] == [SYSTEM, user(GOAL)] and "were cut from the middle" in out[2]["content"]
+    assert not any(FORGETFUL in str(m.get("content")) for m in out)
+    counted = ctx.metrics.registry.get_sample_value(
+        "agentproxy_rewrites_total", {"stage": "compaction", "action": "summary_rejected"}
+    )
+    assert counted == 1
+    # Checkpointed like any middle-out: the next turn reuses it, byte for byte.
+    longer = [*history, {"role": "assistant", "content": "ok"}, user("go on")]
+    again = await CompactionStage().run(exchange(longer), longer, ctx)
+    assert again is not None and wire(again)[: len(out)] == wire(out)
+    assert len(summarize.calls) == 1
+
+
+async def test_a_policys_intent_lines_stay_beside_the_summary() -> None:
+    spec = CompactionSpec(truncate_min_chars=400, truncate_head_chars=40, intent="^GOAL:.*")
+    history = coding_session(20, content_chars=280)
+    history[1] = user(f"Hello! Some context first.\nGOAL: {GOAL}\nThanks.")
+    ex = exchange(history, policy=Policy(name="p", compaction=spec))
+    out = await CompactionStage().run(ex, history, context(Scripted()))
+    assert out is not None and actions(ex) == ["summarized"]
+    assert out[1] == user(
+        f"[agentproxy] The session's intent, as the user stated it:\nGOAL: {GOAL}"
+    )
+    assert out[2]["content"].startswith("[agentproxy] Earlier conversation summarized")
+
+
+async def test_the_summary_is_asked_to_fit_the_room_left_under_the_target() -> None:
+    summarize = Scripted()
+    history = coding_session(20, content_chars=280)
+    ex = exchange(history)
+    out = await CompactionStage().run(ex, history, context(summarize))
+    assert out is not None
+    [room] = summarize.rooms
+    kept = tokens_of([out[0], *out[3:]])  # the system prompt and the recent part
+    assert room == min(int(0.2 * WINDOW), int(SPEC.target * WINDOW) - kept - tokens_of(out[1:2]))
+
+
+# --- headroom: the next compaction is several turns away ----------------------------------
+
+
+class Wordy(Scripted):
+    """A summarizer that fills all the room it is given, in four sections."""
+
+    async def __call__(self, ex: Exchange, messages: list[Message], room: int = 500) -> str:
+        await super().__call__(ex, messages, room)
+        filler = "word " * int(room * 4 * 0.9 / 5)
+        return f"SESSION INTENT:\ng\n\nSUMMARY:\n{filler}\n\nARTIFACTS:\n- none\n\nNEXT STEPS:\nn"
+
+
+@pytest.mark.parametrize("window", [1_063, 8_000])
+async def test_after_a_compaction_the_next_is_several_turns_away(window: int) -> None:
+    """Each turn adds a tool result of ~12% of the window (as 300-600 tokens did to the
+    2,048-token model whose window was learnt as 1,063): with the summary filling all its
+    room, a compaction still leaves the next one at least two turns away."""
+    summarize = Wordy()
+    stage, ctx = CompactionStage(), context(summarize)
+    deployment = target(window)
+    history: list[Message] = [SYSTEM, user(GOAL)]
+    events: list[int] = []
+    for turn in range(30):
+        history += [
+            call(f"c{turn}", "read_file", path=f"log{turn}.txt"),
+            result(f"c{turn}", f"line {turn}: " + "x" * int(window * 0.12 * 4)),
+        ]
+        ex = exchange(history, deployment=deployment)
+        out = await stage.run(ex, history, ctx) or history
+        assert tokens_of(out) <= SPEC.trigger * window
+        if {"summarized", "middle_out"} & set(actions(ex)):
+            events.append(turn)
+            assert tokens_of(out) <= SPEC.target * window + 0.12 * window  # the newest stays
+        history.append({"role": "assistant", "content": f"ok {turn}"})
+    assert len(events) >= 4, events
+    gaps = [later - earlier for earlier, later in zip(events, events[1:], strict=False)]
+    assert min(gaps) >= 3, events
+    assert len(summarize.calls) == len(events)
