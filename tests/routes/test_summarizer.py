@@ -180,10 +180,14 @@ async def test_a_summary_request_is_never_compacted_nor_offered_recall(
 ) -> None:
     sim = Simulator(context_window=WINDOW)
     proxy = await start(aiohttp_server, start_proxy, tmp_path, sim)
-    sim.inject(Fault(status=400, body=OVERFLOW, model="summ"))
+    sim.inject(Fault(status=400, body=OVERFLOW, model="summ", times=2))
     status, applied = await ask(proxy, long_task())
     assert status == 200 and "compaction.middle_out" in applied
     summaries = [r.body for r in sim.requests if r.body.get("model") == "summ"]
-    assert len(summaries) == 1  # an overflowing summary is not compacted and sent again
-    assert "tools" not in summaries[0]
+    # An overflowing summary request is sent again once with half its transcript, never
+    # compacted (nor offered recall) like a client's request.
+    assert len(summaries) == 2
+    first, second = (len(b["messages"][1]["content"]) for b in summaries)
+    assert second < 0.6 * first
+    assert not any("tools" in b for b in summaries)
     assert "overflow_compacted" not in applied

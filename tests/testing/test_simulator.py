@@ -19,7 +19,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from proxy.pipeline.compaction.summarizer import render_transcript, summary_request
+from proxy.pipeline.compaction.summarizer import Fit, render_transcript, summary_request
 from proxy.policies.spec import Deployment
 from proxy.testing import Fault, Simulator, run_simulator, serve_simulator
 from proxy.testing.sim_model import estimate_prompt_tokens, summary_sections
@@ -266,7 +266,7 @@ async def test_prompt_estimate_counts_contents_calls_schemas_and_messages() -> N
 
 def summary_body(messages: list[JSON]) -> JSON:
     target = Deployment("sim", "openai/sim", "openai", "sim", None, None)
-    return summary_request(target, messages, 100_000)
+    return summary_request(target, messages, Fit(100_000, 1_000))
 
 
 async def test_a_summary_request_gets_the_four_sections(client: TestClient[Any, Any]) -> None:

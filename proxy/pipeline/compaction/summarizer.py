@@ -213,12 +213,12 @@ def summary_request(
     per_message = max(MIN_MESSAGE_CHARS, min(MESSAGE_CHARS, limit // 4))
     transcript = render_transcript(messages, per_message, limit)
     words = max(30, int(fit.max_tokens * 0.6))  # a word is ~1.3 tokens; leave some slack
-    ask = f"Answer with the four sections, in at most {words} words."
+    ask = f"Transcript to summarize (answer with the four sections, in at most {words} words):"
     return {
         "model": deployment.alias,
         "messages": [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Transcript to summarize:\n\n{transcript}\n\n{ask}"},
+            {"role": "user", "content": f"{ask}\n\n{transcript}"},
         ],
         "stream": False,
         **output_limit(deployment, fit.max_tokens),

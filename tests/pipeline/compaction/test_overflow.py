@@ -175,3 +175,23 @@ async def test_the_stages_own_output_is_mapped_back_to_the_agents_history() -> N
     out = await stage.run(later, longer, ctx)
     assert out is not None and actions(later) == ["checkpoint_reused"]
     assert out[: len(retry)] == retry and len(summarize.calls) == 2
+
+
+async def test_the_learnt_window_never_falls_below_a_prompt_the_model_took() -> None:
+    """An overflow at less than a prompt the model already took says the text got denser
+    (more tokens per character), not that the window shrank: the window learnt stays at what
+    the model took, instead of collapsing turn after turn."""
+    stage, ctx = CompactionStage(), context(Scripted())
+    deployment = target(window=8_000)
+    big, taken, dense = (coding_session(n, content_chars=280) for n in (30, 24, 18))
+    model = deployment.model
+    assert await stage.compact_to(exchange(big, deployment=deployment), big, ctx, 0.6)
+    state = stage.index.peek("s1")
+    assert state is not None and state.window_cap == tokens_of(big)
+    stage.accepted(exchange(taken, deployment=deployment))  # the model took this one
+    assert state.floor_for(model) == tokens_of(taken)
+    await stage.compact_to(exchange(dense, deployment=deployment), dense, ctx, 0.6)
+    assert state.window_cap == tokens_of(taken) > tokens_of(dense)
+    assert state.floor_for("openai/other") == 0  # another model's window is its own
+    restored = type(state).from_bytes(state.to_bytes())
+    assert (restored.window_cap, restored.window_floor) == (state.window_cap, tokens_of(taken))
