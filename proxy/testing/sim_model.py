@@ -287,12 +287,17 @@ _ARTIFACT = re.compile(
 _CALLED_TOOL = re.compile(r"^→ calls ([\w.-]+)", re.MULTILINE)
 
 
+def is_summary_request(messages: list[JSON]) -> bool:
+    """A request of the proxy's summarizer: its system prompt names the four sections."""
+    system = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "system")
+    return all(f"{section}:" in system for section in SUMMARY_SECTIONS)
+
+
 def summary_reply(messages: list[JSON]) -> Reply | None:
     """The four sections, deterministically: intent from the first user message (or an
     earlier summary's intent), artifacts from paths and ap_ refs, next steps from the last
     user message. None when this is not a summary request."""
-    system = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "system")
-    if not all(f"{section}:" in system for section in SUMMARY_SECTIONS):
+    if not is_summary_request(messages):
         return None
     transcript = _last_user_text(messages)
     blocks = transcript_blocks(transcript)

@@ -7,11 +7,12 @@ returns an assistant message; the Simulator renders it in the wire format the cl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
 
-from .sim_model import JSON, text_of
+from .sim_model import JSON, is_summary_request, text_of
 
 # Claude Code's shell tool, as its requests declare it: {"command": str, "description": str,
 # "timeout": number, "run_in_background": bool, ...}; only "command" is required.
@@ -122,6 +123,31 @@ class ToolRounds(ToolRoundTrip):
                 if mark and step.isdigit():
                     steps.append(int(step))
         return max(steps)
+
+
+# What SmolLM2-135M answered, asked for a four-section summary of a coding session (issue 15):
+# no sections, no goal, and a task declared done that was not.
+FORGETFUL_SUMMARY = (
+    "In summary, the user's goal was achieved. The task was completed successfully and no "
+    "further steps are needed."
+)
+
+
+@dataclass
+class ForgetfulSummarizer:
+    """A small model as the proxy's summarizer meets it: every summary request gets
+    `answer` (no sections, no goal); every other request goes to `agent`, the model's
+    behaviour in the session itself. Counts the summary requests it answered."""
+
+    agent: Callable[[JSON], JSON]
+    answer: str = FORGETFUL_SUMMARY
+    summaries: int = 0
+
+    def __call__(self, chat: JSON) -> JSON:
+        if is_summary_request(chat.get("messages") or []):
+            self.summaries += 1
+            return {"role": "assistant", "content": self.answer}
+        return self.agent(chat)
 
 
 def codex_shell_round_trip(command: str = "ls") -> ToolRoundTrip:
