@@ -114,5 +114,7 @@ async def test_claude_codes_long_task_is_offloaded_and_compacted(
     assert applied & {("compaction", "summarized"), ("compaction", "middle_out")}, applied
     last = [r for r in sim.requests if r.body.get("tools")][-1]
     sent = orjson.dumps(last.body["messages"]).decode()
-    assert "This tool result was offloaded" in sent or "summarized" in sent
+    # The simulated model answers the summarizer "OK." (no sections): middle-out instead.
+    marks = ("tool result was offloaded", "summarized", "cut from the middle")
+    assert any(mark in sent for mark in marks)
     assert len(sent) < 4 * 30_000  # what reached the model fits the window it was given
