@@ -117,10 +117,11 @@ def make_summarizer(
             try:
                 reply = await control.call(child, stream=False)  # no fitter: sent as built
             except UpstreamHTTPError as error:
+                sent = len(child.body["messages"][-1]["content"])
                 overflowed = is_context_overflow(error.status, error.body)
-                if attempt == 2 or not overflowed or fit.transcript_chars <= MIN_TRANSCRIPT_CHARS:
+                if attempt == 2 or not overflowed or sent <= MIN_TRANSCRIPT_CHARS:
                     raise
-                fit = fit.smaller()  # our estimate was low for this model: once, half as much
+                fit = fit.smaller(sent)  # our estimate was low for this model: once, half
                 continue
             finally:
                 ex.add_side_call(child)  # charged to the request whatever happened
@@ -183,8 +184,10 @@ class Fit:
         self.transcript_chars = transcript_chars
         self.max_tokens = max_tokens
 
-    def smaller(self) -> Fit:
-        return Fit(max(MIN_TRANSCRIPT_CHARS, self.transcript_chars // 2), self.max_tokens)
+    def smaller(self, sent: int) -> Fit:
+        """Half of what was sent (`sent` characters of transcript, maybe less than allowed)."""
+        half = min(self.transcript_chars, sent) // 2
+        return Fit(max(MIN_TRANSCRIPT_CHARS, half), self.max_tokens)
 
 
 INSTRUCTION_TOKENS = (

@@ -125,3 +125,22 @@ async def test_a_second_overflow_gives_up(aiohttp_server: Any, upstreams: Upstre
     with pytest.raises(UpstreamHTTPError):
         await real_summarizer(upstreams)(exchange(history, deployment=deployment), history, 300)
     assert [r.status for r in sim.requests] == [400, 400]
+
+
+async def test_the_retry_halves_what_was_sent_when_that_was_under_the_limit(
+    aiohttp_server: Any, upstreams: Upstreams
+) -> None:
+    """A short stretch on a model whose tokens are half our estimate: its whole transcript
+    (well under the limit) overflows, so the retry sends half of it, not half of the limit."""
+    sim = Simulator(context_window=850, api_key=SIM_KEY)
+    server = await aiohttp_server(sim.app())
+    deployment = target(2_048, api_base=str(server.make_url("/v1")))
+    history = coding_session(1, content_chars=1_500)
+    summary = await real_summarizer(upstreams)(
+        exchange(history, deployment=deployment), history, 300
+    )
+    assert summary_sections(summary)["SESSION INTENT"] == GOAL
+    assert [r.status for r in sim.requests] == [400, 200]
+    first, second = (len(r.body["messages"][1]["content"]) for r in sim.requests)
+    assert first < fit_to(2_048, 300).transcript_chars  # all of it fitted our estimate
+    assert second < 0.6 * first
