@@ -48,6 +48,7 @@ from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
 from proxy.tokens.meter import PromptMeter
+from proxy.tracing import open_tracing
 from proxy.upstream.pool import Upstreams
 
 log = logging.getLogger("agentproxy")
@@ -113,7 +114,10 @@ def build_app(
 
     activity = Activity(retention, forget, live_s=settings.live_s)
     collector = Collector(retention, activity, settings, metrics)
-    app[FLOW] = Flow(control, rewriter, store, catalog, metrics, recorder, activity, Lineage(state))
+    tracing = open_tracing(holder.current.tracing)  # read at start, as the store is
+    app[FLOW] = Flow(
+        control, rewriter, store, catalog, metrics, recorder, activity, Lineage(state), tracing
+    )
     metrics.watch_memos({**rewriter.memos(), "views": views.cache, **meter.memos()})
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
@@ -166,6 +170,8 @@ def build_app(
         await store.close()
         await state.close()
         events.close()
+        if tracing is not None:  # the last spans out, off the loop (a bounded HTTP export)
+            await asyncio.to_thread(tracing.shutdown)
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -31,6 +31,8 @@ from proxy.policies.spec import Deployment
 from proxy.recorder import Recorder
 from proxy.store.activity import Activity
 from proxy.store.base import Store
+from proxy.tracing import Tracing
+from proxy.tracing import span as trace_span
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
 
 
@@ -79,8 +81,10 @@ class Flow:
         recorder: Recorder,
         activity: Activity | None = None,
         lineage: Lineage | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.control = control
+        self.tracing = tracing  # None: tracing is off
         self.lineage = lineage
         self.rewriter = rewriter
         self.store = store
@@ -118,8 +122,9 @@ class Flow:
                 break
             if theirs or round_ == rounds:
                 return replies.without_recall(reply, theirs)
-            await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
-            reply = await self.control.call(ex, stream=False, fitter=self.rewriter)
+            with trace_span("agentproxy.recall", _round(round_, ours)):
+                await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
+                reply = await self.control.call(ex, stream=False, fitter=self.rewriter)
         return reply
 
     async def open_stream(self, ex: Exchange) -> UpstreamStream:
@@ -146,8 +151,9 @@ class Flow:
                 if not ours or theirs or round_ == rounds:
                     await relay.release(held)
                     return
-                await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
-                source = await self.control.call(ex, stream=True, fitter=self.rewriter)
+                with trace_span("agentproxy.recall", _round(round_, ours)):
+                    await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
+                    source = await self.control.call(ex, stream=True, fitter=self.rewriter)
         except (ProxyError, UpstreamHTTPError) as error:
             if not relay.started:
                 raise
@@ -239,6 +245,11 @@ class Flow:
         if last:
             recall.withdraw(ex.body)
         self.recorder.record(ex, "recall", "answered", count=len(calls))
+
+
+def _round(number: int, calls: list[dict[str, Any]]) -> dict[str, int]:
+    """A recall round's span attributes (which round, how many of the proxy's calls)."""
+    return {"agentproxy.recall.round": number + 1, "agentproxy.recall.calls": len(calls)}
 
 
 def _total(one: Usage | None, other: Usage | None) -> Usage | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
@@ -35,8 +35,13 @@ from proxy.metrics import Metrics
 from proxy.policies.spec import Deployment, ErrorClass
 from proxy.recorder import Recorder
 from proxy.store.state import StateStore
+from proxy.tracing import call_span, replied
+from proxy.tracing import span as trace_span
 from proxy.upstream.base import Upstream, UpstreamHTTPError
 from proxy.upstream.priming import prime
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class Router(Protocol):
@@ -107,11 +112,29 @@ class Control:
         if deadline_s is not None and recovery.deadline is None:
             spent = time.perf_counter() - ex.started  # the deadline covers the whole request
             recovery.deadline = self.timing.clock() + deadline_s - spent
+        switched: list[tuple[str, str, ErrorClass]] = []  # the fallback in force, if any
+
+        async def run() -> Any:
+            if not switched:
+                return await self._with_retries(ex, stream, fitter)
+            failed, to, reason = switched[-1]
+            attributes = {
+                "agentproxy.from": failed,
+                "agentproxy.to": to,
+                "agentproxy.reason": reason,
+            }
+            with trace_span("agentproxy.fallback", attributes):
+                return await self._with_retries(ex, stream, fitter)
+
+        async def switch(alias: str, reason: ErrorClass) -> None:
+            switched.append((ex.alias, alias, reason))
+            await self._switch(ex, alias, reason, fitter)
+
         try:
             return await with_fallbacks(
                 ex,
-                lambda: self._with_retries(ex, stream, fitter),
-                lambda alias, reason: self._switch(ex, alias, reason, fitter),
+                run,
+                switch,
                 usable=lambda alias: self._alias_usable(ex, alias),
                 time_left=lambda: self._has_time(ex),
             )
@@ -216,27 +239,30 @@ class Control:
         upstream = self.router.for_deployment(deployment, ex.wire)
         ex.recovery.calls += 1
         waited = time.perf_counter()
-        try:
-            if limit is None:  # the common case: no timer to set
-                return await self._send(ex, upstream, deployment, stream)
+        with call_span(ex, ex.recovery.calls) as span:
             try:
-                async with asyncio.timeout(limit) as scope:
-                    return await self._send(ex, upstream, deployment, stream)
-            except TimeoutError:
-                if not scope.expired():
-                    raise
-                raise self._timed_out(ex, which) from None
-        except UpstreamHTTPError as error:
-            self._failed(ex, f"http_{error.status}", error.status)
-            raise
-        except ProxyError as error:
-            self._failed(ex, error.code or error.type, None)
-            raise
-        finally:
-            ex.upstream_wait += time.perf_counter() - waited
+                if limit is None:  # the common case: no timer to set
+                    return await self._send(ex, upstream, deployment, stream, span)
+                try:
+                    async with asyncio.timeout(limit) as scope:
+                        return await self._send(ex, upstream, deployment, stream, span)
+                except TimeoutError:
+                    if not scope.expired():
+                        raise
+                    raise self._timed_out(ex, which) from None
+            except UpstreamHTTPError as error:
+                self._failed(ex, f"http_{error.status}", error.status)
+                raise
+            except ProxyError as error:
+                self._failed(ex, error.code or error.type, None)
+                raise
+            finally:
+                ex.upstream_wait += time.perf_counter() - waited
 
     @staticmethod
-    async def _send(ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool) -> Any:
+    async def _send(
+        ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool, span: Span | None
+    ) -> Any:
         body, headers = ex.outgoing(deployment)
         try:
             if stream:
@@ -246,7 +272,10 @@ class Control:
         except asyncio.CancelledError:  # the client left (or a time limit cut the call) mid-call
             ex.add_unreported_usage()
             raise
-        ex.add_usage(Usage.of(reply.data.get("usage")))
+        usage = Usage.of(reply.data.get("usage"))
+        ex.add_usage(usage)
+        if span is not None:
+            replied(span, ex, reply.data, usage)
         return reply
 
     # --- helpers --------------------------------------------------------------------------------

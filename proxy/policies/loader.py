@@ -55,6 +55,7 @@ from proxy.policies.spec import (
     ServerSettings,
     SessionScope,
     StoreSettings,
+    TracingSettings,
     key_digest,
 )
 from proxy.redaction import redact_url
@@ -383,6 +384,7 @@ class _Entry:
 class _Merged:
     server: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)
+    tracing: dict[str, Any] = field(default_factory=dict)
     store_url: _Entry | None = None  # may be a secret (a password in it): resolved like keys
     store_entries: dict[str, _Entry] = field(default_factory=dict)  # where each key was set
     admin_key: _Entry | None = None
@@ -405,6 +407,7 @@ class _Merged:
         return {
             "server": self.server,
             "store": self.store,
+            "tracing": self.tracing,
             "keys": keys,
             "model_list": [e.value for e in self.model_list],
             "policies": [e.value for e in self.policies],
@@ -420,6 +423,7 @@ def _merge(sources: Iterable[_Source]) -> _Merged:
         data = source.data
         merged.server.update(data.get("server", {}))
         merged.store.update(data.get("store", {}))
+        merged.tracing.update(data.get("tracing", {}))
         for key, value in data.get("store", {}).items():
             merged.store_entries[key] = _Entry(source, ("store", key), value)
         if "url" in data.get("store", {}):
@@ -480,6 +484,7 @@ def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
         server=_server(merged.server),
         keys=keys,
         store=_store(merged, report),
+        tracing=_tracing(merged.tracing),
         deployments=deployments,
         policies=policies,
         default_policy=_default_policy(litellm.defaults),
@@ -567,6 +572,11 @@ def _store(merged: _Merged, report: _Report) -> StoreSettings:
         )
         report.errors.append(where.issue((), message) if where else _file_issue("store", message))
     return settings
+
+
+def _tracing(values: dict[str, Any]) -> TracingSettings:
+    ratio = values.get("sample_ratio")  # YAML reads "1" as an int
+    return TracingSettings(**{**values, "sample_ratio": None if ratio is None else float(ratio)})
 
 
 def duration_s(value: float | str) -> float:

@@ -160,6 +160,17 @@ class StoreSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """OpenTelemetry traces over OTLP/HTTP (the `otel` extra), read at start. What is left
+    unset here the standard OTEL_* variables decide (endpoint, service name, sampler)."""
+
+    enabled: bool = False
+    endpoint: str | None = None  # the collector's base URL; /v1/traces is added
+    service_name: str | None = None  # else OTEL_SERVICE_NAME, else "agentproxy"
+    sample_ratio: float | None = None  # share of requests traced; else OTEL_TRACES_SAMPLER
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyMatch:
     """All given conditions must hold; within a list any entry may match. Empty = always."""
 
@@ -341,6 +352,7 @@ class Config:
     server: ServerSettings = ServerSettings()
     keys: Keys = Keys()
     store: StoreSettings = StoreSettings()
+    tracing: TracingSettings = TracingSettings()
     deployments: Mapping[str, tuple[Deployment, ...]] = field(default_factory=dict)
     policies: tuple[Policy, ...] = ()
     # What no policy matches: the built-in default, with a LiteLLM config's settings if any.

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from proxy import tracing
 from proxy.dialects.relay import StreamRelay
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
@@ -39,6 +40,14 @@ class Wire(Protocol):
 
 async def serve(request: web.Request, ex: Exchange, wire: Wire) -> web.StreamResponse:
     flow = request.app[FLOW]
+    with tracing.request(flow.tracing, ex, request.headers) as span:
+        response = await _serve(request, ex, wire, flow)
+        if span is not None:
+            tracing.responded(span, request.get(OUTCOME_STATUS, response.status))
+        return response
+
+
+async def _serve(request: web.Request, ex: Exchange, wire: Wire, flow: Flow) -> web.StreamResponse:
     try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
         await flow.admit(ex)
     except ProxyError as error:

@@ -9,9 +9,13 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+from proxy import tracing
 from proxy.metrics import Metrics
 from proxy.store.base import BlobInfo, Store
 from proxy.store.state import StateStore
+
+# Operations that write: each is a span of the request it serves (when tracing is on).
+_WRITES = frozenset({"put", "put_checkpoint", "state_set", "state_delete", "add", "publish"})
 
 
 class _Timed:
@@ -24,7 +28,15 @@ class _Timed:
         m = self.metrics
         started = time.perf_counter()
         try:
-            yield
+            if operation in _WRITES and tracing.active():
+                attributes = {
+                    "agentproxy.store.backend": self.backend,
+                    "agentproxy.store.operation": operation,
+                }
+                with tracing.span("agentproxy.store.write", attributes):
+                    yield
+            else:
+                yield
         except Exception:
             m.child(m.store_errors, self.backend, operation).inc()
             raise

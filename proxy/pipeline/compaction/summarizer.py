@@ -32,6 +32,7 @@ from proxy.pipeline.base import Summarizer
 from proxy.pipeline.compaction.overflow import is_context_overflow
 from proxy.pipeline.compaction.sections import SECTIONS
 from proxy.policies.spec import Deployment, Policy
+from proxy.tracing import span as trace_span
 from proxy.upstream.base import UpstreamHTTPError
 
 __all__ = ["SECTIONS", "SYSTEM_PROMPT", "make_summarizer"]
@@ -95,7 +96,8 @@ def make_summarizer(
         started = time.perf_counter()
         result = "failed"
         try:
-            summary = await _summarize(ex, messages, room)
+            with trace_span("agentproxy.summary", {"agentproxy.messages": len(messages)}):
+                summary = await _summarize(ex, messages, room)
             result = "ok"
             return summary
         finally:
