@@ -142,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.policies.single_model import single_model_config
     from proxy.server import run, serve
     from proxy.store.base import StoreError
+    from proxy.tracing import unavailable
 
     if args.api_base is not None and args.model is None:
         print("agentproxy serve: --api-base goes with --model", file=sys.stderr)
@@ -158,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agentproxy: --workers {args.workers}: a number of 1 or more, or auto",
               file=sys.stderr)  # fmt: skip
         return 2
-    if refused := workers.refusal(config, count):
+    if refused := workers.refusal(config, count) or unavailable(config.tracing):
         print(f"agentproxy: {refused}; not starting", file=sys.stderr)
         return 2
     use_format(config.server.log_format)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -42,6 +43,7 @@ _OFF: contextlib.nullcontext[None] = contextlib.nullcontext()
 EXTRA_MISSING = (
     "tracing.enabled needs the otel extra, which is not installed: pip install 'agentproxy[otel]'"
 )
+_EXTRA_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http")
 # Only when the YAML leaves the sampler to the environment; else ours (a ratio, parent-based).
 _SAMPLER_VARIABLE = "OTEL_TRACES_SAMPLER"
 
@@ -92,6 +94,17 @@ class Tracing:
     def shutdown(self) -> None:
         """Send what is still queued (bounded by the exporter's timeout), then stop."""
         self.provider.shutdown()
+
+
+def unavailable(settings: TracingSettings) -> str | None:
+    """Why tracing, enabled, cannot start (the extra is missing); None when it can or is off."""
+    if not settings.enabled:
+        return None
+    try:
+        found = all(importlib.util.find_spec(name) is not None for name in _EXTRA_MODULES)
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    return None if found else EXTRA_MISSING
 
 
 def open_tracing(

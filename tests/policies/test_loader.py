@@ -20,7 +20,7 @@ from proxy.policies.loader import (
     sources_fingerprint,
     validate_paths,
 )
-from proxy.policies.spec import key_digest
+from proxy.policies.spec import TracingSettings, key_digest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -942,3 +942,30 @@ def test_prices_written_as_yaml_1_2_floats_load_as_numbers(tmp_path: Path) -> No
     assert deployment.output_cost_per_token == 1.5e-5
     assert deployment.cache_read_cost_per_token == 3e-7
     assert deployment.cache_write_cost_per_token == 3.75e-6
+
+
+def test_tracing_is_off_unless_enabled_and_read_from_its_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRICT_KEY", "k")
+    assert load_config(write(tmp_path, "a.yaml", MINIMAL)).tracing == TracingSettings()
+    tracing = "tracing: {enabled: true, endpoint: 'http://127.0.0.1:4318', sample_ratio: 1}\n"
+    loaded = load_config(write(tmp_path, "a.yaml", MINIMAL + tracing)).tracing
+    assert loaded == TracingSettings(True, "http://127.0.0.1:4318", None, 1.0)
+    assert isinstance(loaded.sample_ratio, float)
+
+
+@pytest.mark.parametrize(
+    ("tracing", "said"),
+    [
+        ("{enabled: true, sample_ratio: 2}", "2 is greater than the maximum of 1"),
+        ("{endpoint: '127.0.0.1:4318'}", "does not match"),
+        ("{enable: true}", "enable"),
+    ],
+)
+def test_a_bad_tracing_section_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracing: str, said: str
+) -> None:
+    monkeypatch.setenv("STRICT_KEY", "k")
+    issue = only_issue(write(tmp_path, "a.yaml", MINIMAL + f"tracing: {tracing}\n"))
+    assert "tracing" in str(issue) and said in str(issue)
