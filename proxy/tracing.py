@@ -139,17 +139,8 @@ def open_tracing(
     return Tracing(provider)
 
 
-def request(
-    tracing: Tracing | None, ex: Exchange, headers: Mapping[str, str]
-) -> contextlib.AbstractContextManager[Span | None]:
-    """The request's span when tracing is on; the shared no-op otherwise."""
-    return _OFF if tracing is None else tracing.request(ex, headers)
-
-
-def responded(span: Span | None, status: int) -> None:
+def responded(span: Span, status: int) -> None:
     """The status the client got (an upstream's error answered as it was is one too)."""
-    if span is None:
-        return
     span.set_attribute("http.response.status_code", status)
     if status >= 500:
         from opentelemetry.trace import StatusCode

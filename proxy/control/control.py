@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.control.backoff import Timing
@@ -114,17 +114,10 @@ class Control:
             recovery.deadline = self.timing.clock() + deadline_s - spent
         switched: list[tuple[str, str, ErrorClass]] = []  # the fallback in force, if any
 
-        async def run() -> Any:
+        def run() -> Awaitable[Any]:  # the alias' own run costs no coroutine more than before
             if not switched:
-                return await self._with_retries(ex, stream, fitter)
-            failed, to, reason = switched[-1]
-            attributes = {
-                "agentproxy.from": failed,
-                "agentproxy.to": to,
-                "agentproxy.reason": reason,
-            }
-            with trace_span("agentproxy.fallback", attributes):
-                return await self._with_retries(ex, stream, fitter)
+                return self._with_retries(ex, stream, fitter)
+            return self._fallen_back(ex, stream, fitter, *switched[-1])
 
         async def switch(alias: str, reason: ErrorClass) -> None:
             switched.append((ex.alias, alias, reason))
@@ -171,6 +164,20 @@ class Control:
         finally:
             if retried:
                 self._visible(ex, "retry", "retried", count=retried, model=alias)
+
+    async def _fallen_back(
+        self,
+        ex: Exchange,
+        stream: bool,
+        fitter: Fitter | None,
+        failed: str,
+        to: str,
+        reason: ErrorClass,
+    ) -> Any:
+        """A fallback alias' run, as one span (its attempts below it)."""
+        attributes = {"agentproxy.from": failed, "agentproxy.to": to, "agentproxy.reason": reason}
+        with trace_span("agentproxy.fallback", attributes):
+            return await self._with_retries(ex, stream, fitter)
 
     async def _switch(
         self, ex: Exchange, alias: str, reason: ErrorClass, fitter: Fitter | None

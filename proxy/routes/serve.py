@@ -5,7 +5,7 @@ charge. A route supplies only how its format is parsed and rendered (a `Wire`)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -38,12 +38,19 @@ class Wire(Protocol):
     def degraded(self, ex: Exchange, error: Exception) -> web.Response: ...
 
 
-async def serve(request: web.Request, ex: Exchange, wire: Wire) -> web.StreamResponse:
+def serve(request: web.Request, ex: Exchange, wire: Wire) -> Awaitable[web.StreamResponse]:
     flow = request.app[FLOW]
-    with tracing.request(flow.tracing, ex, request.headers) as span:
+    if flow.tracing is None:  # no coroutine more than untraced serving needs
+        return _serve(request, ex, wire, flow)
+    return _traced(request, ex, wire, flow, flow.tracing)
+
+
+async def _traced(
+    request: web.Request, ex: Exchange, wire: Wire, flow: Flow, tracer: tracing.Tracing
+) -> web.StreamResponse:
+    with tracer.request(ex, request.headers) as span:
         response = await _serve(request, ex, wire, flow)
-        if span is not None:
-            tracing.responded(span, request.get(OUTCOME_STATUS, response.status))
+        tracing.responded(span, request.get(OUTCOME_STATUS, response.status))
         return response
 
 
