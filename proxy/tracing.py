@@ -7,8 +7,9 @@
       agentproxy.recall        a recall round: the proxy answers its own tool, calls again
       agentproxy.store.write   a blob, checkpoint or state write
 
-Off (the default, or the extra not installed) every span site costs one context-variable read
-and hands back a shared no-op: nothing is allocated and opentelemetry is never imported. On,
+Off (the default) every span site costs one context-variable read and hands back a shared
+no-op: nothing is allocated and opentelemetry is never imported (nor needed: `serve` refuses
+`tracing.enabled` without the extra, saying so). On,
 the request span puts its tracer in a context variable, so code below it (control, the
 summarizer, the store) opens children without being handed anything; work outside a request
 (background writes) is not traced. Spans go out in batches from the SDK's own thread (OTLP over
