@@ -106,10 +106,17 @@ class AnthropicView:
         before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
         lent = previous._built[before : previous._ends[shared - 1]]
         offset = len(self.messages) - before  # a system prompt gained or lost shifts the ends
-        for message in lent:
-            self.messages.append(message)
-            self._origins[id(message)] = previous._origins[id(message)]
-        self._ends = [end + offset for end in previous._ends[:shared]]
+        # The usual turn lends all of it, system prompt included: its origins copied in C.
+        same_system = len(self.messages) == before and (
+            not before or self.messages[0] is previous._built[0]
+        )
+        if same_system and len(lent) == len(previous._built) - before:
+            self._origins = dict(previous._origins)
+        else:
+            self._origins.update((id(m), previous._origins[id(m)]) for m in lent)
+        self.messages += lent
+        ends = previous._ends[:shared]
+        self._ends = ends if not offset else [end + offset for end in ends]
         return shared
 
     def chat_body(self) -> dict[str, Any]:

@@ -109,13 +109,20 @@ class ResponsesView:
             return 0
         end, count = previous._ends[k - 1]
         before = 1 if previous._instructions is not None else 0
-        for message in previous._built[before:count]:
-            self.messages.append(message)
-            self._origins[id(message)] = previous._origins[id(message)]
+        lent = previous._built[before:count]
+        self.messages += lent
+        if count == len(previous._built):  # the usual turn: all of it (copies made in C)
+            self._origins = dict(previous._origins)
+        else:
+            self._origins = {id(m): previous._origins[id(m)] for m in lent}
         offset = len(self.messages) - count
-        self._ends = [(items, messages + offset) for items, messages in previous._ends[:k]]
-        self._calls = {c: i for c, i in previous._calls.items() if i < end}
-        self._outputs = {c: i for c, i in previous._outputs.items() if i < end}
+        ends = previous._ends[:k]
+        self._ends = ends if not offset else [(i, m + offset) for i, m in ends]
+        if end == len(previous._items):
+            self._calls, self._outputs = dict(previous._calls), dict(previous._outputs)
+        else:
+            self._calls = {c: i for c, i in previous._calls.items() if i < end}
+            self._outputs = {c: i for c, i in previous._outputs.items() if i < end}
         return end
 
     def chat_body(self) -> dict[str, Any]:

@@ -47,6 +47,9 @@ def client_body(reply: UpstreamReply, from_chat: FromChat, alias: str, request_i
 def shared_prefix(new: list[Any], old: list[Any]) -> int:
     """How many leading entries two turns' histories share (Python's `==`: 1 equals 1.0,
     so a view lent for them names its client entries by position, never by object)."""
+    n = min(len(new), len(old))
+    if new[:n] == old[:n]:
+        return n  # the usual turn: one compare in C
     shared = 0
     for a, b in zip(new, old, strict=False):
         if a is not b and a != b:
