@@ -5,7 +5,6 @@ writes. Over real sockets, against the real proxy."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import openai
 import orjson
@@ -26,13 +25,17 @@ policies:
 """
 
 
-async def test_a_turn_reads_the_state_once_for_every_guard(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
-) -> None:
-    sim = Simulator(responder=stubborn_model)
-    proxy: TestServer = await start(
-        start_proxy, tmp_path, await aiohttp_server(sim.app()), POLICIES
-    )
+@pytest.fixture
+def sim() -> Simulator:
+    return Simulator(responder=stubborn_model)  # the same tool call, turn after turn
+
+
+@pytest.fixture
+async def proxy(start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer) -> TestServer:
+    return await start(start_proxy, tmp_path, sim_server, POLICIES)
+
+
+async def test_a_turn_reads_the_state_once_for_every_guard(proxy: TestServer) -> None:
     state = proxy.app[CONTROL].sessions.state
     reads: list[tuple[str, str]] = []
     real_get = state.get
@@ -52,12 +55,8 @@ async def test_a_turn_reads_the_state_once_for_every_guard(
 
 
 async def test_each_guards_part_survives_the_others_writes(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+    proxy: TestServer, sim: Simulator
 ) -> None:
-    sim = Simulator(responder=stubborn_model)
-    proxy: TestServer = await start(
-        start_proxy, tmp_path, await aiohttp_server(sim.app()), POLICIES
-    )
     state = proxy.app[CONTROL].sessions.state
     agent = Agent(proxy, False, {"x-agentproxy-session": "both"})
     sdk = client(proxy)
