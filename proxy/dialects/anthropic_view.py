@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.translate import chat_tools, shared_prefix
+from proxy.dialects.translate import chat_tools, shared_prefix, text_of_content
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
@@ -75,7 +75,7 @@ class AnthropicView:
         if previous is not None and system and system == previous.body.get("system"):
             view._add(previous._built[0], -1, None)  # the same prompt: the same view message
         elif system:
-            view._add({"role": "system", "content": _text(system)}, -1, None)
+            view._add({"role": "system", "content": text_of_content(system)}, -1, None)
         messages = body["messages"]
         start = view._reuse(previous) if previous is not None else 0
         for index in range(start, len(messages)):
@@ -90,7 +90,7 @@ class AnthropicView:
         them: what names a session without an id (its beginning never changes)."""
         view = cls(body)
         if body.get("system"):
-            view._add({"role": "system", "content": _text(body["system"])}, -1, None)
+            view._add({"role": "system", "content": text_of_content(body["system"])}, -1, None)
         for index, message in enumerate(body["messages"]):
             view._map(index, message)
             if view.messages[-1].get("role") == "user":
@@ -246,7 +246,7 @@ class AnthropicView:
         if role == "assistant":
             return self._assistant_turn(message)
         if role == "system":  # a system message of the client's, rewritten; or a new one
-            return {"role": "user", "content": _text(message.get("content"))}
+            return {"role": "user", "content": text_of_content(message.get("content"))}
         return {"role": role or "user", "content": _native_content(message.get("content"))}
 
     def _user(self, group: list[Message]) -> Message:
@@ -327,7 +327,7 @@ class AnthropicView:
         if blocks is None:
             fresh: list[Block] = []
             if message.get("content"):
-                fresh.append({"type": "text", "text": _text(message["content"])})
+                fresh.append({"type": "text", "text": text_of_content(message["content"])})
             fresh += [_tool_use(call, None) for call in calls]
             return {"role": "assistant", "content": fresh}
         by_id = {c.get("id"): c for c in calls}
@@ -354,7 +354,7 @@ def _cache_replacement(out: dict[str, Any], client: list[Message]) -> None:
             i
             for i, m in enumerate(messages[:3])
             if not any(m is c for c in client)
-            and _text(m.get("content")).startswith(REPLACEMENT_MARK)
+            and text_of_content(m.get("content")).startswith(REPLACEMENT_MARK)
         ),
         None,
     )
@@ -444,16 +444,6 @@ def _native_blocks(content: Any) -> list[Block]:
     if not isinstance(content, list):
         return []
     return [b for b in content if isinstance(b, dict)]
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
-        )
-    return ""
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.dialects.translate import chat_tools, shared_prefix
+from proxy.dialects.translate import chat_tools, shared_prefix, text_of_content
 from proxy.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.upstream.responses import speaks_responses
@@ -182,7 +182,7 @@ class ResponsesView:
                 and messages[0].get("role") == "system"
                 and id(messages[0]) not in self._origins
             ):
-                out["instructions"] = _text(messages[0].get("content"))  # rewritten
+                out["instructions"] = text_of_content(messages[0].get("content"))  # rewritten
                 messages = messages[1:]
             else:
                 out.pop("instructions", None)
@@ -251,7 +251,7 @@ class ResponsesView:
             return [self._output_item(message)]
         if role == "assistant" and message.get("tool_calls"):
             return self._turn(message)
-        text = _text(message.get("content"))
+        text = text_of_content(message.get("content"))
         if role == "assistant":
             return [{"role": "assistant", "content": text}]
         return [{"role": "user" if role not in ("user", "developer") else role, "content": text}]
@@ -366,16 +366,6 @@ def _native_parts(content: Any) -> list[Item]:
         for p in content
         if isinstance(p, dict)
     ]
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -56,3 +56,14 @@ def shared_prefix(new: list[Any], old: list[Any]) -> int:
             break
         shared += 1
     return shared
+
+
+def text_of_content(content: Any) -> str:
+    """A message content's text: the string, or its text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
