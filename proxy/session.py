@@ -14,7 +14,7 @@ state is keyed by `scoped(owner, name)`, where the owner is the calling key (or 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +47,19 @@ class SessionName:
 
 
 def session_id(
-    headers: Mapping[str, str], body: dict[str, Any], key_name: str | None
+    headers: Mapping[str, str],
+    body: dict[str, Any],
+    key_name: str | None,
+    opening: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> SessionName:
+    """`opening`: the history up to its first user message, chat-shaped, for a route whose
+    body is not (called only when the client names no session)."""
     if given := client_session_id(headers, body):
         return SessionName(given, True)
     user = body.get("user")
+    messages = opening() if opening is not None else body.get("messages") or []
     return SessionName(
-        fingerprint(body.get("messages") or [], key_name, user if isinstance(user, str) else ""),
-        False,
+        fingerprint(messages, key_name, user if isinstance(user, str) else ""), False
     )
 
 

@@ -61,8 +61,9 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_messages_request(raw, counting=counting)
-    identity = {"metadata": body.get("metadata"), "messages": AnthropicView.opening(body)}
-    session = session_id(request.headers, identity, key.name if key else None)
+    identity = {"metadata": body.get("metadata")}
+    opening = lambda: AnthropicView.opening(body)  # noqa: E731 - only if no session id came
+    session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = AnthropicView.of(body, views.last(own))
     if not counting:

@@ -47,8 +47,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_responses_request(raw)
     cache_key = body.get("prompt_cache_key")
-    identity = {"metadata": {"session_id": cache_key}, "messages": ResponsesView.opening(body)}
-    session = session_id(request.headers, identity, key.name if key else None)
+    identity = {"metadata": {"session_id": cache_key}}
+    opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
+    session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = ResponsesView.of(body, views.last(own))
     views.keep(own, view, len(raw))
