@@ -140,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
-    from proxy.server import run, serve
+    from proxy.server import loop_unavailable, run, serve
     from proxy.store.base import StoreError
     from proxy.tracing import unavailable
 
@@ -159,7 +159,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agentproxy: --workers {args.workers}: a number of 1 or more, or auto",
               file=sys.stderr)  # fmt: skip
         return 2
-    if refused := workers.refusal(config, count) or unavailable(config.tracing):
+    if refused := (
+        workers.refusal(config, count)
+        or unavailable(config.tracing)
+        or loop_unavailable(config.server.event_loop)
+    ):
         print(f"agentproxy: {refused}; not starting", file=sys.stderr)
         return 2
     use_format(config.server.log_format)

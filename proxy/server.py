@@ -10,6 +10,7 @@ activity flushed, connections closed), and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import signal
 import socket
@@ -58,22 +59,25 @@ async def serve(
     log.info("stopped after draining for %.1fs", time.monotonic() - started)
 
 
+def loop_unavailable(event_loop: str) -> str | None:
+    """Why `server.event_loop` cannot be had here (checked before serving), or None."""
+    if event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        return (
+            "server.event_loop is uvloop, which is not installed: "
+            "pip install 'agentproxy[speed]' (or set event_loop: auto)"
+        )
+    return None
+
+
 def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
     """`asyncio.run(main)` on the event loop `server.event_loop` asks for: uvloop (`auto`
     takes it when installed: `pip install 'agentproxy[speed]'`), else asyncio's own."""
-    if event_loop != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            if event_loop == "uvloop":
-                raise RuntimeError(
-                    "server.event_loop is uvloop, which is not installed: "
-                    "pip install 'agentproxy[speed]' (or set event_loop: auto)"
-                ) from None
-        else:
-            uvloop.run(main)
-            return
-    asyncio.run(main)
+    if event_loop != "asyncio" and importlib.util.find_spec("uvloop") is not None:
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 async def _signalled() -> None:

@@ -4,6 +4,7 @@ run to their end within server.drain_s, then exit 0; past the deadline they are 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 import socket
 import sys
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
+from proxy import cli
 from tests.conftest import free_port, sim_config
 from tests.test_cli import ROOT, start_serve
 
@@ -122,3 +124,21 @@ async def test_past_drain_s_a_stream_is_cut_and_the_process_still_exits_0(
     assert process.returncode == 0, stderr.decode()
     assert exited_after < 2.5, f"exited {exited_after:.1f}s after SIGTERM with drain_s 0.5"
     assert not finished and len(text.split()) < WORDS
+
+
+def test_uvloop_asked_for_but_missing_refuses_to_start_saying_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "uvloop" else real_find_spec(name, *a),
+    )
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(
+        sim_config("http://127.0.0.1:9")
+        + f"store: {{path: {tmp_path}}}\nserver: {{event_loop: uvloop}}\n"
+    )
+    assert cli.main(["serve", "--config", str(config), "--port", str(free_port())]) == 2
+    assert "pip install 'agentproxy[speed]'" in capsys.readouterr().err
