@@ -10,6 +10,7 @@ injects faults into the simulator (429 with Retry-After, 503, resets, slow answe
 bodies, cut streams) and clears what the simulator records.
 
     python bench/load.py --agents 50 --seconds 600                    # the soak (local store)
+    python bench/load.py --seconds 1800 --warmup 600 --cooldown 120   # issue 13's flat-memory soak
     python bench/load.py --agents 5 --seconds 20                      # smoke test
     python bench/load.py --store redis --redis-url redis://127.0.0.1:6379/0
     python bench/load.py --faults garbled --fault-rate 3 --seconds 60  # one kind of fault
@@ -18,7 +19,8 @@ bodies, cut streams) and clears what the simulator records.
 Prints a progress line every 30 s (elapsed, requests, rps, errors, proxy RSS and its memos'
 size from /metrics) and a summary: throughput, latency percentiles (JSON and streaming apart),
 errors by class with an example body each, the proxy's RSS right after start, after warm-up and
-at the end with its growth per minute after warm-up, the RSS timeline, and the proxy's own
+at the end with its growth per minute after warm-up, its idle RSS once the traffic has stopped
+(`--cooldown` seconds later), the RSS timeline, and the proxy's own
 /metrics counters for rewrites, retries, fallbacks and memo sizes. The proxy is this checkout's
 (PYTHONPATH = the repository root), run with the project's virtualenv.
 
@@ -89,18 +91,21 @@ CLIENT_ATTEMPTS = 3  # an agent's own tries of one request (connection errors, p
 # --- configuration ---------------------------------------------------------------------------
 
 
-def config_text(sim_port: int, state: Path, store: str, redis_url: str, prefix: str) -> str:
+def config_text(
+    sim_port: int, state: Path, store: str, redis_url: str, prefix: str, memo_mb: int | None
+) -> str:
     api_base = f"http://127.0.0.1:{sim_port}/v1"
     if store == "redis":
         # `path` still holds the event log; the state itself goes to Redis.
         store_yaml = f"{{backend: redis, url: '{redis_url}', prefix: '{prefix}', path: '{state}'}}"
     else:
         store_yaml = f"{{backend: local, path: '{state}'}}"
+    memo = "" if memo_mb is None else f"\n          memo_mb: {memo_mb}"  # dedented below
     return textwrap.dedent(
         f"""\
         server:
           read_timeout_s: 30
-          watch_interval_s: 5
+          watch_interval_s: 5{memo}
         store: {store_yaml}
         model_list:
           - model_name: {PRIMARY}
@@ -783,6 +788,7 @@ class Outcome:
     start_rss_mb: float  # right after the proxy was ready, before any load
     proxy_cpu_s: float
     metrics: str
+    idle: list[Sample]  # after the traffic stopped, t from then
     notes: list[str] = field(default_factory=list)
 
 
@@ -792,6 +798,17 @@ def _pcts(values: list[float]) -> str:
         (ordered[-1] * 1000) if ordered else math.nan
     ]
     return f"{len(ordered):>8,} " + " ".join(f"{c:>9.1f}" for c in cells)
+
+
+def _idle_line(idle: list[Sample], warm: Sample) -> list[str]:
+    if not idle:
+        return []
+    last = idle[-1]
+    return [
+        f"idle after the traffic: {last.proxy_mb:.1f} MB at +{last.t:.0f} s "
+        f"({100 * last.proxy_mb / warm.proxy_mb:.0f} % of the post-warm-up RSS; "
+        f"memos {last.memo_mb:.1f} MB)"
+    ]
 
 
 def report(o: Outcome) -> str:
@@ -832,6 +849,7 @@ def report(o: Outcome) -> str:
         f"RSS growth after warm-up: {(end.proxy_mb - warm.proxy_mb) / minutes:+.2f} MB/min "
         f"end-to-end, {slope_mb_per_min(after):+.2f} MB/min least squares, "
         f"{slope_mb_per_min(tail):+.2f} MB/min over the last third",
+        *_idle_line(o.idle, warm),
         f"simulator RSS {samples[0].sim_mb:.1f} -> {end.sim_mb:.1f} MB",
         f"proxy CPU   {o.proxy_cpu_s:.0f} s = {o.proxy_cpu_s / o.elapsed_s:.2f} CPUs, "
         f"{1000 * o.proxy_cpu_s / max(s.requests, 1):.2f} ms per client request",
@@ -887,6 +905,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--think-ms", type=float, default=50, help="mean tool time per call [50]")
     parser.add_argument(
         "--chunk-delay", type=float, default=0.001, help="simulator's seconds between SSE chunks"
+    )
+    parser.add_argument("--memo-mb", type=int, help="the proxy's server.memo_mb [its default]")
+    parser.add_argument(
+        "--cooldown",
+        type=float,
+        default=60,
+        help="seconds to keep sampling the idle proxy's RSS after the traffic stops [60]",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs, store)")
@@ -952,7 +977,30 @@ async def drive(args: argparse.Namespace, proxy: Child, sim: Child, start_rss: f
         loop.remove_signal_handler(signal.SIGINT)
         metrics = await scrape(http, proxy.port)
         samples[-1].memo_mb = memo_mb(parse_metrics(metrics))
-    return Outcome(args, stats, elapsed, samples, start_rss, proxy_cpu, metrics)
+        idle = await cool_down(http, proxy, sim, args.cooldown)
+    return Outcome(args, stats, elapsed, samples, start_rss, proxy_cpu, metrics, idle)
+
+
+async def cool_down(
+    http: aiohttp.ClientSession, proxy: Child, sim: Child, seconds: float
+) -> list[Sample]:
+    """The idle proxy's RSS after the traffic stopped: does it come back down?"""
+    idle: list[Sample] = []
+    stopped = time.perf_counter()
+    while (t := time.perf_counter() - stopped) < seconds and proxy.process.poll() is None:
+        await asyncio.sleep(min(RSS_SAMPLE_S, seconds - t))
+        sample = Sample(
+            time.perf_counter() - stopped, _rss_or_nan(proxy.pid), _rss_or_nan(sim.pid), 0
+        )
+        sample.memo_mb = memo_mb(parse_metrics(await scrape(http, proxy.port)))
+        idle.append(sample)
+    if idle:
+        print(
+            f"[idle {idle[-1].t:4.0f} s] proxy RSS {idle[-1].proxy_mb:.1f} MB "
+            f"(memos {idle[-1].memo_mb:.1f} MB)",
+            flush=True,
+        )
+    return idle
 
 
 def _on_sigint(loop: asyncio.AbstractEventLoop, run: Run) -> None:
@@ -995,7 +1043,9 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
         )
         state = workdir / "state"
         config = workdir / "load.yaml"
-        config.write_text(config_text(sim.port, state, args.store, args.redis_url, prefix))
+        config.write_text(
+            config_text(sim.port, state, args.store, args.redis_url, prefix, args.memo_mb)
+        )
         validate(config)
         proxy = start_child(
             procs, ["serve", "--config", str(config)], free_port(), workdir / "proxy.log", "/readyz"

@@ -47,6 +47,7 @@ from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
+from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.pool import Upstreams
@@ -112,13 +113,25 @@ def build_app(
         rewriter.forget(sessions)
         forget_sessions(sessions, named=[views.cache], led=meter.by_session())
 
-    activity = Activity(retention, forget, live_s=settings.live_s)
+    activity = Activity(
+        retention,
+        forget,
+        live_s=settings.live_s,
+        memo_idle_s=holder.current.server.memo_idle_s,  # read at start, as memo_mb is
+    )
     collector = Collector(retention, activity, settings, metrics)
     tracing = open_tracing(holder.current.tracing)  # read at start, as the store is
     app[FLOW] = Flow(
         control, rewriter, store, catalog, metrics, recorder, activity, Lineage(state), tracing
     )
-    metrics.watch_memos({**rewriter.memos(), "views": views.cache, **meter.memos()})
+    metrics.watch_memos(
+        {
+            **rewriter.memos(),
+            "views": views.cache,
+            **meter.memos(),
+            **(state.memos() if isinstance(state, MemoryState) else {}),
+        }
+    )
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
     app.add_routes(responses.routes)

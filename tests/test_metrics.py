@@ -164,7 +164,10 @@ async def test_server_memo_mb_sets_the_memos_bounds(proxy_for: Any) -> None:
             text = await response.text()
     bounds = dict(re.findall(r'agentproxy_memo_capacity_bytes\{memo="(\w+)"\} (\S+)', text))
     assert float(bounds["histories"]) == 0.296875 * 8 * 1024 * 1024
-    assert sum(map(float, bounds.values())) <= 8 * 1024 * 1024
+    memos = [float(v) for name, v in bounds.items() if not name.startswith("state_")]
+    assert sum(memos) <= 8 * 1024 * 1024
+    # The guards' state (the embedded store's) has its own bound, outside memo_mb.
+    assert float(bounds["state_values"]) + float(bounds["state_counters"]) == 32 * 1024 * 1024
 
 
 def test_docs_metrics_lists_every_metric_and_no_other() -> None:

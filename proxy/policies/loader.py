@@ -79,6 +79,7 @@ _FLOAT_SERVER_FIELDS = frozenset(
         "watch_interval_s",
         "body_timeout_s",
         "drain_s",
+        "memo_idle_s",
     }
 )
 

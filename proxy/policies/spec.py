@@ -133,6 +133,9 @@ class ServerSettings:
     # The event loop: uvloop where installed (auto), or the one named (read at start).
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)
+    # A session idle this long leaves the process's memory (its next turn reads what it needs
+    # back from the store), so memory follows the sessions active lately, not all ever seen.
+    memo_idle_s: float = 600.0
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still finish

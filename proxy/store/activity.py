@@ -13,7 +13,8 @@ its request named): every flush reports it, and it is never forgotten.
 The warm-turn memos (offload pointers, checkpoints, truncated arguments…) believe the store
 holds what they name. So a session idle for half of `live_s` is forgotten here and in them
 (`forget`): by the time a collection may evict it (idle for `live_s`), no memo names it and its
-next request is cold again.
+next request is cold again. A session is forgotten sooner when `memo_idle_s` says so: memory
+then holds the sessions active lately, however many came and went before.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ class Activity:
         forget: Forget,
         *,
         live_s: float,
+        memo_idle_s: float = float("inf"),
         max_sessions: int = MAX_SESSIONS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.retention = retention
         self.forget = forget
-        self.idle_s = live_s / 2
+        self.idle_s = min(live_s / 2, memo_idle_s)
         self.max_sessions = max_sessions
         self.clock = clock
         self._seen: OrderedDict[str, float] = OrderedDict()  # least recently seen first
@@ -103,7 +105,7 @@ class Activity:
                 log.warning("could not record the activity of %d sessions: %s", len(batch), exc)
 
     def sweep(self) -> set[str]:
-        """Forget sessions idle for half of live_s, here and in the memos."""
+        """Forget sessions idle for idle_s, here and in the memos."""
         now = self.clock()
         cutoff = now - self.idle_s
         seen = self._seen

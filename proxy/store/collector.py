@@ -3,8 +3,8 @@
 Every `gc_interval_s`, and early when writes may have brought the store near its cap
 (retention.Pressure), it deletes sessions idle past `session_ttl`, then evicts whole
 sessions least recently active first while over `max_mb`, never a live one. More often (an
-eighth of `live_s`, at most every 10 s) it flushes the sessions' activity to the store and
-forgets the ones gone idle (proxy/store/activity.py).
+eighth of `live_s` or a quarter of `memo_idle_s`, at most every 10 s) it flushes the sessions'
+activity to the store and forgets the ones gone idle (proxy/store/activity.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class Collector:
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
-        self.flush_every_s = min(MAX_FLUSH_EVERY_S, settings.live_s / 8)
+        # Often enough that a session goes from memory within a fraction of its idle time.
+        self.flush_every_s = min(MAX_FLUSH_EVERY_S, settings.live_s / 8, activity.idle_s / 4)
         self._due = asyncio.Event()
         self._over_cap = False
         metrics.store_max_bytes.set(

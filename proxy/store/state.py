@@ -9,11 +9,12 @@ the rest go on as if the session were new).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
-from cachetools import LRUCache
+from cachetools import TLRUCache
 
 
 class StateStore(Protocol):
@@ -53,35 +54,46 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
 
+# What one entry costs beyond its value's bytes: its key and the cache's bookkeeping. Measured
+# with tracemalloc: ~450 bytes for a guard record under a 40-character key, ~700 for a budget's
+# three counters under a 60-character one.
+ENTRY_OVERHEAD = 384
+FIELD_BYTES = 96  # one counter: its name and float in the counters' dict
+
+
 class MemoryState:
-    """One process's state, bounded by entry count (oldest untouched go first)."""
+    """One process's state, bounded by bytes (the least recently used go first when full) and
+    by time: an entry is dropped when its ttl runs out, not merely hidden, so a process that
+    sees sessions come and go for months holds only the live ones."""
 
     backend = "memory"
 
-    def __init__(self, entries: int = 200_000) -> None:
-        self._values: LRUCache[tuple[str, str], tuple[float, bytes]] = LRUCache(entries)
-        self._counters: LRUCache[tuple[str, str], tuple[float, dict[str, float]]] = LRUCache(
-            entries
+    def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self._values: TLRUCache[tuple[str, str], tuple[float, bytes]] = TLRUCache(
+            max_bytes // 2, _expiry_of, timer=time.time, getsizeof=_value_bytes
+        )
+        self._counters: TLRUCache[tuple[str, str], tuple[float, dict[str, float]]] = TLRUCache(
+            max_bytes // 2, _expiry_of, timer=time.time, getsizeof=_counters_bytes
         )
         self._published: dict[str, dict[str, tuple[float, float]]] = {}
 
+    def memos(self) -> dict[str, TLRUCache[Any, Any]]:
+        """Its two halves, shown beside the memos (agentproxy_memo_bytes)."""
+        return {"state_values": self._values, "state_counters": self._counters}
+
     async def get(self, space: str, key: str) -> bytes | None:
         found = self._values.get((space, key))
-        if found is None or found[0] < time.time():
-            return None
-        return found[1]
+        return None if found is None else found[1]
 
     async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
-        self._values[(space, key)] = (_expiry(ttl_s), value)
+        _put(self._values, (space, key), (_expiry(ttl_s), value))
 
     async def delete(self, space: str, key: str) -> None:
         self._values.pop((space, key), None)
 
     async def counters(self, space: str, key: str) -> dict[str, float]:
         found = self._counters.get((space, key))
-        if found is None or found[0] < time.time():
-            return {}
-        return dict(found[1])
+        return {} if found is None else dict(found[1])
 
     async def add(
         self,
@@ -92,14 +104,13 @@ class MemoryState:
         first: Mapping[str, float] | None = None,
         ttl_s: float | None = None,
     ) -> dict[str, float]:
-        now = time.time()
         found = self._counters.get((space, key))
-        values = dict(found[1]) if found is not None and found[0] >= now else {}
+        values = dict(found[1]) if found is not None else {}
         for name, amount in amounts.items():
             values[name] = values.get(name, 0.0) + amount
         for name, value in (first or {}).items():
             values.setdefault(name, value)
-        self._counters[(space, key)] = (_expiry(ttl_s), values)
+        _put(self._counters, (space, key), (_expiry(ttl_s), values))
         return dict(values)
 
     async def publish(self, space: str, field: str, value: float, ttl_s: float) -> None:
@@ -118,3 +129,22 @@ class MemoryState:
 
 def _expiry(ttl_s: float | None) -> float:
     return time.time() + ttl_s if ttl_s is not None else float("inf")
+
+
+def _expiry_of(key: object, entry: tuple[float, object], now: float) -> float:
+    return entry[0]
+
+
+def _value_bytes(entry: tuple[float, bytes]) -> int:
+    return ENTRY_OVERHEAD + len(entry[1])
+
+
+def _counters_bytes(entry: tuple[float, dict[str, float]]) -> int:
+    return ENTRY_OVERHEAD + FIELD_BYTES * len(entry[1])
+
+
+def _put(cache: TLRUCache[Any, Any], key: tuple[str, str], entry: tuple[float, Any]) -> None:
+    """Store, unless the entry alone is larger than the whole cache: then a bounded store
+    forgets it, as if it were evicted at once."""
+    with contextlib.suppress(ValueError):
+        cache[key] = entry

@@ -4,14 +4,18 @@ cost a dict update and are flushed in batches, idle ones are forgotten everywher
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from proxy.store.activity import Activity
 from proxy.store.base import BlobInfo, StoreError, content_ref
 from proxy.store.local import LocalStore
 from proxy.store.retention import Collected, Pressure, StoreStats
+from proxy.testing.simulator import Simulator
 
 
 class Clock:
@@ -173,3 +177,60 @@ async def test_a_refused_request_is_not_left_in_flight(proxy_for: Any, sim: Any)
     assert statuses[0] == 200 and statuses[1:] != [200, 200], statuses
     activity = proxy.app[FLOW].activity
     assert activity is not None and activity.in_flight == 0
+
+
+async def test_memo_idle_s_forgets_a_session_sooner_than_live_s() -> None:
+    forgotten: list[set[str]] = []
+    clock = Clock()
+    activity = Activity(Touches(), forgotten.append, live_s=3600, memo_idle_s=600, clock=clock)
+    cold = activity.arrive("key:a/s1")
+    assert cold is not None
+    await cold
+    activity.leave("key:a/s1")
+    clock.now += 599
+    assert activity.sweep() == set()
+    clock.now += 2
+    assert activity.sweep() == {"key:a/s1"} and forgotten == [{"key:a/s1"}]
+
+
+async def test_an_idle_session_leaves_the_proxys_memory_and_its_next_turn_is_the_same(
+    proxy_for: Any,
+) -> None:
+    """Over sockets: with memo_idle_s 1 the memos hold nothing of a session a second after
+    its last turn; its next turn sends the upstream the very bytes a warm one would have."""
+    sim = Simulator()
+    proxy = await proxy_for(sim, "server: {memo_idle_s: 1}\n")
+    url = str(proxy.make_url("/v1/chat/completions"))
+    headers = {"x-agentproxy-session": "idle-1"}
+    big = "\n".join(f"line {n}: " + "x" * 60 for n in range(900))  # offloaded: > 20k chars
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "read the log"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": big},
+    ]  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+
+        async def turn(text: str) -> None:
+            history.append({"role": "user", "content": text})
+            body = {"model": "sim", "messages": history}
+            async with http.post(url, json=body, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                answer = await response.json()
+            history.append(answer["choices"][0]["message"])
+
+        async def histories_bytes() -> float:
+            async with http.get(proxy.make_url("/metrics")) as response:
+                text = await response.text()
+            return float(re.findall(r'agentproxy_memo_bytes\{memo="histories"\} (\S+)', text)[0])
+
+        await turn("go on")
+        await turn("and again")
+        assert await histories_bytes() > 0
+        warm = sim.requests[-1].body["messages"]
+        await asyncio.sleep(1.8)  # idle 1 s, swept every 0.25 s
+        assert await histories_bytes() == 0
+        history.pop()  # the same turn again, now cold
+        history.pop()
+        await turn("and again")
+    assert sim.requests[-1].body["messages"] == warm

@@ -144,3 +144,32 @@ async def test_redis_state_without_its_own_ttl_expires_with_the_session_ttl(
         assert await state.counters("budget", "key-lifetime") == {"calls": 1.0}
     finally:
         await state.close()
+
+
+async def test_memory_state_drops_expired_entries_rather_than_hiding_them() -> None:
+    """A process that sees sessions come and go holds only the live ones' facts."""
+    state = MemoryState()
+    for n in range(100):
+        await state.set("guards", f"key:a/s{n}", b"{}", ttl_s=0.05)
+        await state.add("budget", f"b|session|key:a/s{n}", {"calls": 1}, ttl_s=0.05)
+    await state.set("guards", "key:a/kept", b"{}")
+    await asyncio.sleep(0.1)
+    await state.set("guards", "key:a/late", b"{}")  # expiry runs as entries come in
+    await state.add("budget", "b|session|key:a/late", {"calls": 1})
+    values, counters = state.memos().values()
+    assert set(values) == {("guards", "key:a/kept"), ("guards", "key:a/late")}
+    assert set(counters) == {("budget", "b|session|key:a/late")}
+
+
+async def test_memory_state_is_bounded_by_bytes_least_recently_used_first() -> None:
+    state = MemoryState(max_bytes=64 * 1024)
+    await state.set("guards", "key:a/first", b"{}")
+    for n in range(200):  # ~90 KB of guard records into a 32 KB half
+        await state.set("guards", f"key:a/s{n}", b"x" * 64)
+        assert await state.get("guards", "key:a/first") == b"{}"  # used: kept
+    assert await state.get("guards", "key:a/s0") is None
+    assert await state.get("guards", "key:a/s199") == b"x" * 64
+    values, _ = state.memos().values()
+    assert values.currsize <= 32 * 1024
+    await state.set("guards", "key:a/huge", b"x" * 64 * 1024)  # larger than the bound:
+    assert await state.get("guards", "key:a/huge") is None  # forgotten, not an error
