@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from proxy import heap
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
 from proxy.store.activity import Activity
@@ -70,7 +71,8 @@ class Collector:
                 if self._due.is_set():
                     await asyncio.sleep(max(0.0, calm_after - time.monotonic()))
                 await self.activity.flush()
-                self.activity.sweep()
+                if self.activity.sweep():
+                    heap.trim()  # what those sessions held is free: give the pages back
                 if self._due.is_set() or time.monotonic() >= next_collection:
                     self._due.clear()
                     done = await self.collect()
