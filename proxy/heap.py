@@ -5,8 +5,8 @@ live for minutes; both come from the same heap. glibc's malloc serves big blocks
 they go straight back to the system when freed, but it raises that threshold to the size of
 every mmapped block freed (up to 32 MiB): after the first large body, later ones are carved
 from the heap, between long-lived objects that keep the heap from shrinking. So at start the
-threshold is pinned (`pin_mmap_threshold`), and the collector trims the heap (`trim`) once
-sessions have left memory, handing the free pages back.
+threshold is pinned (`pin_mmap_threshold`), and the collector trims the heap (`trim`) when
+the process has been quiet for a while, handing the free pages back.
 
 Elsewhere than glibc (musl, macOS) both are no-ops.
 """

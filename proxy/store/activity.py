@@ -63,6 +63,12 @@ class Activity:
         """Sessions with a request under way."""
         return len(self._in_flight)
 
+    def quiet_for(self) -> float:
+        """Seconds since the last request ended (0 while one is under way)."""
+        if self._in_flight or not self._seen:
+            return 0.0
+        return self.clock() - next(reversed(self._seen.values()))
+
     def arrive(self, session: str) -> Awaitable[None] | None:
         """A request of `session` begins (`leave` must follow, whatever happens). For a cold
         session, the touch to await before the request goes on; None (the common case) when

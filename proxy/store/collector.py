@@ -28,6 +28,9 @@ MAX_FLUSH_EVERY_S = 10.0
 # Between kicked collections once one could not get under the cap (only live sessions left)
 # or failed: each write would kick another at once.
 MIN_GAP_S = 1.0
+# A heap trim holds the allocator for up to a few hundred ms on a large, fragmented heap: it
+# waits until no request has been under way for this long.
+QUIET_BEFORE_TRIM_S = 10.0
 
 
 class Collector:
@@ -49,6 +52,7 @@ class Collector:
         self.flush_every_s = min(MAX_FLUSH_EVERY_S, settings.live_s / 8, activity.idle_s / 4)
         self._due = asyncio.Event()
         self._over_cap = False
+        self._trimmed = False  # during this quiet spell
         metrics.store_max_bytes.set(
             settings.max_mb * 1024 * 1024 if settings.max_mb is not None else 0
         )
@@ -71,8 +75,8 @@ class Collector:
                 if self._due.is_set():
                     await asyncio.sleep(max(0.0, calm_after - time.monotonic()))
                 await self.activity.flush()
-                if self.activity.sweep():
-                    heap.trim()  # what those sessions held is free: give the pages back
+                forgotten = self.activity.sweep()
+                self._trim_when_quiet(bool(forgotten))
                 if self._due.is_set() or time.monotonic() >= next_collection:
                     self._due.clear()
                     done = await self.collect()
@@ -83,6 +87,14 @@ class Collector:
                     next_collection = now + wait
         finally:
             self.retention.pressure.kick = None
+
+    def _trim_when_quiet(self, forgot: bool) -> None:
+        """Give free pages back once a quiet spell begins, and again whenever sessions leave
+        memory during it; not while requests come, nor over and over for nothing."""
+        if self.activity.quiet_for() < QUIET_BEFORE_TRIM_S:
+            self._trimmed = False
+        elif (forgot or not self._trimmed) and heap.trim():
+            self._trimmed = True
 
     async def collect(self) -> Collected | None:
         """One collection now; None (logged and counted) when the store failed."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy import heap
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
 from proxy.store.activity import Activity
@@ -107,3 +108,39 @@ async def test_over_the_cap_with_live_sessions_only_is_warned_once(
             await collector.collect()
     assert caplog.text.count("over store.max_mb") == 1
     assert sample(metrics, "agentproxy_store_over_cap") == 1
+
+
+async def test_the_heap_is_trimmed_once_a_quiet_spell_begins_and_when_sessions_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[float] = []
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(now[0]) or True)
+    now = [1_000_000.0]
+    store = LocalStore(str(tmp_path))
+    activity = Activity(store, lambda _: None, live_s=3600, clock=lambda: now[0])
+    settings = StoreSettings(path=str(tmp_path))
+    collector = Collector(store, activity, settings, Metrics())
+    try:
+        cold = activity.arrive("key:a/s1")
+        assert cold is not None
+        await cold
+        collector._trim_when_quiet(False)
+        assert trims == [], "a request under way: no trim"
+        activity.leave("key:a/s1")
+        now[0] += 5
+        collector._trim_when_quiet(False)
+        assert trims == [], "quiet for 5 s only"
+        now[0] += 6
+        collector._trim_when_quiet(False)
+        collector._trim_when_quiet(False)
+        assert len(trims) == 1, "once as the quiet spell begins, not over and over"
+        collector._trim_when_quiet(True)
+        assert len(trims) == 2, "sessions left memory: their pages go back too"
+        activity.arrive("key:a/s1")
+        activity.leave("key:a/s1")
+        collector._trim_when_quiet(False)
+        now[0] += 11
+        collector._trim_when_quiet(False)
+        assert len(trims) == 3, "a new quiet spell, a new trim"
+    finally:
+        await store.close()
