@@ -1,0 +1,285 @@
+"""CPU per request of the proxy and of the bare aiohttp forwarder, served in this process.
+
+Both applications (the proxy as `build_app` makes it, with the default settings and the one
+`bench` alias of bench/overhead.py; bench/_bare_forwarder.py's forwarder) run in this process on
+real loopback sockets, in front of bench/_static_upstream.py (a process of its own). The load
+comes from bench/_cpu_client.py, also a process of its own, so the CPU this process burns while
+it runs (time.process_time: every thread) is what serving those requests cost. Each rep measures
+every cell on both applications back to back after a warm-up; the figures are the medians over
+the reps, and the proxy ÷ forwarder ratio. Wall-clock time plays no part: on a busy machine the
+figures hold (within a few per cent), unlike throughput.
+
+    python bench/cpu.py                                  # every cell, 3 reps of 2,000 requests
+    python bench/cpu.py --cells chat-30KB-json --reps 5
+    python bench/cpu.py --cells chat-30KB-json --profile out.prof   # cProfile the proxy's runs
+    python bench/cpu.py --anthropic --cells anth-77KB-json          # the Anthropic route
+
+With `--anthropic` the proxy's configuration adds overhead.py's `anthropic/` deployment (which
+imports litellm). Traffic stays on 127.0.0.1; the upstream and clients are stopped on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import logging
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from _bare_forwarder import app as bare_app
+from aiohttp import web
+from overhead import (
+    BODIES,
+    CHAT_PATH,
+    MESSAGES_PATH,
+    REPO_ROOT,
+    RESPONSES_PATH,
+    Processes,
+    free_port,
+    start_upstream,
+    write_config,
+)
+
+BENCH_DIR = Path(__file__).resolve().parent
+PATHS = {"chat": CHAT_PATH, "anth": MESSAGES_PATH, "resp": RESPONSES_PATH}
+DEFAULT_CELLS = (
+    "chat-tiny-json,chat-tiny-stream,chat-30KB-json,chat-30KB-stream,"
+    "resp-50KB-json,resp-50KB-stream"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    route: str
+    size: str
+    stream: bool
+
+    @classmethod
+    def parse(cls, name: str) -> Cell:
+        route, size, mode = name.split("-")
+        if (route, size) not in BODIES or mode not in ("json", "stream"):
+            raise SystemExit(f"unknown cell {name!r}: route-size-json|stream, sizes {BODIES}")
+        return cls(route, size, mode == "stream")
+
+    @property
+    def name(self) -> str:
+        return f"{self.route}-{self.size}-{'stream' if self.stream else 'json'}"
+
+    @property
+    def body(self) -> bytes:
+        return BODIES[(self.route, self.size)](self.stream)
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    from proxy.app import SERVER_OPTIONS
+
+    runner = web.AppRunner(app, handle_signals=False, **SERVER_OPTIONS)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+class Client:
+    """The client process of one cell: it loads a URL with a number of requests when asked."""
+
+    def __init__(self, child: asyncio.subprocess.Process, cell: Cell) -> None:
+        self.child = child
+        self.cell = cell
+
+    @classmethod
+    async def start(cls, cell: Cell, body_file: Path, concurrency: int) -> Client:
+        command = [sys.executable, str(BENCH_DIR / "_cpu_client.py"), str(body_file)]
+        command += [cell.route, str(concurrency)] + (["--stream"] if cell.stream else [])
+        child = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        return cls(child, cell)
+
+    async def load(self, url: str, requests: int) -> int:
+        """The requests completed (the client checks every answer)."""
+        assert self.child.stdin is not None and self.child.stdout is not None
+        self.child.stdin.write(f"{url} {requests}\n".encode())
+        await self.child.stdin.drain()
+        line = await self.child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client of {self.cell.name} exited")
+        result = orjson.loads(line)
+        if result["errors"]:
+            raise RuntimeError(f"{self.cell.name} at {url}: {result['error_examples']}")
+        done: int = result["requests"]
+        return done
+
+    async def stop(self) -> None:
+        assert self.child.stdin is not None
+        self.child.stdin.close()
+        await self.child.wait()
+
+
+class GcTimer:
+    """CPU seconds spent in garbage collections (every generation), via gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self.collections = 0
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.spent += time.process_time() - self._started
+            self.collections += 1
+
+
+@contextlib.contextmanager
+def profiled(profile: cProfile.Profile | None) -> Iterator[None]:
+    if profile is not None:
+        profile.enable()
+    try:
+        yield
+    finally:
+        if profile is not None:
+            profile.disable()
+
+
+async def measure(
+    ports: dict[str, int],
+    cells: list[Cell],
+    args: argparse.Namespace,
+    workdir: Path,
+    profile: cProfile.Profile | None,
+) -> dict[tuple[str, str], list[float]]:
+    """CPU µs per request for every (target, cell), one figure per rep. A rep alternates the
+    targets in blocks (`--blocks`), so a machine that speeds up or slows down meanwhile
+    weighs on both alike."""
+    figures: dict[tuple[str, str], list[float]] = {}
+    collecting = GcTimer()
+    for cell in cells:
+        body_file = workdir / f"{cell.name}.json"
+        body_file.write_bytes(cell.body)
+        client = await Client.start(cell, body_file, args.concurrency)
+        urls = {t: f"http://127.0.0.1:{port}{PATHS[cell.route]}" for t, port in ports.items()}
+        for url in urls.values():
+            await client.load(url, args.warmup)
+        for rep in range(args.reps):
+            used = dict.fromkeys(ports, 0.0)
+            in_gc = dict.fromkeys(ports, 0.0)
+            done = dict.fromkeys(ports, 0)
+            for _ in range(args.blocks):
+                for target, url in urls.items():
+                    before, gc_before = time.process_time(), collecting.spent
+                    with profiled(profile if target == "proxy" else None):
+                        done[target] += await client.load(url, args.requests // args.blocks)
+                    used[target] += time.process_time() - before
+                    in_gc[target] += collecting.spent - gc_before
+            for target in ports:
+                per = 1e6 / done[target]
+                figures.setdefault((target, cell.name), []).append(used[target] * per)
+                figures.setdefault((target + " gc", cell.name), []).append(in_gc[target] * per)
+            got = {t: round(figures[(t, cell.name)][-1]) for t in ports}
+            print(f"rep {rep + 1} {cell.name}: {got}", file=sys.stderr, flush=True)
+        await client.stop()
+    return figures
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], list[float]]:
+    from proxy.app import build_app
+
+    cells = [Cell.parse(name) for name in args.cells.split(",")]
+    procs = Processes()
+    try:
+        upstream_port, _ = start_upstream(procs)
+        config = write_config(workdir, upstream_port, anthropic=args.anthropic)
+        os.chdir(workdir)  # the proxy's default store and event log live in its working dir
+        runners = []
+        ports: dict[str, int] = {}
+        if args.target in ("both", "bare"):
+            runner, ports["bare"] = await serve(bare_app(f"http://127.0.0.1:{upstream_port}"))
+            runners.append(runner)
+        if args.target in ("both", "proxy"):
+            runner, ports["proxy"] = await serve(build_app(config, watch=False))
+            runners.append(runner)
+        profile = cProfile.Profile() if args.profile else None
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
+        if args.gc_off:
+            gc.disable()
+        try:
+            figures = await measure(ports, cells, args, workdir, profile)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+        if profile is not None:
+            profile.dump_stats(args.profile)
+            stats = pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime")
+            stats.print_stats(args.top)
+    finally:
+        procs.stop_all()
+    return figures
+
+
+def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> None:
+    cells = list(dict.fromkeys(cell for _, cell in figures))
+    print("(gc b/p: µs per request inside garbage collections, bare / proxy)")
+    print(f"CPU µs per request, median of reps (c={concurrency})")
+    head = f"{'cell':<20} {'bare':>8} {'proxy':>8} {'ratio':>7}  {'gc b/p':>9}"
+    print(head + "   proxy reps (ratio each)")
+    for cell in cells:
+        b, p, bg, pg = (
+            _median(figures.get((target, cell)))
+            for target in ("bare", "proxy", "bare gc", "proxy gc")
+        )
+        proxies = figures.get(("proxy", cell)) or []
+        ratios = [p / b for p, b in zip(proxies, figures.get(("bare", cell)) or [], strict=False)]
+        reps = " ".join(f"{v:.0f}" for v in proxies)
+        each = " ".join(f"{r:.2f}" for r in ratios)
+        print(f"{cell:<20} {b:8.1f} {p:8.1f} {p / b:6.2f}x  {bg:4.0f}/{pg:<4.0f}   {reps} ({each})")
+
+
+def _median(values: list[float] | None) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", default=DEFAULT_CELLS, help=f"[{DEFAULT_CELLS}]")
+    parser.add_argument("--target", choices=("both", "proxy", "bare"), default="both")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=4, help="alternations per rep")
+    parser.add_argument("--anthropic", action="store_true", help="add the anthropic/ deployment")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once serving")
+    parser.add_argument("--gc-off", action="store_true", help="no garbage collection at all")
+    parser.add_argument("--profile", help="cProfile the proxy's measured runs into this file")
+    parser.add_argument("--top", type=int, default=45, help="profile lines printed")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO_ROOT))
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        filename=os.devnull,
+    )
+    with tempfile.TemporaryDirectory(prefix="agentproxy-cpu-") as tmp:
+        figures = asyncio.run(run(args, Path(tmp)))
+    report(figures, args.concurrency)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
