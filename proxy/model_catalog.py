@@ -22,6 +22,7 @@ log = logging.getLogger("agentproxy.catalog")
 T = TypeVar("T")
 
 PRICE_MAP = "model_prices_and_context_window_backup.json"
+MAX_REMEMBERED = 1024  # deployments whose facts are kept built
 
 
 class ModelFacts(NamedTuple):
@@ -60,6 +61,9 @@ class ModelCatalog:
     def __init__(self) -> None:
         self._known: dict[str, ModelFacts] = {}
         self._loading: asyncio.Task[None] | None = None
+        # Each deployment's facts, built once (a request asks two or three times): keyed by
+        # the deployment object, which a config keeps alive; emptied when the map is read.
+        self._facts: dict[int, tuple[Deployment, ModelFacts]] = {}
 
     def load_in_background(self) -> None:
         if self._loading is None:
@@ -67,6 +71,7 @@ class ModelCatalog:
 
     async def _load(self) -> None:
         self._known = await asyncio.to_thread(_read_price_map)
+        self._facts = {}
 
     async def ready(self) -> None:
         """Wait until litellm's price map is read (tests; requests never wait for it)."""
@@ -78,6 +83,16 @@ class ModelCatalog:
             self._loading.cancel()
 
     def facts(self, deployment: Deployment) -> ModelFacts:
+        found = self._facts.get(id(deployment))
+        if found is not None and found[0] is deployment:
+            return found[1]
+        facts = self._lookup(deployment)
+        if len(self._facts) >= MAX_REMEMBERED:  # reloads make new deployments: stay bounded
+            self._facts = {}
+        self._facts[id(deployment)] = (deployment, facts)
+        return facts
+
+    def _lookup(self, deployment: Deployment) -> ModelFacts:
         known = self._known.get(deployment.model) or self._known.get(deployment.upstream_model)
         if known is None:
             known = ModelFacts(None, None, None)
