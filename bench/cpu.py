@@ -196,6 +196,7 @@ async def measure(
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], list[float]]:
+    from proxy import server
     from proxy.app import build_app
 
     cells = [Cell.parse(name) for name in args.cells.split(",")]
@@ -213,9 +214,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
             runner, ports["proxy"] = await serve(build_app(config, watch=False))
             runners.append(runner)
         profile = cProfile.Profile() if args.profile else None
-        if args.gc_freeze:
-            gc.collect()
-            gc.freeze()
+        if hasattr(server, "freeze_heap"):  # as serve() does once listening (not before)
+            server.freeze_heap()
         if args.gc_off:
             gc.disable()
         try:
@@ -264,7 +264,6 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=4, help="alternations per rep")
     parser.add_argument("--anthropic", action="store_true", help="add the anthropic/ deployment")
-    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once serving")
     parser.add_argument("--gc-off", action="store_true", help="no garbage collection at all")
     parser.add_argument("--profile", help="cProfile the proxy's measured runs into this file")
     parser.add_argument("--top", type=int, default=45, help="profile lines printed")

@@ -10,6 +10,7 @@ activity flushed, connections closed), and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import logging
 import signal
@@ -45,6 +46,7 @@ async def serve(
         site: web.BaseSite
         site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
         await site.start()
+        freeze_heap()
         ready()
         kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         log.info("serving on the %s event loop", kind)
@@ -58,6 +60,13 @@ async def serve(
         started = time.monotonic()
         await runner.cleanup()
     log.info("stopped after draining for %.1fs", time.monotonic() - started)
+
+
+def freeze_heap() -> None:
+    """What start-up built lives as long as the process: out of the collector's sight, the
+    full collections that requests trigger no longer walk it again (~5% of a request's CPU;
+    with litellm imported, ~200 ms a collection). Forked workers share it untouched, too."""
+    gc.freeze()
 
 
 def loop_unavailable(event_loop: str) -> str | None:
