@@ -121,8 +121,9 @@ def build_app(
     )
     collector = Collector(retention, activity, settings, metrics)
     tracing = open_tracing(holder.current.tracing)  # read at start, as the store is
+    lineage = Lineage(state, rewriter.chain.histories)  # the chain's memo: one `==` for both
     app[FLOW] = Flow(
-        control, rewriter, store, catalog, metrics, recorder, activity, Lineage(state), tracing
+        control, rewriter, store, catalog, metrics, recorder, activity, lineage, tracing
     )
     metrics.watch_memos(
         {

@@ -12,6 +12,7 @@ from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
     from proxy.dialects.anthropic_view import AnthropicView
     from proxy.dialects.responses_view import ResponsesView
+    from proxy.history_memo import Checked
 
 
 @dataclass(slots=True)
@@ -170,6 +171,8 @@ class Exchange:
     # How many leading messages are equal to the previous turn's in this session (set by the
     # rewrite chain): stages redo work only past this point.
     stable_prefix: int = 0
+    # What the lineage learnt of the history (its digest; a prefix it compared), for the chain.
+    checked: Checked | None = None
     tokens_saved: int = 0  # estimated prompt tokens the stages removed from this request
     stream: bool = False
     client_wants_usage: bool = False

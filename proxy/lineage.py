@@ -15,8 +15,12 @@ expire after a day without a request. A branch's id is sent back in `x-agentprox
 a client that sends it from then on is identified by it directly. Two requests of one family
 racing on two replicas may lose one tip update: the later request then starts a new branch.
 
-Cost: one orjson serialization of the history and one of each candidate tip's prefix (C speed,
-no per-message Python work), one read and one write of a small value.
+Cost: one read and one write of a small value, and the digests. A tip this process has in its
+history memo (proxy/history_memo.py: the branch's last history, as the chain keeps it) costs one
+C-level `==` over the shared part, which the chain then takes instead of its own, and the
+history's digest extends the tip's running hash by the new messages only. Otherwise one orjson
+serialization of the history and one of each candidate tip's prefix (C speed, no per-message
+Python work).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.history_memo import Checked, Digest, HistoryMemo
 from proxy.session import scoped
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore
@@ -47,8 +52,9 @@ def digest(messages: list[dict[str, Any]]) -> int:
 
 
 class Lineage:
-    def __init__(self, state: StateStore) -> None:
+    def __init__(self, state: StateStore, histories: HistoryMemo | None = None) -> None:
         self.state = state
+        self.histories = histories
 
     async def resolve(self, ex: Exchange) -> None:
         """Narrow a fingerprinted exchange's session to the branch it continues."""
@@ -62,12 +68,12 @@ class Lineage:
         except StoreError as exc:  # the family name will do: as before branches existed
             log.warning("lineage of %s unreadable: %s", ex.request_id, exc)
             return
-        whole = digest(messages)
-        branch = _continued(tips, messages, whole)
+        branch, whole = self._continued(ex.owner, tips, messages)
+        ex.checked = whole
         if branch is None:
             taken = {name for name, _, _ in tips}
-            branch = family if family not in taken else f"{family}-{whole:016x}"
-        tips = [(branch, len(messages), whole), *(t for t in tips if t[0] != branch)]
+            branch = family if family not in taken else f"{family}-{whole.digest.value:016x}"
+        tips = [(branch, len(messages), whole.digest.value), *(t for t in tips if t[0] != branch)]
         try:
             await self.state.set(SPACE, key, _encode(tips[:MAX_BRANCHES]), ttl_s=TTL_S)
         except StoreError as exc:
@@ -75,19 +81,37 @@ class Lineage:
         ex.session_name = branch
         ex.session = scoped(ex.owner, branch)
 
-
-def _continued(tips: list[Tip], messages: list[dict[str, Any]], whole: int) -> str | None:
-    """The branch whose tip is the longest prefix of `messages`."""
-    best: tuple[int, str] | None = None
-    prefixes: dict[int, int] = {len(messages): whole}
-    for name, length, tip in tips:
-        if length > len(messages) or (best is not None and length <= best[0]):
-            continue
-        if length not in prefixes:
-            prefixes[length] = digest(messages[:length])
-        if prefixes[length] == tip:
-            best = (length, name)
-    return best[1] if best is not None else None
+    def _continued(
+        self, owner: str, tips: list[Tip], messages: list[dict[str, Any]]
+    ) -> tuple[str | None, Checked]:
+        """The branch whose tip is the longest prefix of `messages` (the most recently
+        continued of equal ones), and what was learnt of `messages` on the way."""
+        count = len(messages)
+        prefixes: dict[int, int] = {}
+        whole: Digest | None = None
+        # Longest first (a stable sort keeps the recent first among equals): the first match.
+        for name, length, tip in sorted(tips, key=lambda t: -t[1]):
+            if length > count:
+                continue
+            seen = self.histories.get(scoped(owner, name)) if self.histories else None
+            if (
+                seen is not None
+                and seen.digest is not None
+                and seen.digest.count == length == len(seen.messages)
+                and seen.digest.value == tip
+                and seen.messages == messages[:length]
+            ):  # the tip as this process last saw it: the new messages are all to hash
+                checked = Checked(messages, seen.digest.extended(messages[length:]), seen.messages)
+                return name, checked
+            if length not in prefixes:
+                if length == count:
+                    whole = whole or Digest.of(messages)
+                    prefixes[length] = whole.value
+                else:
+                    prefixes[length] = digest(messages[:length])
+            if prefixes[length] == tip:
+                return name, Checked(messages, whole or Digest.of(messages))
+        return None, Checked(messages, whole or Digest.of(messages))
 
 
 def _encode(tips: list[Tip]) -> bytes:

@@ -16,6 +16,7 @@ from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
+from proxy.history_memo import HistoryMemo, Seen
 from proxy.messages import Message, pairing_problems, tool_call_ids
 from proxy.pipeline.base import Stage, StageContext, forget_sessions, record
 
@@ -25,16 +26,14 @@ log = logging.getLogger("agentproxy.pipeline")
 class Chain:
     def __init__(self, stages: Sequence[Stage], memo_bytes: int = 128 * 1024 * 1024) -> None:
         self.stages = tuple(stages)
-        # Each session's last input (with its body size), bounded by the request bytes held.
-        self._last: LRUCache[str, tuple[int, list[Message]]] = LRUCache(
-            memo_bytes, getsizeof=lambda entry: max(1, entry[0])
-        )
+        # Each session's last input, bounded by the request bytes held (the lineage reads it).
+        self.histories = HistoryMemo(memo_bytes)
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
-        return {"histories": self._last}
+        return {"histories": self.histories.cache}
 
     def forget(self, sessions: set[str]) -> None:
-        forget_sessions(sessions, named=[self._last])
+        forget_sessions(sessions, named=[self.histories.cache])
 
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""
@@ -52,13 +51,20 @@ class Chain:
 
     def _stable_prefix(self, ex: Exchange, messages: list[Message]) -> int:
         """Turn N+1 is turn N plus new messages: one C-level `==` over the shared part tells
-        every stage how much of the history it has already seen."""
-        entry = self._last.get(ex.session)
-        last = entry[1] if entry is not None else None
-        shared = len(last) if last is not None and last == messages[: len(last)] else 0
+        every stage how much of the history it has already seen (the lineage's, when it made
+        that very comparison for this request)."""
+        entry = self.histories.get(ex.session)
+        last = entry.messages if entry is not None else None
+        checked = ex.checked if ex.checked is not None and ex.checked.history is messages else None
+        if last is None:
+            shared = 0
+        elif checked is not None and checked.seen is last:
+            shared = len(last)
+        else:
+            shared = len(last) if last == messages[: len(last)] else 0
         size = ex.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
-        if size <= self._last.maxsize:
-            self._last[ex.session] = (size, list(messages))
+        digest = checked.digest if checked is not None else None
+        self.histories.remember(ex.session, Seen(size, list(messages), digest))
         return shared
 
     async def _run(
