@@ -11,8 +11,9 @@ model, `no_tools` also sends `tool_choice: none` so the model must answer in wor
 refuses the request with a `loop_detected` error. A detection of another loop, or a step that is
 no longer stuck, starts the ladder again. Re-sending the very same history (a client retry)
 repeats the decision instead of climbing. Cheap: only the tail of the history is read, and call
-hashes are cached. The ladder's level lives in the state store (shared by replicas); when it
-cannot be read the detection counts as the first.
+hashes are cached; the calls of messages the session sent before (its stable prefix) are taken
+from the session's last turn, not read again. The ladder's level lives in the state store
+(shared by replicas); when it cannot be read the detection counts as the first.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 import xxhash
+from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.base import StageContext, forget_sessions, record
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
 from proxy.store import guard_record
 from proxy.store.base import StoreError
@@ -142,9 +144,25 @@ class _Level:
         return cls(loop_hash, detections, (call_id, message))
 
 
+Read = dict[int, tuple["Call", ...]]  # calls by the index of the message that made them
+CALL_BYTES = 120  # a Call's own size, besides its arguments' characters
+
+
 class LoopStage:
     name = "loops"
     guard = True  # runs on every request, its history seen whole or not
+
+    def __init__(self, memo_bytes: int = 4 * 1024 * 1024) -> None:
+        # Per session, the calls read from its last turn's tail: (bytes held, calls by message).
+        self._read: LRUCache[str, tuple[int, Read]] = LRUCache(
+            memo_bytes, getsizeof=lambda entry: entry[0]
+        )
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]:
+        return {"loop_calls": self._read}
+
+    def forget(self, sessions: set[str]) -> None:
+        forget_sessions(sessions, named=[self._read])
 
     def enabled(self, policy: Policy) -> bool:
         return policy.loops.enabled
@@ -153,7 +171,14 @@ class LoopStage:
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
         spec = ex.policy.loops
-        calls = recent_calls(messages, spec)
+        # ex.stable_prefix counts the client's messages: usable only if no earlier stage
+        # changed them (then this stage's input is the request's own list, index for index).
+        aligned = messages is ex.messages
+        last = self._read.get(ex.session) if aligned and ex.stable_prefix else None
+        read: Read = {}
+        calls = recent_calls(messages, spec, read, last[1] if last else None, ex.stable_prefix)
+        if aligned:
+            self._remember(ex.session, read)
         if calls is None:
             return None  # no step of a loop just happened: nothing to judge, level kept
         loop = find_loop(calls, spec)
@@ -176,6 +201,13 @@ class LoopStage:
         }
         record(ex, ctx, self.name, action, **fields)
         return _apply(action, ex, messages, loop, fields)
+
+    def _remember(self, session: str, read: Read) -> None:
+        size = 64 + sum(
+            CALL_BYTES + len(call.arguments) for calls in read.values() for call in calls
+        )
+        if size <= self._read.maxsize:
+            self._read[session] = (size, read)
 
 
 def _climb(prior: _Level | None, loop: Loop) -> int:
@@ -219,9 +251,17 @@ def _disable_tools(body: dict[str, Any]) -> None:
         body["function_call"] = "none"
 
 
-def recent_calls(messages: list[Message], spec: LoopSpec) -> list[Call] | None:
+def recent_calls(
+    messages: list[Message],
+    spec: LoopSpec,
+    read: Read | None = None,
+    known: Read | None = None,
+    known_until: int = 0,
+) -> list[Call] | None:
     """The newest calls (oldest first, `allow`ed tools left out) read from the history's tail;
-    None when the model's last message made no call, so no step of a loop just happened."""
+    None when the model's last message made no call, so no step of a loop just happened.
+    `known`: calls read from the same messages before, by index, trusted below `known_until`;
+    `read` collects the calls of every message looked at, for the next turn."""
     wanted = max(spec.window, 2 * PERIODS[-1])
     stop = max(0, len(messages) - wanted * MESSAGES_PER_CALL) - 1
     found: list[Call] = []
@@ -237,10 +277,14 @@ def recent_calls(messages: list[Message], spec: LoopSpec) -> list[Call] | None:
             stepped = True
         if not isinstance(tool_calls, list):
             continue
-        for raw in reversed(tool_calls):
-            call = _call(raw, index)
-            if call is not None and call.name not in spec.allow:
-                found.append(call)
+        made = known.get(index) if known is not None and index < known_until else None
+        if made is None:
+            made = tuple(
+                call for raw in reversed(tool_calls) if (call := _call(raw, index)) is not None
+            )
+        if read is not None:
+            read[index] = made
+        found.extend(call for call in made if call.name not in spec.allow)
         if len(found) >= wanted:
             break
     if not stepped:

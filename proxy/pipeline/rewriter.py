@@ -23,7 +23,8 @@ MB = 1024 * 1024
 # The four that keep whole histories mostly hold the same message objects, so their sum
 # overstates what they keep alive.
 MEMO_SHARES = {
-    "histories": 0.296875,
+    "histories": 0.28125,
+    "loop_calls": 0.015625,  # the calls of each session's recent tool-call turns
     "views": 0.0625,
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
@@ -51,6 +52,7 @@ class Rewriter:
         self.budgets = BudgetStage()
         self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
         self.repair = RepairStage()
+        self.loops = LoopStage(size["loop_calls"])
         self.quirks = Quirks()
         self.chain = Chain(
             [
@@ -58,7 +60,7 @@ class Rewriter:
                 CompatStage(self.quirks),
                 self.offload,
                 self.compaction,
-                LoopStage(),
+                self.loops,
                 self.budgets,
             ],
             memo_bytes=size["histories"],
@@ -66,7 +68,12 @@ class Rewriter:
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
         """The byte-bounded in-process memos that make warm turns cheap, by name."""
-        return {**self.chain.memos(), **self.offload.memos(), **self.compaction.memos()}
+        return {
+            **self.chain.memos(),
+            **self.offload.memos(),
+            **self.compaction.memos(),
+            **self.loops.memos(),
+        }
 
     def forget(self, sessions: set[str]) -> None:
         """Drop everything remembered about these sessions (idle: the store may evict their
@@ -75,6 +82,7 @@ class Rewriter:
         self.repair.forget(sessions)
         self.offload.forget(sessions)
         self.compaction.forget(sessions)
+        self.loops.forget(sessions)
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""

@@ -346,3 +346,80 @@ async def test_malformed_calls_are_skipped_not_fatal() -> None:
     weird = agent(*[("read_file", "{not json")] * 3)
     _, ex = await step(LoopStage(), weird)
     assert actions(ex) == ["warn"]
+
+
+# --- the calls of a session's last turn, taken instead of read again ---------------------------
+
+
+def counting_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The indexes of the messages whose calls were read (loops._call), in order."""
+    from proxy.pipeline import loops
+
+    read: list[int] = []
+    real = loops._call
+
+    def counted(raw: Any, index: int) -> Any:
+        read.append(index)
+        return real(raw, index)
+
+    monkeypatch.setattr(loops, "_call", counted)
+    return read
+
+
+async def turn_through(chain: Chain, history: list[Message], session: str) -> Any:
+    ex = exchange(history, policy(), session=session, tools=TOOLS)
+    await chain.rewrite(ex, context())
+    return ex
+
+
+async def test_a_turn_reads_only_the_calls_its_session_has_not_sent_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stage = LoopStage()
+    chain = Chain([stage])
+    calls = [("read_file", f'{{"path": "m{i}.py"}}') for i in range(8)]
+    await turn_through(chain, agent(*calls[:5]), "key:a/s1")
+    read = counting_calls(monkeypatch)
+    await turn_through(chain, agent(*calls[:6]), "key:a/s1")
+    assert read == [11]  # the new assistant message only
+    read.clear()
+    await turn_through(chain, agent(*calls[:6]), "key:a/s1")  # a retry: nothing new
+    assert read == []
+    # Another key with the same session id reads every call itself: tenants are walls.
+    read.clear()
+    await turn_through(chain, agent(*calls[:6]), "key:b/s1")
+    assert read == [11, 9, 7, 5, 3, 1]
+
+
+async def test_calls_taken_from_the_last_turn_decide_exactly_as_calls_read_afresh() -> None:
+    """A repeated call, a cycle and varied calls, growing turn by turn: the remembering stage
+    and a fresh one (nothing remembered) note the same every turn."""
+    other = ("run_tests", '{"target": "unit"}')
+    script = [READ, other, READ, other, ("x", "{}"), READ, READ, READ, other, READ, READ]
+    kept = Chain([LoopStage()])
+    for turn in range(1, len(script) + 1):
+        history = agent(*script[:turn])
+        remembered = await turn_through(kept, history, "s1")
+        fresh = await turn_through(Chain([LoopStage()]), history, "s1")
+        assert remembered.stable_prefix > 0 or turn == 1
+        assert [n.fields for n in remembered.notes] == [n.fields for n in fresh.notes], turn
+
+
+async def test_calls_are_not_taken_when_an_earlier_stage_rewrote_the_history(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Rewrites:
+        name = "rewrites"
+        preserves_pairing = True
+
+        def enabled(self, policy: Policy) -> bool:
+            return True
+
+        async def run(self, ex: Any, messages: list[Message], ctx: Any) -> list[Message]:
+            return list(messages)  # another list: indexes may no longer be the client's
+
+    chain = Chain([Rewrites(), LoopStage()])
+    await turn_through(chain, agent(READ, READ), "s1")
+    read = counting_calls(monkeypatch)
+    await turn_through(chain, agent(READ, READ, READ), "s1")
+    assert read == [5, 3, 1]
