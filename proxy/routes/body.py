@@ -21,7 +21,8 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
     content = request.content
-    body = bytearray()
+    chunks: list[bytes] = []  # joined once at the end: one copy of the body, not two
+    size = 0
     while True:
         chunk = content.read_nowait()
         if not chunk:
@@ -33,14 +34,15 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
             except TimeoutError:
                 raise RequestTimeout(
                     f"the request body stopped arriving: nothing for {timeout_s:g} s after "
-                    f"{len(body)} bytes (server.body_timeout_s)"
+                    f"{size} bytes (server.body_timeout_s)"
                 ) from None
             if not chunk:
                 break
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(len(body), limit)
-    return bytes(body)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _too_large(size: int, limit: int) -> PayloadTooLarge:
