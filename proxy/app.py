@@ -123,7 +123,16 @@ def build_app(
     tracing = open_tracing(holder.current.tracing)  # read at start, as the store is
     lineage = Lineage(state, rewriter.chain.histories)  # the chain's memo: one `==` for both
     app[FLOW] = Flow(
-        control, rewriter, store, catalog, metrics, recorder, activity, lineage, tracing
+        control,
+        rewriter,
+        store,
+        catalog,
+        metrics,
+        recorder,
+        activity,
+        lineage,
+        tracing,
+        settles_inline=isinstance(state, MemoryState),  # its operations never wait
     )
     metrics.watch_memos(
         {

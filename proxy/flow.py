@@ -82,8 +82,13 @@ class Flow:
         activity: Activity | None = None,
         lineage: Lineage | None = None,
         tracing: Tracing | None = None,
+        *,
+        settles_inline: bool = False,
     ) -> None:
         self.control = control
+        # `finish` waits on nothing (the guards' and budgets' state is in-process): a route
+        # may run it in its own task, at once (proxy/eager.py).
+        self.settles_inline = settles_inline
         self.tracing = tracing  # None: tracing is off
         self.lineage = lineage
         self.rewriter = rewriter

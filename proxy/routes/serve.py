@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from proxy import tracing
+from proxy import eager, tracing
 from proxy.dialects.relay import StreamRelay
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
@@ -82,8 +82,12 @@ async def _serve(request: web.Request, ex: Exchange, wire: Wire, flow: Flow) -> 
         if ex.failure is not None:  # a stream that began, then failed: the request failed
             request[OUTCOME_STATUS] = status_of(ex.failure)
         # A client that leaves cancels this handler, maybe in the middle of charging it: the
-        # charging runs to its end regardless (what was used is always charged).
-        await asyncio.shield(flow.finish(ex, ok))
+        # charging runs to its end regardless (what was used is always charged). Against
+        # in-process state it never waits: run at once, no task (proxy/eager.py).
+        finishing = flow.finish(ex, ok)
+        rest = eager.start(finishing) if flow.settles_inline else finishing
+        if rest is not None:
+            await asyncio.shield(rest)
 
 
 async def relay_stream(
