@@ -128,13 +128,15 @@ class Client:
 
 
 class GcTimer:
-    """CPU seconds spent in garbage collections (every generation), via gc.callbacks."""
+    """CPU seconds spent in garbage collections (every generation), via gc.callbacks: with
+    `--gc` only, as timing every collection costs ~5% of a request itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, on: bool) -> None:
         self.spent = 0.0
         self.collections = 0
         self._started = 0.0
-        gc.callbacks.append(self._callback)
+        if on:
+            gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -166,7 +168,7 @@ async def measure(
     targets in blocks (`--blocks`), so a machine that speeds up or slows down meanwhile
     weighs on both alike."""
     figures: dict[tuple[str, str], list[float]] = {}
-    collecting = GcTimer()
+    collecting = GcTimer(args.gc)
     for cell in cells:
         body_file = workdir / f"{cell.name}.json"
         body_file.write_bytes(cell.body)
@@ -234,7 +236,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
 
 def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> None:
     cells = list(dict.fromkeys(cell for _, cell in figures))
-    print("(gc b/p: µs per request inside garbage collections, bare / proxy)")
+    print("(gc b/p: µs per request inside garbage collections, bare / proxy; with --gc)")
     print(f"CPU µs per request, median of reps (c={concurrency})")
     head = f"{'cell':<20} {'bare':>8} {'proxy':>8} {'ratio':>7}  {'gc b/p':>9}"
     print(head + "   proxy reps (ratio each)")
@@ -264,6 +266,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=4, help="alternations per rep")
     parser.add_argument("--anthropic", action="store_true", help="add the anthropic/ deployment")
+    parser.add_argument("--gc", action="store_true", help="time the garbage collections")
     parser.add_argument("--gc-off", action="store_true", help="no garbage collection at all")
     parser.add_argument("--profile", help="cProfile the proxy's measured runs into this file")
     parser.add_argument("--top", type=int, default=45, help="profile lines printed")
