@@ -37,4 +37,5 @@ def open_backends(settings: StoreSettings, metrics: Metrics) -> Backends:
         )
     local = LocalStore(settings.path, max_bytes=max_bytes)
     # In-process state needs no timing: it cannot be slow or fail.
-    return Backends(InstrumentedStore(local, metrics, "local"), MemoryState(), local)
+    state = MemoryState(default_ttl_s=settings.session_ttl_s)  # as Redis keys expire
+    return Backends(InstrumentedStore(local, metrics, "local"), state, local)

@@ -9,12 +9,10 @@ the rest go on as if the session were new).
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
-
-from cachetools import TLRUCache
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class StateStore(Protocol):
@@ -54,11 +52,72 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
 
-# What one entry costs beyond its value's bytes: its key and the cache's bookkeeping. Measured
-# with tracemalloc: ~450 bytes for a guard record under a 40-character key, ~700 for a budget's
+# What one entry costs beyond its value's bytes: its key and the bookkeeping. Measured with
+# tracemalloc: ~450 bytes for a guard record under a 40-character key, ~700 for a budget's
 # three counters under a 60-character one.
 ENTRY_OVERHEAD = 384
 FIELD_BYTES = 96  # one counter: its name and float in the counters' dict
+V = TypeVar("V")
+
+
+class Entries(Generic[V]):
+    """A least-recently-used map bounded by bytes whose entries expire. An expired entry is
+    dropped when read, and every write drops those whose time is up, read or not: entries are
+    also kept by TTL in write order, which for one TTL is expiry order, and the callers use a
+    handful of TTLs. Every operation is O(1) but for that handful: this sits on every
+    request's path (cachetools' TLRUCache cost ~7x more per get and set)."""
+
+    def __init__(self, max_bytes: int, size_of: Callable[[V], int]) -> None:
+        self.maxsize = max_bytes
+        self.currsize = 0
+        self._size_of = size_of
+        # key -> (expiry, value, size, ttl); least recently used first
+        self._data: OrderedDict[tuple[str, str], tuple[float, V, int, float]] = OrderedDict()
+        self._by_ttl: dict[float, OrderedDict[tuple[str, str], None]] = {}  # write order
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._data)
+
+    def get(self, key: tuple[str, str]) -> V | None:
+        found = self._data.get(key)
+        if found is None:
+            return None
+        if found[0] < time.time():
+            self.pop(key)
+            return None
+        self._data.move_to_end(key)
+        return found[1]
+
+    def put(self, key: tuple[str, str], value: V, ttl_s: float) -> None:
+        """Store `value` for `ttl_s` seconds (inf: until evicted). One larger than the whole
+        map is forgotten at once, as if evicted."""
+        self.pop(key)
+        now = time.time()
+        size = self._size_of(value)
+        if size <= self.maxsize:
+            self._data[key] = (now + ttl_s, value, size, ttl_s)
+            self._by_ttl.setdefault(ttl_s, OrderedDict())[key] = None
+            self.currsize += size
+        self._expire(now)
+        while self.currsize > self.maxsize:
+            self.pop(next(iter(self._data)))
+
+    def pop(self, key: tuple[str, str]) -> None:
+        found = self._data.pop(key, None)
+        if found is not None:
+            self.currsize -= found[2]
+            del self._by_ttl[found[3]][key]
+
+    def _expire(self, now: float) -> None:
+        for written in self._by_ttl.values():
+            while written:
+                oldest = next(iter(written))
+                if self._data[oldest][0] >= now:
+                    break
+                self.pop(oldest)
 
 
 class MemoryState:
@@ -68,32 +127,30 @@ class MemoryState:
 
     backend = "memory"
 
-    def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self._values: TLRUCache[tuple[str, str], tuple[float, bytes]] = TLRUCache(
-            max_bytes // 2, _expiry_of, timer=time.time, getsizeof=_value_bytes
-        )
-        self._counters: TLRUCache[tuple[str, str], tuple[float, dict[str, float]]] = TLRUCache(
-            max_bytes // 2, _expiry_of, timer=time.time, getsizeof=_counters_bytes
-        )
+    def __init__(
+        self, max_bytes: int = 32 * 1024 * 1024, default_ttl_s: float = 7 * 24 * 3600.0
+    ) -> None:
+        self.default_ttl_s = default_ttl_s  # for a ttl of None, as Redis' store.session_ttl
+        self._values: Entries[bytes] = Entries(max_bytes // 2, _value_bytes)
+        self._counters: Entries[dict[str, float]] = Entries(max_bytes // 2, _counters_bytes)
         self._published: dict[str, dict[str, tuple[float, float]]] = {}
 
-    def memos(self) -> dict[str, TLRUCache[Any, Any]]:
+    def memos(self) -> dict[str, Entries[Any]]:
         """Its two halves, shown beside the memos (agentproxy_memo_bytes)."""
         return {"state_values": self._values, "state_counters": self._counters}
 
     async def get(self, space: str, key: str) -> bytes | None:
-        found = self._values.get((space, key))
-        return None if found is None else found[1]
+        return self._values.get((space, key))
 
     async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
-        _put(self._values, (space, key), (_expiry(ttl_s), value))
+        self._values.put((space, key), value, self.default_ttl_s if ttl_s is None else ttl_s)
 
     async def delete(self, space: str, key: str) -> None:
-        self._values.pop((space, key), None)
+        self._values.pop((space, key))
 
     async def counters(self, space: str, key: str) -> dict[str, float]:
         found = self._counters.get((space, key))
-        return {} if found is None else dict(found[1])
+        return {} if found is None else dict(found)
 
     async def add(
         self,
@@ -105,12 +162,12 @@ class MemoryState:
         ttl_s: float | None = None,
     ) -> dict[str, float]:
         found = self._counters.get((space, key))
-        values = dict(found[1]) if found is not None else {}
+        values = dict(found) if found is not None else {}
         for name, amount in amounts.items():
             values[name] = values.get(name, 0.0) + amount
         for name, value in (first or {}).items():
             values.setdefault(name, value)
-        _put(self._counters, (space, key), (_expiry(ttl_s), values))
+        self._counters.put((space, key), values, self.default_ttl_s if ttl_s is None else ttl_s)
         return dict(values)
 
     async def publish(self, space: str, field: str, value: float, ttl_s: float) -> None:
@@ -131,20 +188,9 @@ def _expiry(ttl_s: float | None) -> float:
     return time.time() + ttl_s if ttl_s is not None else float("inf")
 
 
-def _expiry_of(key: object, entry: tuple[float, object], now: float) -> float:
-    return entry[0]
+def _value_bytes(value: bytes) -> int:
+    return ENTRY_OVERHEAD + len(value)
 
 
-def _value_bytes(entry: tuple[float, bytes]) -> int:
-    return ENTRY_OVERHEAD + len(entry[1])
-
-
-def _counters_bytes(entry: tuple[float, dict[str, float]]) -> int:
-    return ENTRY_OVERHEAD + FIELD_BYTES * len(entry[1])
-
-
-def _put(cache: TLRUCache[Any, Any], key: tuple[str, str], entry: tuple[float, Any]) -> None:
-    """Store, unless the entry alone is larger than the whole cache: then a bounded store
-    forgets it, as if it were evicted at once."""
-    with contextlib.suppress(ValueError):
-        cache[key] = entry
+def _counters_bytes(counters: dict[str, float]) -> int:
+    return ENTRY_OVERHEAD + FIELD_BYTES * len(counters)
