@@ -187,7 +187,12 @@ async def test_three_times_the_cap_stays_under_it_and_live_references_resolve(
         assert await fetch(base, alice, ref) == 404, ref
     assert evicted > 0, "the cap, not only the TTL, kept the store under it"
     assert removed(proxy, "expired") > 0
-    stats = await proxy.app[STORE].inner.stats(live_after=time.time() - 1)  # type: ignore[attr-defined]
+    store = proxy.app[STORE].inner  # type: ignore[attr-defined]
+    for _ in range(50):  # the last churn expires within a collection or two; a busy machine lags
+        stats = await store.stats(live_after=time.time() - 1)
+        if stats.sessions == 3:
+            break
+        await asyncio.sleep(0.1)
     assert stats.sessions == 3, "only the active sessions are left"
 
 
