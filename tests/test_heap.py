@@ -1,5 +1,5 @@
-"""The allocator hands pages back: the mmap threshold stays pinned and a trim returns freed
-heap to the system, at most every MIN_TRIM_GAP_S."""
+"""The allocator hands pages back: a trim returns freed heap to the system, at most every
+MIN_TRIM_GAP_S."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ def test_freed_memory_goes_back_to_the_system() -> None:
             status = open("/proc/self/status").read()
             return int(re.search(r"VmRSS:\\s+(\\d+)", status).group(1)) / 1024
 
-        heap.pin_mmap_threshold()
         blocks = [bytearray(64 * 1024) for _ in range(3000)]  # ~190 MB on the heap
         survivors = blocks[-1:]  # the top of the heap stays in use
         full = rss_mb()
