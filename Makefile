@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint clients bench real-model serve clean constraints
+.PHONY: demo test lint docs clients bench real-model serve clean constraints
 
 # constraints.txt pins every package to the set CI last passed with (`make constraints` renews it).
 $(BIN)/agentproxy: pyproject.toml constraints.txt
@@ -23,6 +23,10 @@ lint: $(BIN)/agentproxy
 	$(BIN)/ruff check proxy tests bench
 	$(BIN)/ruff format --check proxy tests bench
 	$(BIN)/mypy
+
+# docs/configuration.md's key tables are rendered from the schema (a test keeps them equal).
+docs: $(BIN)/agentproxy
+	$(BIN)/python -m proxy.policies.reference docs/configuration.md
 
 # The real agent CLIs that tests/clients drives, pinned by clients/package-lock.json; without
 # npm those tests skip and say why (CI installs npm, so there they always run).
