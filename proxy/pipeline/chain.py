@@ -64,7 +64,9 @@ class Chain:
             shared = len(last) if last == messages[: len(last)] else 0
         size = ex.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
         digest = checked.digest if checked is not None else None
-        self.histories.remember(ex.session, Seen(size, list(messages), digest))
+        ex.turn = Seen(size, list(messages), digest)
+        ex.stable_base = entry if shared else None
+        self.histories.remember(ex.session, ex.turn)
         return shared
 
     async def _run(

@@ -30,7 +30,7 @@ from cachetools import LRUCache
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.pipeline.base import StageContext, forget_sessions, record
+from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
 from proxy.store import guard_record
 from proxy.store.base import StoreError
@@ -153,8 +153,9 @@ class LoopStage:
     guard = True  # runs on every request, its history seen whole or not
 
     def __init__(self, memo_bytes: int = 4 * 1024 * 1024) -> None:
-        # Per session, the calls read from its last turn's tail: (bytes held, calls by message).
-        self._read: LRUCache[str, tuple[int, Read]] = LRUCache(
+        # Per session, the calls read from its last turn's tail: (bytes held, calls by message,
+        # the turn read).
+        self._read: LRUCache[str, tuple[int, Read, object | None]] = LRUCache(
             memo_bytes, getsizeof=lambda entry: entry[0]
         )
 
@@ -171,14 +172,12 @@ class LoopStage:
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
         spec = ex.policy.loops
-        # ex.stable_prefix counts the client's messages: usable only if no earlier stage
-        # changed them (then this stage's input is the request's own list, index for index).
-        aligned = messages is ex.messages
-        last = self._read.get(ex.session) if aligned and ex.stable_prefix else None
+        last = self._read.get(ex.session)
+        known = reusable(ex, messages, last[2]) if last is not None else 0
         read: Read = {}
-        calls = recent_calls(messages, spec, read, last[1] if last else None, ex.stable_prefix)
-        if aligned:
-            self._remember(ex.session, read)
+        calls = recent_calls(messages, spec, read, last[1] if known and last else None, known)
+        if messages is ex.messages:  # the client's list, index for index: reusable next turn
+            self._remember(ex.session, read, ex.turn)
         if calls is None:
             return None  # no step of a loop just happened: nothing to judge, level kept
         loop = find_loop(calls, spec)
@@ -202,12 +201,12 @@ class LoopStage:
         record(ex, ctx, self.name, action, **fields)
         return _apply(action, ex, messages, loop, fields)
 
-    def _remember(self, session: str, read: Read) -> None:
+    def _remember(self, session: str, read: Read, turn: object | None) -> None:
         size = 64 + sum(
             CALL_BYTES + len(call.arguments) for calls in read.values() for call in calls
         )
         if size <= self._read.maxsize:
-            self._read[session] = (size, read)
+            self._read[session] = (size, read, turn)
 
 
 def _climb(prior: _Level | None, loop: Loop) -> int:

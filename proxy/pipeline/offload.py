@@ -16,7 +16,7 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.messages import Message, estimate_tokens
 from proxy.pipeline.archive import Entry, ref_of
-from proxy.pipeline.base import StageContext, forget_sessions, record
+from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import OffloadSpec, Policy
 
 KIND = "tool_result"
@@ -65,6 +65,7 @@ class _Turn:
     output: list[Message]
     offloaded: _Offloaded
     settings: tuple[OffloadSpec, bool, int]  # spec, recall, threshold
+    basis: object | None  # the turn it was computed on (ex.turn)
 
 
 class OffloadStage:
@@ -100,26 +101,23 @@ class OffloadStage:
         spec = ex.policy.offload
         recall = ex.policy.recall.enabled
         threshold = _threshold(ex, ctx)
-        # ex.stable_prefix counts the client's messages: usable only if no earlier stage
-        # changed them (then this stage's input is the request's own list).
-        aligned = messages is ex.messages
         last = self._last.pop(ex.session, None)
         if (
             last is None
-            or not aligned
-            or last.length > ex.stable_prefix
+            or last.length > reusable(ex, messages, last.basis)
             or last.settings != (spec, recall, threshold)
         ):
-            last = _Turn(0, 0, [], _Offloaded(), (spec, recall, threshold))
+            last = _Turn(0, 0, [], _Offloaded(), (spec, recall, threshold), None)
         out, offloaded, failed = await self._scan(ex, messages, ctx, last.length, threshold)
         if last.length:
             out[: last.length] = last.output
             offloaded = last.offloaded.plus(offloaded)
         size = max(1, ex.body_bytes or 64 * len(messages))
         # A failed write is retried next turn: it must rescan.
-        if aligned and not failed and size <= self._last.maxsize:
+        # Its input is the client's list, index for index, only if no earlier stage changed it.
+        if messages is ex.messages and not failed and size <= self._last.maxsize:
             settings = (spec, recall, threshold)
-            self._last[ex.session] = _Turn(size, len(messages), out, offloaded, settings)
+            self._last[ex.session] = _Turn(size, len(messages), out, offloaded, settings, ex.turn)
         if not offloaded.refs:
             return None
         record(

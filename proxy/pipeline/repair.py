@@ -23,7 +23,7 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.messages import Message, text_of, tool_call_ids
 from proxy.pipeline.archive import Entry, entry
-from proxy.pipeline.base import StageContext, forget_sessions, record
+from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import Policy
 from proxy.store.base import content_ref
 
@@ -75,8 +75,9 @@ class RepairStage:
     name = "repair"
 
     def __init__(self, sessions: int = 65_536) -> None:
-        # Per session: how many leading messages were last seen clean (no call left open).
-        self._clean: LRUCache[str, int] = LRUCache(sessions)
+        # Per session: how many leading messages were last seen clean (no call left open), and
+        # on which turn.
+        self._clean: LRUCache[str, tuple[int, object | None]] = LRUCache(sessions)
 
     def enabled(self, policy: Policy) -> bool:
         return policy.repair.enabled
@@ -87,12 +88,11 @@ class RepairStage:
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
-        clean = self._clean.get(ex.session, 0)
-        aligned = messages is ex.messages  # ex.stable_prefix counts the client's messages
-        start = clean if aligned and 0 < clean <= ex.stable_prefix else 0
+        clean, basis = self._clean.get(ex.session, (0, None))
+        start = clean if 0 < clean <= reusable(ex, messages, basis) else 0
         if _is_clean(messages, start):
-            if aligned:
-                self._clean[ex.session] = len(messages)
+            if messages is ex.messages:  # the client's list: the next turn can compare to it
+                self._clean[ex.session] = (len(messages), ex.turn)
             return None
         self._clean.pop(ex.session, None)
         fixes: Fixes = {}

@@ -3,12 +3,17 @@ still get every answer right when that part changes."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
+from collections.abc import Callable
 from typing import Any
 
 from proxy.messages import Message, pairing_problems
-from proxy.pipeline.base import StageContext
+from proxy.pipeline.base import Stage, StageContext
 from proxy.pipeline.chain import Chain
+from proxy.pipeline.compaction.stage import CompactionStage
+from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy
@@ -134,3 +139,84 @@ def test_long_arguments_are_not_cached() -> None:
     before = repair._parses_cached.cache_info().currsize
     assert repair._parses('{"content": "' + "x" * 10_000 + '"}')
     assert repair._parses_cached.cache_info().currsize == before
+
+
+class Park:
+    """A stage that holds the request whose history is `held` until `release` is set: any
+    stage may await (a store write, a tokenizer), and the session's next request goes on."""
+
+    name = "park"
+
+    def __init__(self) -> None:
+        self.held: list[Message] | None = None
+        self.parked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def enabled(self, policy: Policy) -> bool:
+        return True
+
+    async def run(self, ex: Any, messages: list[Message], ctx: StageContext) -> None:
+        if messages == self.held:
+            self.parked.set()
+            await self.release.wait()
+
+
+async def race(
+    stages: Callable[[], list[Stage]],
+    before: list[Message],
+    edited: list[Message],
+    more: list[Message],
+) -> tuple[Any, Any]:
+    """`before`, then at once an edit of it (A, parked before every stage) and B = A's history
+    plus `more`: B's exchange and what it was sent, and the same for B alone on a fresh chain."""
+    park = Park()
+    chain, ctx = Chain([park, *stages()]), context()
+    await turn(chain, ctx, before)
+    park.held = edited
+    parked = asyncio.create_task(turn(chain, ctx, edited))
+    await park.parked.wait()
+    raced = await turn(chain, ctx, [*edited, *more])
+    park.release.set()
+    await parked
+    return raced, await turn(Chain(stages()), context(), [*edited, *more])
+
+
+def call_to(call_id: str, path: str) -> Message:
+    message = call(call_id)
+    message["tool_calls"][0]["function"]["arguments"] = json.dumps({"path": path})
+    return message
+
+
+async def test_an_edit_racing_the_next_turn_leaves_offloads_exact() -> None:
+    """Two requests of one session at once: A edits old messages and is parked before its
+    stages ran; B continues A's history. No stage may reuse what it memoised for the turn
+    before A, whose history A's edit no longer matches."""
+    before = [user("go"), call("c1"), result("c1", 5000)]
+    edited = [user("go"), call("c1"), {**result("c1"), "content": "x" * 5000}]
+    (_, sent), (_, alone) = await race(
+        lambda: [RepairStage(), OffloadStage()], before, edited, [user("b")]
+    )
+    assert sent == alone
+
+
+async def test_an_edit_racing_the_next_turn_leaves_loop_detection_exact() -> None:
+    before = [user("go"), call_to("c1", "a"), result("c1"), call_to("c2", "a"), result("c2")]
+    edited = [user("go"), call_to("c1", "b"), result("c1"), call_to("c2", "c"), result("c2")]
+    step = [call_to("c3", "a"), result("c3")]
+    (_, sent), (_, alone) = await race(lambda: [LoopStage()], before, edited, step)
+    assert sent == alone  # b, c, a: no loop (the turn before A read a, a: a, a, a would be)
+
+
+async def test_an_edit_racing_the_next_turn_is_still_repaired() -> None:
+    before = [user("go"), call("c1"), result("c1")]
+    edited = [user("go"), call("c1"), user("b")]  # c1's result replaced: c1 now dangles
+    (_, sent), (_, alone) = await race(lambda: [RepairStage()], before, edited, [user("c")])
+    assert pairing_problems(sent) == []
+    assert sent == alone
+
+
+async def test_an_edit_racing_the_next_turn_is_measured_exactly() -> None:
+    before = [user("go"), call("c1"), result("c1", 5000)]
+    edited = [user("go"), call("c1"), result("c1", 10)]
+    (raced, _), (alone, _) = await race(lambda: [CompactionStage()], before, edited, [user("b")])
+    assert raced.prompt.estimate == alone.prompt.estimate

@@ -12,6 +12,7 @@ Bounded by the characters held (a parsed history is kept per session), not by se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache
@@ -30,6 +31,7 @@ class Seen:
     costs: list[int]  # token estimate of each message
     hashes: list[int] = field(default_factory=list)  # prefix hashes of the first len(hashes)
     exact: int = 0  # the first `exact` costs are the model tokenizer's counts (tokens/meter)
+    basis: object | None = None  # the turn whose client list this is (ex.turn), if it is one
 
     @property
     def chars(self) -> int:
@@ -51,17 +53,26 @@ class SeenHistories:
     def memo(self) -> LRUCache[str, Seen]:
         return self._seen
 
-    def remember(self, session: str, messages: list[Message], known_shared: int = 0) -> Seen:
+    def remember(
+        self,
+        session: str,
+        messages: list[Message],
+        known_shared: Callable[[object | None], int] | None = None,
+        basis: object | None = None,
+    ) -> Seen:
         """This turn's history, reusing what was computed for the part shared with the last.
-        `known_shared`: leading messages the caller already knows equal last turn's."""
+        `known_shared(last_basis)`: leading messages the caller knows equal to those of the
+        turn the last history came from (pipeline/base.py:reusable); `basis`: this one's."""
         last = self._seen.get(session)
         if last is not None and (
-            len(last.messages) <= known_shared or last.messages == messages[: len(last.messages)]
+            (known_shared is not None and len(last.messages) <= known_shared(last.basis))
+            or last.messages == messages[: len(last.messages)]
         ):
             costs = last.costs + list(map(message_tokens, messages[len(last.messages) :]))
-            seen = Seen(list(messages), costs, last.hashes, min(last.exact, len(messages)))
+            exact = min(last.exact, len(messages))
+            seen = Seen(list(messages), costs, last.hashes, exact, basis)
         else:
-            seen = Seen(list(messages), list(map(message_tokens, messages)))
+            seen = Seen(list(messages), list(map(message_tokens, messages)), basis=basis)
         if seen.chars <= self._seen.maxsize:
             self._seen[session] = seen
         return seen

@@ -31,7 +31,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.messages import Message
-from proxy.pipeline.base import StageContext, forget_sessions, record
+from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.compaction.budget import (
     Budget,
     budget_for,
@@ -119,8 +119,13 @@ class CompactionStage:
         spec = ex.policy.compaction
         # When no earlier stage changed the client's list, the chain already knows how much of
         # it the session sent before: no need to compare it again.
-        known = ex.stable_prefix if messages is ex.messages else 0
-        seen = self.seen.remember(ex.session, messages, known_shared=known)
+        aligned = messages is ex.messages
+        seen = self.seen.remember(
+            ex.session,
+            messages,
+            known_shared=lambda basis: reusable(ex, messages, basis),
+            basis=ex.turn if aligned else None,
+        )
         # Counted exactly near the trigger, calibrated against the provider (tokens/meter.py):
         # the budget is then in the measure's units.
         measure = await ctx.meter.measure(ex, seen, budget.fixed, budget.limit(spec.trigger))
