@@ -171,8 +171,9 @@ class Exchange:
     # How many leading messages are equal to the previous turn's in this session (set by the
     # rewrite chain): stages redo work only past this point (pipeline/base.py:reusable).
     stable_prefix: int = 0
-    # The turn it was measured against, and this request's own turn: opaque tokens a stage
-    # keeps with what it memoises, so it reuses only what was computed on that very history.
+    # The turn it was measured against, and this request's own turn: opaque tokens (a bare
+    # object each, holding nothing) a stage keeps with what it memoises, so it reuses only
+    # what was computed on that very history.
     stable_base: object | None = None
     turn: object | None = None
     # What the lineage learnt of the history (its digest; a prefix it compared), for the chain.

@@ -12,7 +12,7 @@ Entries are keyed by the scoped session (owner/name): a tenant never reads anoth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -57,6 +57,9 @@ class Seen:
     size: int  # the request bytes it stands for: what the memo is bounded by
     messages: list[Message]  # a copy: the request's own list may be rewritten in place
     digest: Digest | None = None  # set when the lineage computed one that turn
+    # The turn's identity (ex.turn): what the stages' memos name, never this entry itself,
+    # which would keep every old history alive in them.
+    turn: object = field(default_factory=object)
 
 
 @dataclass(frozen=True, slots=True)

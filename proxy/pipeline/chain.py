@@ -64,9 +64,10 @@ class Chain:
             shared = len(last) if last == messages[: len(last)] else 0
         size = ex.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
         digest = checked.digest if checked is not None else None
-        ex.turn = Seen(size, list(messages), digest)
-        ex.stable_base = entry if shared else None
-        self.histories.remember(ex.session, ex.turn)
+        seen = Seen(size, list(messages), digest)
+        ex.turn = seen.turn
+        ex.stable_base = entry.turn if shared and entry is not None else None
+        self.histories.remember(ex.session, seen)
         return shared
 
     async def _run(

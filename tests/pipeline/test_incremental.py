@@ -220,3 +220,14 @@ async def test_an_edit_racing_the_next_turn_is_measured_exactly() -> None:
     edited = [user("go"), call("c1"), result("c1", 10)]
     (raced, _), (alone, _) = await race(lambda: [CompactionStage()], before, edited, [user("b")])
     assert raced.prompt.estimate == alone.prompt.estimate
+
+
+async def test_the_turn_a_memo_names_holds_nothing() -> None:
+    """Stage memos keep the turn they were computed on: a bare token, or every old history
+    would stay alive in them, uncounted by their byte bounds (a soak grew 70 MB a minute)."""
+    chain, ctx = Chain([RepairStage(), OffloadStage(), LoopStage()]), context()
+    history = [user("a"), call("c1"), result("c1", 5000)]
+    first, _ = await turn(chain, ctx, history)
+    second, _ = await turn(chain, ctx, [*history, user("b")])
+    assert second.stable_base is first.turn
+    assert type(first.turn) is object and type(second.turn) is object
