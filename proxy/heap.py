@@ -6,12 +6,12 @@ times the body: ~340 KB for a 30 KB turn), the body sent on. The memos' objects 
 minutes, from the same heap. glibc's malloc serves large blocks with mmap, so they go straight
 back to the system when freed, but it raises that threshold to the size of every mmapped block
 freed (up to 32 MiB): soon they are carved from the heap, between long-lived objects, and
-the heap only grows. Measured with bench/load.py (50 agents, local store, same machine): RSS
-+4 MB/min after warm-up at glibc's default, far worse with the threshold pinned at 512 KiB
-(+90 MB/min) or under jemalloc 5.3, and under 1 MB/min with it pinned at glibc's starting
-128 KiB. So at start the threshold is pinned there (`pin_mmap_threshold`); the price is one
-mmap and its page faults per large block: ~25 µs per 30 KB turn (orjson's buffer), ~3 ms per
-1 MB body. `MALLOC_MMAP_THRESHOLD_` in the environment is glibc's own setting and wins.
+the heap only grows: bench/load.py (50 agents, 30 minutes) measured RSS +4 MB/min after
+warm-up at glibc's default, under 1 MB/min with the threshold pinned at glibc's starting
+128 KiB (docs/operations.md, "Load and soak"). So at start it is pinned there
+(`pin_mmap_threshold`); the price is one mmap and its page faults per large block: ~25 µs per
+30 KB turn (orjson's buffer), ~3 ms per 1 MB body. `MALLOC_MMAP_THRESHOLD_` in the
+environment is glibc's own setting and wins.
 
 The collector also trims the heap (`trim`) when the process has been quiet for a while,
 handing the free pages back. Elsewhere than glibc (musl, macOS) both are no-ops.
