@@ -92,7 +92,13 @@ CLIENT_ATTEMPTS = 3  # an agent's own tries of one request (connection errors, p
 
 
 def config_text(
-    sim_port: int, state: Path, store: str, redis_url: str, prefix: str, memo_mb: int | None
+    sim_port: int,
+    state: Path,
+    store: str,
+    redis_url: str,
+    prefix: str,
+    memo_mb: int | None,
+    store_mb: int | None = None,
 ) -> str:
     api_base = f"http://127.0.0.1:{sim_port}/v1"
     if store == "redis":
@@ -100,6 +106,8 @@ def config_text(
         store_yaml = f"{{backend: redis, url: '{redis_url}', prefix: '{prefix}', path: '{state}'}}"
     else:
         store_yaml = f"{{backend: local, path: '{state}'}}"
+    if store_mb is not None:
+        store_yaml = store_yaml[:-1] + f", max_mb: {store_mb}}}"
     memo = "" if memo_mb is None else f"\n          memo_mb: {memo_mb}"  # dedented below
     return textwrap.dedent(
         f"""\
@@ -908,6 +916,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--memo-mb", type=int, help="the proxy's server.memo_mb [its default]")
     parser.add_argument(
+        "--store-mb",
+        type=int,
+        help="the proxy's store.max_mb [its default, 1024, which ~150 req/s fill in 20 min]",
+    )
+    parser.add_argument(
         "--cooldown",
         type=float,
         default=60,
@@ -1044,7 +1057,9 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
         state = workdir / "state"
         config = workdir / "load.yaml"
         config.write_text(
-            config_text(sim.port, state, args.store, args.redis_url, prefix, args.memo_mb)
+            config_text(
+                sim.port, state, args.store, args.redis_url, prefix, args.memo_mb, args.store_mb
+            )
         )
         validate(config)
         proxy = start_child(

@@ -292,3 +292,45 @@ async def test_at_the_cap_with_only_live_sessions_a_write_is_refused_not_an_evic
         await store.put(*stored)  # already there: it adds nothing, so it is not refused
     finally:
         await store.close()
+
+
+async def test_once_only_live_sessions_are_left_writes_are_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """Waiting at the cap helps only if a collection can make room: once one found only live
+    sessions, a write is refused without waiting (it kicks another collection), and writes
+    succeed again as soon as a collection has made room."""
+    import asyncio
+
+    from proxy.store import retention
+
+    store = LocalStore(str(tmp_path), max_bytes=512 * KB)
+    live_after = [time.time() - 3600]  # every session live
+    collections: list[Any] = []
+
+    def kick() -> None:
+        collections.append(
+            asyncio.ensure_future(store.collect(expire_before=0, live_after=live_after[0]))
+        )
+
+    store.pressure.kick = kick
+    try:
+        with pytest.raises(retention.StoreFull):
+            for n in range(100):
+                await fill(store, f"key:a/live{n}", 1, 16 * KB, time.time())
+        await asyncio.gather(*collections)
+        assert store.pressure.full
+        started = time.monotonic()
+        for n in range(20):
+            with pytest.raises(retention.StoreFull, match="only live sessions left"):
+                await fill(store, f"key:a/more{n}", 1, 16 * KB, time.time())
+        assert time.monotonic() - started < 1.0, "each refusal waited for collections"
+
+        live_after[0] = time.time() + 1  # the sessions stop being live: evictable
+        kick()
+        await asyncio.gather(*collections)
+        assert not store.pressure.full
+        assert await fill(store, "key:a/after", 1, 16 * KB, time.time())
+    finally:
+        await asyncio.gather(*collections, return_exceptions=True)
+        await store.close()
