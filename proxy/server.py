@@ -21,7 +21,6 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import heap
 from proxy.app import SERVER_OPTIONS
 from proxy.middleware import HANDLING
 
@@ -82,7 +81,6 @@ def loop_unavailable(event_loop: str) -> str | None:
 def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
     """`asyncio.run(main)` on the event loop `server.event_loop` asks for: uvloop (`auto`
     takes it when installed: `pip install 'agentproxy[speed]'`), else asyncio's own."""
-    heap.pin_mmap_threshold()
     if event_loop != "asyncio" and importlib.util.find_spec("uvloop") is not None:
         import uvloop
 

@@ -1,9 +1,8 @@
-"""The allocator hands pages back: large blocks stay on mmap (the pinned threshold) and a trim
-returns freed heap to the system, at most every MIN_TRIM_GAP_S."""
+"""The allocator hands pages back: a trim returns freed heap to the system, at most every
+MIN_TRIM_GAP_S."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -50,55 +49,3 @@ def test_freed_memory_goes_back_to_the_system() -> None:
     full, freed, trimmed = map(float, re.findall(r"[\d.]+", out))
     assert freed > full / 2, "freed but pinned: glibc kept the pages"
     assert trimmed < full / 4, (full, freed, trimmed)
-
-
-def _rss_after_churn(pin: bool, env: dict[str, str] | None = None) -> tuple[float, float]:
-    """In a fresh process: one large block freed (glibc then raises its mmap threshold past
-    it), then many 200 KB blocks, of which every tenth survives (a long-lived object between
-    freed ones). (RSS with them, RSS after the others are freed.)"""
-    script = textwrap.dedent(
-        f"""
-        import re
-        from proxy import heap
-
-        def rss_mb():
-            status = open("/proc/self/status").read()
-            return int(re.search(r"VmRSS:\\s+(\\d+)", status).group(1)) / 1024
-
-        if {pin}:
-            heap.pin_mmap_threshold()
-        large = bytearray(4 * 1024 * 1024)
-        del large
-        blocks = [bytearray(200 * 1024) for _ in range(1000)]  # ~200 MB
-        survivors = blocks[::10]
-        full = rss_mb()
-        del blocks
-        print(full, rss_mb())
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    ).stdout
-    full, after = map(float, re.findall(r"[\d.]+", out))
-    return full, after
-
-
-def test_pinned_large_blocks_go_back_as_soon_as_freed() -> None:
-    full, after = _rss_after_churn(pin=True)
-    assert after < full / 3, (full, after)
-
-
-def test_without_the_pin_they_would_stay() -> None:
-    """The control: glibc's moving threshold put them on the heap, under the survivor."""
-    full, after = _rss_after_churn(pin=False)
-    assert after > full / 2, (full, after)
-
-
-def test_the_environment_setting_wins() -> None:
-    full, after = _rss_after_churn(pin=True, env={"MALLOC_MMAP_THRESHOLD_": "8388608"})
-    assert after > full / 2, "MALLOC_MMAP_THRESHOLD_ was overridden"
