@@ -103,11 +103,11 @@ def config_text(
     api_base = f"http://127.0.0.1:{sim_port}/v1"
     if store == "redis":
         # `path` still holds the event log; the state itself goes to Redis.
-        store_yaml = f"{{backend: redis, url: '{redis_url}', prefix: '{prefix}', path: '{state}'}}"
+        fields = f"backend: redis, url: '{redis_url}', prefix: '{prefix}', path: '{state}'"
     else:
-        store_yaml = f"{{backend: local, path: '{state}'}}"
-    if store_mb is not None:
-        store_yaml = store_yaml[:-1] + f", max_mb: {store_mb}}}"
+        fields = f"backend: local, path: '{state}'"
+    cap = "" if store_mb is None else f", max_mb: {store_mb}"
+    store_yaml = f"{{{fields}{cap}}}"
     memo = "" if memo_mb is None else f"\n          memo_mb: {memo_mb}"  # dedented below
     return textwrap.dedent(
         f"""\
