@@ -357,7 +357,7 @@ class InstantSummarizer:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def __call__(self, ex: Exchange, messages: list[Message]) -> str:
+    async def __call__(self, ex: Exchange, messages: list[Message], room: int) -> str:
         self.calls += 1
         return SUMMARY
 
