@@ -86,13 +86,27 @@ def decorate(error: BaseException, ex: Exchange, kind: ErrorClass | None = None)
 def offload_store_failure(ex: Exchange) -> dict[str, object] | None:
     """When offloading failed for want of a store, an overflow is the store's fault, not the
     client's: the fields that say so (None when every offload was stored)."""
-    failed = sum(
-        int(note.fields.get("count", 1))
+    failures = [
+        note.fields
         for note in ex.notes
         if note.stage == "offload" and note.action == "store_failed"
-    )
-    if not failed:
+    ]
+    if not failures:
         return None
+    failed = sum(int(fields.get("count", 1)) for fields in failures)
+    if any(str(fields.get("error", "")).startswith("StoreFull") for fields in failures):
+        return {
+            "store_error": (
+                f"offloading failed because the proxy's store is full (store.max_mb) with only "
+                f"live sessions left: {failed} large tool result(s) could not be stored, so "
+                "they stayed in the context"
+            ),
+            "guidance": (
+                "the context overflowed because the proxy could not offload; this is not the "
+                "request's fault: the proxy's operator should raise store.max_mb or lower "
+                "store.live_s (see docs/configuration.md); retry once sessions have gone idle"
+            ),
+        }
     return {
         "store_error": (
             f"offloading failed because the proxy's store is unavailable or read-only: "

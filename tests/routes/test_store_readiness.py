@@ -1,5 +1,5 @@
 """A store that takes no writes: start-up refuses it, /readyz reports it, and the overflow that
-follows a failed offload says the store failed, not the request."""
+follows a failed offload says the store failed (unavailable, or full of live sessions), not the request."""
 
 from __future__ import annotations
 
@@ -144,3 +144,36 @@ async def test_start_up_refuses_an_unreachable_redis_without_showing_its_passwor
         await start_proxy(path)
     assert f"redis://***@127.0.0.1:{port}/0" in str(refused.value)
     assert "hunter2" not in str(refused.value) and "hunter2" not in caplog.text
+
+
+async def test_a_store_full_of_live_sessions_is_named_in_the_overflow(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any
+) -> None:
+    """At store.max_mb with every session live, offloads are refused; the overflow that
+    follows says the store is full and what the operator can change."""
+    sim = Simulator(context_window=4_000)
+    upstream: TestServer = await aiohttp_server(sim.app())
+    path = tmp_path / "agentproxy.yaml"
+    extra = textwrap.dedent(
+        f"""\
+        store: {{path: {tmp_path / "data"}, max_mb: 1, live_s: 3600}}
+        policies:
+          - name: offloading
+            offload: {{min_tokens: 2000}}
+        """
+    )
+    path.write_text(sim_config(str(upstream.make_url("")).rstrip("/"), extra, window=100_000))
+    proxy = await start_proxy(path)
+    async with aiohttp.ClientSession() as http:
+        for index in range(200):  # ~40 KB each: the cap is reached after a few dozen
+            status, applied, body = await ask(http, proxy, index)
+            if status != 200:
+                break
+            assert "offload.offloaded" in applied
+        else:
+            raise AssertionError("200 offloads of ~40 KB never filled a 1 MB store")
+    assert status == 400 and "offload.store_failed" in applied
+    error = body["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "the proxy's store is full (store.max_mb)" in error["store_error"]
+    assert "store.max_mb" in error["guidance"] and "store.live_s" in error["guidance"]
