@@ -1,5 +1,6 @@
 """A store that takes no writes: start-up refuses it, /readyz reports it, and the overflow that
-follows a failed offload says the store failed (unavailable, or full of live sessions), not the request."""
+follows a failed offload says the store failed (unavailable, or full of live sessions), not
+the request."""
 
 from __future__ import annotations
 
