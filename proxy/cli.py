@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     import socket
 
-    from proxy import heap, workers
+    from proxy import workers
     from proxy.app import build_app
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
@@ -179,7 +179,6 @@ def _serve(args: argparse.Namespace) -> int:
     event_loop = config.server.event_loop
 
     def serve_one(sock: socket.socket | None, ready: Callable[[], None]) -> int:
-        heap.limit_arenas()  # before any thread starts
         app = build_app(args.config, config=config, handle_sighup=True, host=host)
         try:  # ready once listening: start-up checks the store first
             run(serve(app, host, port, drain_s=drain_s, ready=ready, sock=sock), event_loop)

@@ -28,8 +28,8 @@ MAX_FLUSH_EVERY_S = 10.0
 # Between kicked collections once one could not get under the cap (only live sessions left)
 # or failed: each write would kick another at once.
 MIN_GAP_S = 1.0
-# A quiet spell begins once no request has been under way for this long: the heap is trimmed
-# then (and under load only while trims stay cheap: heap.py).
+# A heap trim holds the allocator for up to a few hundred ms on a large, fragmented heap: it
+# waits until no request has been under way for this long.
 QUIET_BEFORE_TRIM_S = 10.0
 
 
@@ -76,7 +76,7 @@ class Collector:
                     await asyncio.sleep(max(0.0, calm_after - time.monotonic()))
                 await self.activity.flush()
                 forgotten = self.activity.sweep()
-                self._trim(bool(forgotten))
+                self._trim_when_quiet(bool(forgotten))
                 if self._due.is_set() or time.monotonic() >= next_collection:
                     self._due.clear()
                     done = await self.collect()
@@ -88,12 +88,11 @@ class Collector:
         finally:
             self.retention.pressure.kick = None
 
-    def _trim(self, forgot: bool) -> None:
+    def _trim_when_quiet(self, forgot: bool) -> None:
         """Give free pages back once a quiet spell begins, and again whenever sessions leave
-        memory during it; while requests come, once a minute if that stays cheap (heap.py)."""
+        memory during it; not while requests come, nor over and over for nothing."""
         if self.activity.quiet_for() < QUIET_BEFORE_TRIM_S:
             self._trimmed = False
-            heap.trim_busy()
         elif (forgot or not self._trimmed) and heap.trim():
             self._trimmed = True
 

@@ -114,9 +114,7 @@ async def test_the_heap_is_trimmed_once_a_quiet_spell_begins_and_when_sessions_l
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trims: list[float] = []
-    busy: list[float] = []
     monkeypatch.setattr(heap, "trim", lambda: trims.append(now[0]) or True)
-    monkeypatch.setattr(heap, "trim_busy", lambda: busy.append(now[0]) or True)
     now = [1_000_000.0]
     store = LocalStore(str(tmp_path))
     activity = Activity(store, lambda _: None, live_s=3600, clock=lambda: now[0])
@@ -126,25 +124,23 @@ async def test_the_heap_is_trimmed_once_a_quiet_spell_begins_and_when_sessions_l
         cold = activity.arrive("key:a/s1")
         assert cold is not None
         await cold
-        collector._trim(False)
-        assert trims == [], "a request under way: no quiet trim"
-        assert busy == [now[0]], "under load, the busy trim (which paces itself) is offered"
+        collector._trim_when_quiet(False)
+        assert trims == [], "a request under way: no trim"
         activity.leave("key:a/s1")
         now[0] += 5
-        collector._trim(False)
+        collector._trim_when_quiet(False)
         assert trims == [], "quiet for 5 s only"
         now[0] += 6
-        collector._trim(False)
-        collector._trim(False)
+        collector._trim_when_quiet(False)
+        collector._trim_when_quiet(False)
         assert len(trims) == 1, "once as the quiet spell begins, not over and over"
-        assert len(busy) == 2, "no busy trims in a quiet spell"
-        collector._trim(True)
+        collector._trim_when_quiet(True)
         assert len(trims) == 2, "sessions left memory: their pages go back too"
         activity.arrive("key:a/s1")
         activity.leave("key:a/s1")
-        collector._trim(False)
+        collector._trim_when_quiet(False)
         now[0] += 11
-        collector._trim(False)
+        collector._trim_when_quiet(False)
         assert len(trims) == 3, "a new quiet spell, a new trim"
     finally:
         await store.close()
