@@ -6,7 +6,11 @@ the process has been quiet for a while, handing the free pages back. (Pinning gl
 threshold at 128 KiB keeps every large block off the heap, but costs an mmap and its page
 faults each time: ~25 µs per 30 KB turn, orjson's parse buffer being ~10x the body, ~3 ms per
 1 MB body; and in bench/load.py at ~200 req/s RSS grew as fast with it as without, about
-4 MB/min at 10-15 minutes. Not done.)
+4 MB/min at 10-15 minutes. Not done. Nor are trims under load, once a minute: 3-8 ms each and
+20-40 MB back for a moment, but at ~235 req/s RSS grew as before, +2.2-2.9 MB/min after 600 s;
+glibc's own figures showed the heap's free space as chunks between live ones, not whole pages a
+trim could return. Capping malloc arenas at two moved the threads' ~60 MB into the main heap
+and saved nothing.)
 
 Elsewhere than glibc (musl, macOS) `trim` is a no-op.
 """

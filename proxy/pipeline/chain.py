@@ -62,11 +62,6 @@ class Chain:
             shared = len(last)
         else:
             shared = len(last) if last == messages[: len(last)] else 0
-        if shared and last is not None:
-            # The shared part as the objects already held: this request's equal copies die
-            # with it, so what a session keeps is allocated once, not again every turn (the
-            # churn that fragmented the C heap under load).
-            messages[:shared] = last[:shared]
         size = ex.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
         digest = checked.digest if checked is not None else None
         seen = Seen(size, list(messages), digest)

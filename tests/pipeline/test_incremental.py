@@ -9,7 +9,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from proxy.exchange import Exchange
 from proxy.messages import Message, pairing_problems
 from proxy.pipeline.base import Stage, StageContext
 from proxy.pipeline.chain import Chain
@@ -57,32 +56,6 @@ async def test_stable_prefix_counts_the_messages_seen_last_turn() -> None:
     edited = [user("changed"), *history[1:], user("b")]
     ex, _ = await turn(chain, ctx, edited)
     assert ex.stable_prefix == 0
-
-
-async def test_a_warm_turn_holds_the_shared_part_as_the_objects_it_already_had() -> None:
-    """Turn N+1's shared part becomes turn N's very objects (its own equal copies die with
-    the request): a session's history is allocated once, not again every turn. What goes
-    upstream is unchanged."""
-    chain, ctx = Chain([RepairStage(), OffloadStage()]), context()
-    history = [user("a"), call("c1"), result("c1")]
-    first, _ = await turn(chain, ctx, history)
-    held = list(remembered(chain, first))
-    ex, sent = await turn(chain, ctx, [*history, user("b")])
-    assert ex.stable_prefix == 3
-    assert all(a is b for a, b in zip(remembered(chain, ex)[:3], held, strict=True))
-    assert sent == [*history, user("b")]
-    edited = [user("changed"), *history[1:], user("c")]
-    ex, sent = await turn(chain, ctx, edited)
-    assert ex.stable_prefix == 0
-    assert not any(a is b for a, b in zip(remembered(chain, ex)[:3], held, strict=True))
-    assert sent == edited
-
-
-def remembered(chain: Chain, ex: Exchange) -> list[Message]:
-    """The history the chain holds for the exchange's session (what it came in as)."""
-    seen = chain.histories.get(ex.session)
-    assert seen is not None
-    return seen.messages
 
 
 async def test_problems_in_the_new_messages_are_still_repaired() -> None:
