@@ -14,6 +14,7 @@ import math
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.policies.spec import ErrorClass
+from proxy.store.retention import StoreFull
 from proxy.upstream.base import UpstreamHTTPError
 
 NO_RETRY = {"x-should-retry": "false"}
@@ -94,27 +95,26 @@ def offload_store_failure(ex: Exchange) -> dict[str, object] | None:
     if not failures:
         return None
     failed = sum(int(fields.get("count", 1)) for fields in failures)
-    if any(str(fields.get("error", "")).startswith("StoreFull") for fields in failures):
-        return {
-            "store_error": (
-                f"offloading failed because the proxy's store is full (store.max_mb) with only "
-                f"live sessions left: {failed} large tool result(s) could not be stored, so "
-                "they stayed in the context"
-            ),
-            "guidance": (
-                "the context overflowed because the proxy could not offload; this is not the "
-                "request's fault: the proxy's operator should raise store.max_mb or lower "
-                "store.live_s (see docs/configuration.md); retry once sessions have gone idle"
-            ),
-        }
+    # archive.py records each failure as "ErrorType: message".
+    if any(str(fields.get("error", "")).startswith(StoreFull.__name__) for fields in failures):
+        cause = "is full (store.max_mb) with only live sessions left"
+        remedy = (
+            "the proxy's operator should raise store.max_mb or lower store.live_s (see "
+            "docs/configuration.md); retry once sessions have gone idle"
+        )
+    else:
+        cause = "is unavailable or read-only"
+        remedy = (
+            "retry once the proxy's store is back (its /readyz says so), or send smaller tool "
+            "results meanwhile"
+        )
     return {
         "store_error": (
-            f"offloading failed because the proxy's store is unavailable or read-only: "
-            f"{failed} large tool result(s) could not be stored, so they stayed in the context"
+            f"offloading failed because the proxy's store {cause}: {failed} large tool "
+            "result(s) could not be stored, so they stayed in the context"
         ),
         "guidance": (
             "the context overflowed because the proxy could not offload; this is not the "
-            "request's fault: retry once the proxy's store is back (its /readyz says so), or "
-            "send smaller tool results meanwhile"
+            f"request's fault: {remedy}"
         ),
     }

@@ -4,6 +4,7 @@ space back to the disk, and Redis keys carry TTLs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
@@ -18,6 +19,7 @@ from proxy.policies.spec import StoreSettings
 from proxy.store.base import BlobInfo, content_ref
 from proxy.store.local import LocalStore
 from proxy.store.redis import RedisConnection, RedisStore
+from proxy.store.retention import StoreFull
 from tests.conftest import REDIS_URL
 
 KB = 1024
@@ -280,7 +282,7 @@ async def test_at_the_cap_with_only_live_sessions_a_write_is_refused_not_an_evic
     store.pressure.kick = kick
     written: list[str] = []
     try:
-        with pytest.raises(retention.StoreFull, match=r"at store\.max_mb"):
+        with pytest.raises(StoreFull, match=r"at store\.max_mb"):
             for n in range(100):
                 session = f"key:a/live{n}"
                 written += await fill(store, session, 1, 16 * KB, time.time())
@@ -300,10 +302,6 @@ async def test_once_only_live_sessions_are_left_writes_are_refused_at_once(
     """Waiting at the cap helps only if a collection can make room: once one found only live
     sessions, a write is refused without waiting (it kicks another collection), and writes
     succeed again as soon as a collection has made room."""
-    import asyncio
-
-    from proxy.store import retention
-
     store = LocalStore(str(tmp_path), max_bytes=512 * KB)
     live_after = [time.time() - 3600]  # every session live
     collections: list[Any] = []
@@ -315,14 +313,14 @@ async def test_once_only_live_sessions_are_left_writes_are_refused_at_once(
 
     store.pressure.kick = kick
     try:
-        with pytest.raises(retention.StoreFull):
+        with pytest.raises(StoreFull):
             for n in range(100):
                 await fill(store, f"key:a/live{n}", 1, 16 * KB, time.time())
         await asyncio.gather(*collections)
         assert store.pressure.full
         started = time.monotonic()
         for n in range(20):
-            with pytest.raises(retention.StoreFull, match="only live sessions left"):
+            with pytest.raises(StoreFull, match="only live sessions left"):
                 await fill(store, f"key:a/more{n}", 1, 16 * KB, time.time())
         assert time.monotonic() - started < 1.0, "each refusal waited for collections"
 
