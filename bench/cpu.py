@@ -13,6 +13,8 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --cells chat-30KB-json --reps 5
     python bench/cpu.py --cells chat-30KB-json --profile out.prof   # cProfile the proxy's runs
     python bench/cpu.py --anthropic --cells anth-77KB-json          # the Anthropic route
+    python bench/cpu.py --cells chat-tiny-json --without rewrites    # what the rewrites cost
+    python bench/cpu.py --cells chat-tiny-json --without all         # the request's shell alone
 
 With `--anthropic` the proxy's configuration adds overhead.py's `anthropic/` deployment (which
 imports litellm). Traffic stays on 127.0.0.1; the upstream and clients are stopped on exit.
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import orjson
 from _bare_forwarder import app as bare_app
+from _without import PARTS, turn_off
 from aiohttp import web
 from overhead import (
     BODIES,
@@ -270,8 +273,15 @@ def main() -> int:
     parser.add_argument("--gc-off", action="store_true", help="no garbage collection at all")
     parser.add_argument("--profile", help="cProfile the proxy's measured runs into this file")
     parser.add_argument("--top", type=int, default=45, help="profile lines printed")
+    parser.add_argument(
+        "--without",
+        metavar="PARTS",
+        help=f"turn these parts of the proxy off (comma-separated, or all): {', '.join(PARTS)}",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(REPO_ROOT))
+    if args.without:
+        print(f"proxy without: {', '.join(turn_off(args.without))}", file=sys.stderr)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
