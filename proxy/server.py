@@ -73,11 +73,11 @@ def freeze_heap() -> None:
 
     Then the collector looks less often. A request allocates thousands of containers (its
     parsed body), most freed by reference counting within the request, and the memos keep
-    ~190 k alive: at the default threshold bench/load.py at ~350 req/s ran 60 young
+    ~1.7 M alive: at the default threshold bench/load.py at ~350 req/s ran 60 young
     collections a second and a full one over the memos every two seconds, ~10% of the CPU
     (full passes up to ~95 ms). At 10,000 what a young collection finds is mostly gone
-    already, and the full ones come ~50 times less often (every ~100 s there): cyclic garbage
-    still goes within minutes, and a young pass costs ~20 ms at worst."""
+    already, and the full ones come ~60 times less often: cyclic garbage still goes within
+    minutes, and a young pass costs ~20 ms at worst."""
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_AFTER, *gc.get_threshold()[1:])
 
