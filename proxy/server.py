@@ -61,25 +61,11 @@ async def serve(
     log.info("stopped after draining for %.1fs", time.monotonic() - started)
 
 
-# Net new container objects before a young collection (CPython's default: 700). The older
-# generations keep their defaults: a full collection still follows every 100 young ones.
-YOUNG_COLLECTION_AFTER = 10_000
-
-
 def freeze_heap() -> None:
     """What start-up built lives as long as the process: out of the collector's sight, the
     full collections that requests trigger no longer walk it again (~5% of a request's CPU;
-    with litellm imported, ~200 ms a collection). Forked workers share it untouched, too.
-
-    Then the collector looks less often. A request allocates thousands of containers (its
-    parsed body), most freed by reference counting within the request, and the memos keep
-    ~1.7 M alive: at the default threshold bench/load.py at ~350 req/s ran 60 young
-    collections a second and a full one over the memos every two seconds, ~10% of the CPU
-    (full passes up to ~95 ms). At 10,000 what a young collection finds is mostly gone
-    already, and the full ones come ~60 times less often: cyclic garbage still goes within
-    minutes, and a young pass costs ~20 ms at worst."""
+    with litellm imported, ~200 ms a collection). Forked workers share it untouched, too."""
     gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_AFTER, *gc.get_threshold()[1:])
 
 
 def loop_unavailable(event_loop: str) -> str | None:

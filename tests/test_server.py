@@ -4,7 +4,6 @@ run to their end within server.drain_s, then exit 0; past the deadline they are 
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib.util
 import signal
 import socket
@@ -18,7 +17,6 @@ import openai
 import pytest
 
 from proxy import cli
-from proxy.server import YOUNG_COLLECTION_AFTER, freeze_heap
 from tests.conftest import free_port, sim_config
 from tests.test_cli import ROOT, start_serve
 
@@ -144,14 +142,3 @@ def test_uvloop_asked_for_but_missing_refuses_to_start_saying_how_to_get_it(
     )
     assert cli.main(["serve", "--config", str(config), "--port", str(free_port())]) == 2
     assert "pip install 'agentproxy[speed]'" in capsys.readouterr().err
-
-
-def test_once_listening_the_collector_looks_less_often_and_skips_the_start_up_heap() -> None:
-    before = gc.get_threshold()
-    try:
-        freeze_heap()
-        assert gc.get_threshold() == (YOUNG_COLLECTION_AFTER, *before[1:])
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
