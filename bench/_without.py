@@ -78,6 +78,7 @@ def turn_off(names: str) -> list[str]:
             if holder is not None:
                 target = getattr(target, holder)
             if not hasattr(target, attribute):
-                raise SystemExit(f"--without {name}: {module}.{holder}.{attribute} is gone")
+                where = ".".join(part for part in (module, holder, attribute) if part)
+                raise SystemExit(f"--without {name}: {where} is gone")
             setattr(target, attribute, stub)
     return chosen
