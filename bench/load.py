@@ -15,6 +15,7 @@ bodies, cut streams) and clears what the simulator records.
     python bench/load.py --store redis --redis-url redis://127.0.0.1:6379/0
     python bench/load.py --faults garbled --fault-rate 3 --seconds 60  # one kind of fault
     python bench/load.py --keep ...        # keep the temp folder: config, logs, store
+    python bench/load.py --heaptrack --seconds 900 --warmup 300  # every malloc and free
 
 Prints a progress line every 30 s (elapsed, requests, rps, errors, proxy RSS and its memos'
 size from /metrics) and a summary: throughput, latency percentiles (JSON and streaming apart),
@@ -182,18 +183,59 @@ class Child:
     process: subprocess.Popen[bytes]
     port: int
     log: Path
+    traced: int | None = None  # under heaptrack: the Python process its script started
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        """The process measured: the proxy itself, not a wrapper around it."""
+        return self.process.pid if self.traced is None else self.traced
 
 
-def start_child(procs: Processes, args: list[str], port: int, log: Path, ready: str) -> Child:
-    command = [sys.executable, "-m", "proxy", *args, "--port", str(port)]
+def start_child(
+    procs: Processes,
+    args: list[str],
+    port: int,
+    log: Path,
+    ready: str,
+    wrap: list[str] | None = None,
+) -> Child:
+    command = [*(wrap or []), sys.executable, "-m", "proxy", *args, "--port", str(port)]
     with log.open("wb") as out:
         child = procs.spawn(command, env=_env(), cwd=log.parent, stdout=out, stderr=out)
     wait_http(child, port, ready, log)
-    return Child(child, port, log)
+    return Child(child, port, log, _python_child(child.pid) if wrap else None)
+
+
+def _python_child(parent: int) -> int:
+    """The Python process a wrapper script (heaptrack's) started: measured in its stead."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            text = stat.read_text()
+            fields = text[text.rindex(")") + 2 :].split()
+            if int(fields[1]) == parent and "python" in text[text.index("(") : text.rindex(")")]:
+                return int(stat.parent.name)
+    raise RuntimeError(f"no Python process under the wrapper (pid {parent})")
+
+
+def heaptrack_command(workdir: Path) -> list[str]:
+    """The proxy run under heaptrack (Debian's `heaptrack`), from its start: every malloc and
+    free with its stack, for `heaptrack_print` after the run."""
+    if shutil.which("heaptrack") is None:
+        raise RuntimeError("--heaptrack needs heaptrack (Debian: apt-get install heaptrack)")
+    return ["heaptrack", "-o", str(workdir / "heaptrack.proxy")]
+
+
+def stop_traced(proxy: Child, timeout_s: float = 300) -> str:
+    """End the proxy under heaptrack gracefully, so heaptrack writes its file; where it is."""
+    if proxy.traced is not None and proxy.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proxy.traced, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proxy.process.wait(timeout=timeout_s)  # the script waits for heaptrack's writer
+    found = sorted(proxy.log.parent.glob("heaptrack.proxy*"))
+    if not found:
+        return "!!! heaptrack wrote no file"
+    return f"heaptrack: {found[0]} (read it with: heaptrack_print -f {found[0]})"
 
 
 def validate(config: Path) -> None:
@@ -928,7 +970,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs, store)")
+    parser.add_argument(
+        "--heaptrack",
+        action="store_true",
+        help="run the proxy under heaptrack (every malloc and free; implies --keep)",
+    )
     args = parser.parse_args(argv)
+    args.keep = args.keep or args.heaptrack
     if not 1 <= args.agents <= MAX_AGENTS:
         parser.error(f"--agents must be 1..{MAX_AGENTS}")
     if not 0 < args.seconds <= MAX_SECONDS:
@@ -1062,8 +1110,14 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
             )
         )
         validate(config)
+        wrap = heaptrack_command(workdir) if args.heaptrack else []
         proxy = start_child(
-            procs, ["serve", "--config", str(config)], free_port(), workdir / "proxy.log", "/readyz"
+            procs,
+            ["serve", "--config", str(config)],
+            free_port(),
+            workdir / "proxy.log",
+            "/readyz",
+            wrap,
         )
         start_rss = rss_mb(proxy.pid)
         print(
@@ -1077,6 +1131,8 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
             notes.append(
                 f"!!! the proxy died (exit {proxy.process.returncode}):\n{_tail(proxy.log)}"
             )
+        if args.heaptrack:
+            notes.append(stop_traced(proxy))
         notes.append(f"on disk: {disk_mb(workdir):.1f} MB in {workdir} (store, event log, logs)")
         if redis is not None:
             keys = sum(1 for _ in redis.keys(prefix))
