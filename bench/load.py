@@ -220,8 +220,6 @@ def _python_child(parent: int) -> int:
 def heaptrack_command(workdir: Path) -> list[str]:
     """The proxy run under heaptrack (Debian's `heaptrack`), from its start: every malloc and
     free with its stack, for `heaptrack_print` after the run."""
-    if shutil.which("heaptrack") is None:
-        raise RuntimeError("--heaptrack needs heaptrack (Debian: apt-get install heaptrack)")
     return ["heaptrack", "-o", str(workdir / "heaptrack.proxy")]
 
 
@@ -977,6 +975,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.keep = args.keep or args.heaptrack
+    if args.heaptrack and shutil.which("heaptrack") is None:
+        parser.error("--heaptrack needs heaptrack on PATH (Debian: apt-get install heaptrack)")
     if not 1 <= args.agents <= MAX_AGENTS:
         parser.error(f"--agents must be 1..{MAX_AGENTS}")
     if not 0 < args.seconds <= MAX_SECONDS:
