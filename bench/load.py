@@ -100,6 +100,7 @@ def config_text(
     prefix: str,
     memo_mb: int | None,
     store_mb: int | None = None,
+    max_rss_mb: int | None = None,
 ) -> str:
     api_base = f"http://127.0.0.1:{sim_port}/v1"
     if store == "redis":
@@ -110,6 +111,8 @@ def config_text(
     cap = "" if store_mb is None else f", max_mb: {store_mb}"
     store_yaml = f"{{{fields}{cap}}}"
     memo = "" if memo_mb is None else f"\n          memo_mb: {memo_mb}"  # dedented below
+    if max_rss_mb is not None:
+        memo += f"\n          max_rss_mb: {max_rss_mb}"
     return textwrap.dedent(
         f"""\
         server:
@@ -725,11 +728,29 @@ class Sample:
     memo_mb: float = math.nan  # the proxy's own estimate of its warm-turn memos (/metrics)
 
 
-def _rss_or_nan(pid: int) -> float:
+def _children(pid: int) -> list[int]:
+    """A proxy with `server.max_rss_mb` (or --workers) is a parent and its workers."""
     try:
-        return rss_mb(pid)
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _rss_or_nan(pid: int) -> float:
+    """The process's resident size with its children's."""
+    try:
+        return rss_mb(pid) + sum(_rss_or_nan(child) for child in _children(pid))
     except (OSError, RuntimeError):
         return math.nan
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of the process, its running children and the children it has reaped
+    (recycled workers)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    return cpu_s(pid) + reaped + sum(tree_cpu_s(child) for child in _children(pid))
 
 
 async def sampler(
@@ -956,6 +977,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--memo-mb", type=int, help="the proxy's server.memo_mb [its default]")
     parser.add_argument(
+        "--max-rss-mb",
+        type=int,
+        help="the proxy's server.max_rss_mb: a parent replaces the worker past it [none]",
+    )
+    parser.add_argument(
         "--store-mb",
         type=int,
         help="the proxy's store.max_mb [its default, 1024, which ~150 req/s fill in 20 min]",
@@ -1016,7 +1042,7 @@ async def drive(args: argparse.Namespace, proxy: Child, sim: Child, start_rss: f
         loop = asyncio.get_running_loop()
         # The first Ctrl-C ends the run early but still reports; a second one is not caught.
         loop.add_signal_handler(signal.SIGINT, _on_sigint, loop, run)
-        cpu_before = cpu_s(proxy.pid)
+        cpu_before = tree_cpu_s(proxy.pid)
         samples: list[Sample] = []
         background = [
             asyncio.create_task(sampler(run, proxy, sim, samples, args.progress)),
@@ -1027,7 +1053,7 @@ async def drive(args: argparse.Namespace, proxy: Child, sim: Child, start_rss: f
             await asyncio.wait_for(run.stop.wait(), args.seconds)
         run.stop.set()
         elapsed = time.perf_counter() - stats.started
-        proxy_cpu = cpu_s(proxy.pid) - cpu_before if proxy.process.poll() is None else math.nan
+        proxy_cpu = tree_cpu_s(proxy.pid) - cpu_before if proxy.process.poll() is None else math.nan
         samples.append(
             Sample(elapsed, _rss_or_nan(proxy.pid), _rss_or_nan(sim.pid), stats.requests)
         )
@@ -1106,7 +1132,14 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
         config = workdir / "load.yaml"
         config.write_text(
             config_text(
-                sim.port, state, args.store, args.redis_url, prefix, args.memo_mb, args.store_mb
+                sim.port,
+                state,
+                args.store,
+                args.redis_url,
+                prefix,
+                args.memo_mb,
+                args.store_mb,
+                args.max_rss_mb,
             )
         )
         validate(config)
@@ -1119,7 +1152,7 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
             "/readyz",
             wrap,
         )
-        start_rss = rss_mb(proxy.pid)
+        start_rss = _rss_or_nan(proxy.pid)
         print(
             f"simulator on 127.0.0.1:{sim.port}, proxy on 127.0.0.1:{proxy.port} "
             f"(RSS {start_rss:.1f} MB), store {args.store}; {args.agents} agents for "

@@ -37,6 +37,7 @@ from proxy.state import (
     CONTROL,
     EVENTS,
     FLOW,
+    HANDOVER,
     METRICS,
     STORE,
     STORE_HEALTH,
@@ -46,6 +47,7 @@ from proxy.state import (
 from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
+from proxy.store.handover import Handover, handover_path, save, take
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
@@ -70,10 +72,13 @@ def build_app(
     watch: bool = True,
     handle_sighup: bool = False,
     host: str | None = None,
+    handover: bool = False,
 ) -> web.Application:
     """`config` skips the first load when the caller already has it (the CLI validated it),
     and is the whole configuration when there is no `config_path` (`serve --model`); `host` is
-    the address served when the CLI overrides server.host (for the warnings)."""
+    the address served when the CLI overrides server.host (for the warnings); `handover`: a
+    worker that a parent replaces when it is recycled, taking over its predecessor's guard
+    state and leaving its own for its successor (proxy/store/handover.py)."""
     shorten_protocol_errors()
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
@@ -87,6 +92,7 @@ def build_app(
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
     app[HANDLING] = Handling()
+    leaving = app[HANDOVER] = Handover(enabled=handover)
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
     store, state, retention = open_backends(settings, metrics)
@@ -159,6 +165,10 @@ def build_app(
             await state.close()
             events.close()
             raise
+        # Guard state kept in this process goes from worker to worker when they are recycled.
+        kept = state if leaving.enabled and isinstance(state, MemoryState) else None
+        if kept is not None and (taken := take(kept, handover_path(settings.path))):
+            log.info("took over %d guard state entries from the previous worker", taken)
         holder.on_change(upstreams.prepare)
         upstreams.prepare(holder.current)
         catalog.load_in_background()
@@ -191,6 +201,13 @@ def build_app(
         await catalog.close()
         await ctx.meter.close()
         await store.close()
+        if kept is not None and leaving.due:  # every request has finished: the state is final
+            try:
+                saved = save(kept, handover_path(settings.path))
+                log.info("left %d guard state entries for the next worker", saved)
+            except OSError as exc:
+                log.error("could not leave the guard state for the next worker (%s): it "
+                          "starts without it", exc)  # fmt: skip
         await state.close()
         events.close()
         if tracing is not None:  # the last spans out, off the loop (a bounded HTTP export)

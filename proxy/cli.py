@@ -140,6 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
+    from proxy.recycle import RECYCLE_EXIT
     from proxy.server import loop_unavailable, run, serve
     from proxy.store.base import StoreError
     from proxy.tracing import unavailable
@@ -178,19 +179,34 @@ def _serve(args: argparse.Namespace) -> int:
     drain_s = config.server.drain_s  # read at start, like the port
     event_loop = config.server.event_loop
 
-    def serve_one(sock: socket.socket | None, ready: Callable[[], None]) -> int:
-        app = build_app(args.config, config=config, handle_sighup=True, host=host)
+    max_rss_mb = config.server.max_rss_mb  # read at start: a ceiling needs a parent
+    parented = count > 1 or max_rss_mb is not None
+
+    def serve_one(sock: socket.socket | None, ready: Callable[[], None], replacing: bool) -> int:
+        current = config
+        if replacing and args.config:  # the files as they are now, like a reload
+            try:
+                current = load_config(args.config)
+            except ConfigError as exc:
+                print(f"agentproxy: the configuration is invalid now, this worker starts with "
+                      f"the one the process started with:\n{exc}", file=sys.stderr)  # fmt: skip
+        app = build_app(
+            args.config, config=current, handle_sighup=True, host=host, handover=parented
+        )
         try:  # ready once listening: start-up checks the store first
-            run(serve(app, host, port, drain_s=drain_s, ready=ready, sock=sock), event_loop)
+            serving = serve(
+                app, host, port, drain_s=drain_s, ready=ready, sock=sock, max_rss_mb=max_rss_mb
+            )
+            recycled = run(serving, event_loop)
         except StoreError as exc:  # checked at start-up: see app.py's lifecycle
             print(f"agentproxy: {exc}; not starting", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # before the signal handlers are in place (start-up)
             return 130
-        return 0
+        return RECYCLE_EXIT if recycled else 0
 
-    if count == 1:
-        return serve_one(None, lambda: print(banner, flush=True))
+    if not parented:
+        return serve_one(None, lambda: print(banner, flush=True), False)
     try:
         return workers.run(count, host, port, serve_one, banner)
     except OSError as exc:  # the port: taken, or not ours to bind

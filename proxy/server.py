@@ -17,14 +17,17 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from proxy.app import SERVER_OPTIONS
 from proxy.middleware import HANDLING
+from proxy.recycle import watch_rss
+from proxy.state import HANDOVER
 
 log = logging.getLogger("agentproxy")
+T = TypeVar("T")
 
 
 async def serve(
@@ -35,10 +38,13 @@ async def serve(
     drain_s: float,
     ready: Callable[[], None] = lambda: None,
     sock: socket.socket | None = None,
-) -> None:
+    max_rss_mb: int | None = None,
+) -> bool:
     """Serve until SIGTERM/SIGINT; `ready` is called once listening. Start-up failures (an
     unwritable store) raise before anything listens. `sock`: an already bound socket to
-    serve on instead of host and port."""
+    serve on instead of host and port. A worker that a parent replaces (the app built with
+    `handover`) also leaves on SIGUSR1 or past `max_rss_mb` of resident memory, the same way;
+    True when it left for that reason (proxy/recycle.py)."""
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=drain_s, **SERVER_OPTIONS)
     await runner.setup()
     try:
@@ -49,16 +55,19 @@ async def serve(
         ready()
         kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         log.info("serving on the %s event loop", kind)
-        await _signalled()
+        handover = app[HANDOVER]
+        handover.due = await _until_stopped(max_rss_mb if handover.enabled else None,
+                                            recyclable=handover.enabled)  # fmt: skip
         in_flight = app[HANDLING].count
         log.info(
-            "stopping: no new connections; %d request(s) in flight get up to %gs to finish",
-            in_flight, drain_s,
+            "stopping%s: no new connections; %d request(s) in flight get up to %gs to finish",
+            " for a fresh worker" if handover.due else "", in_flight, drain_s,
         )  # fmt: skip
     finally:
         started = time.monotonic()
         await runner.cleanup()
     log.info("stopped after draining for %.1fs", time.monotonic() - started)
+    return handover.due
 
 
 def freeze_heap() -> None:
@@ -78,24 +87,42 @@ def loop_unavailable(event_loop: str) -> str | None:
     return None
 
 
-def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
+def run(main: Coroutine[Any, Any, T], event_loop: str) -> T:
     """`asyncio.run(main)` on the event loop `server.event_loop` asks for: uvloop (`auto`
     takes it when installed: `pip install 'agentproxy[speed]'`), else asyncio's own."""
     if event_loop != "asyncio" and importlib.util.find_spec("uvloop") is not None:
         import uvloop
 
-        uvloop.run(main)
-    else:
-        asyncio.run(main)
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
-async def _signalled() -> None:
+async def _until_stopped(max_rss_mb: int | None, recyclable: bool) -> bool:
+    """Wait for SIGTERM/SIGINT (False) or, when `recyclable`, for SIGUSR1 or resident memory
+    past `max_rss_mb` (True: hand over to a fresh worker)."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    left: asyncio.Future[bool] = loop.create_future()
+
+    def leave(recycle: bool) -> None:
+        if not left.done():
+            left.set_result(recycle)
+
+    signals = {signal.SIGTERM: False, signal.SIGINT: False}
+    if recyclable:
+        signals[signal.SIGUSR1] = True
+    for sig, recycle in signals.items():
+        loop.add_signal_handler(sig, leave, recycle)
+    watcher = asyncio.create_task(watch_rss(max_rss_mb, lambda: leave(True))) if (
+        max_rss_mb is not None
+    ) else None  # fmt: skip
     try:
-        await stop.wait()
+        recycle = await left
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        if watcher is not None:
+            watcher.cancel()
+        for sig in signals:
             loop.remove_signal_handler(sig)
+    if recycle:  # the parent's SIGTERM must not cut the drain short, nor the hand-over after
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+    return recycle

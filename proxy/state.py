@@ -12,6 +12,7 @@ from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
 from proxy.store.base import Store
+from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
 
@@ -25,3 +26,4 @@ CONTROL = web.AppKey("control", Control)
 FLOW = web.AppKey("flow", Flow)
 VIEWS = web.AppKey("views", ViewMemo)
 EVENTS = web.AppKey("events", EventLog)
+HANDOVER = web.AppKey("handover", Handover)

@@ -3,9 +3,13 @@
 The parent binds the port once and forks the workers; each runs its own event loop and
 application on the shared listening socket (the kernel hands each new connection to one of
 them). Signals go to the parent, which passes SIGTERM/SIGINT (each worker drains, see
-proxy/server.py) and SIGHUP (reload) on. A worker that dies takes the others down with it
-(they drain) and the parent exits non-zero: whatever supervises it restarts the whole, rather
-than a half that silently serves with fewer workers.
+proxy/server.py), SIGHUP (reload) and SIGUSR1 (recycle) on. A worker that dies takes the
+others down with it (they drain) and the parent exits non-zero: whatever supervises it
+restarts the whole, rather than a half that silently serves with fewer workers.
+
+A worker that exits with RECYCLE_EXIT (its memory past `server.max_rss_mb`, or SIGUSR1; see
+proxy/recycle.py) is replaced by a fresh one. The parent keeps the listening socket open for
+that: connections that arrive while no worker accepts wait in its backlog.
 
 Guard state (loop levels, budgets, circuits) must stay exact across workers: with the embedded
 store it lives in each process's memory, so more than one worker needs store.backend: redis,
@@ -27,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from proxy.policies.spec import Config
+from proxy.recycle import RECYCLE_EXIT
 
 log = logging.getLogger("agentproxy")
 
@@ -55,46 +60,60 @@ def refusal(config: Config, workers: int) -> str | None:
     return None
 
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
 def run(
     workers: int,
     host: str,
     port: int,
-    serve_one: Callable[[socket.socket, Callable[[], None]], int],
+    serve_one: Callable[[socket.socket, Callable[[], None], bool], int],
     banner: str,
 ) -> int:
-    """Fork `workers` processes, each calling `serve_one(listening socket, ready)`; return
-    once they have all exited: 0 if each drained and exited 0."""
+    """Fork `workers` processes, each calling `serve_one(listening socket, ready, replacing)`
+    (`replacing`: it succeeds a recycled worker); return once they have all exited: 0 if each
+    drained and exited 0."""
     listener = socket.create_server((host, port), backlog=1024)
     context = multiprocessing.get_context("fork")
     # Each worker says it listens with one small write (atomic on a pipe).
     ready_reader, ready_writer = context.Pipe(duplex=False)
 
-    def worker() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    def worker(replacing: bool) -> None:
+        for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)  # the worker's own loop handles them
-        code = serve_one(listener, lambda: ready_writer.send(os.getpid()))
+        ready_reader.close()
+        code = serve_one(listener, lambda: ready_writer.send(os.getpid()), replacing)
         sys.stdout.flush()
         os._exit(code)
 
-    children: list[BaseProcess] = [context.Process(target=worker) for _ in range(workers)]
+    def fork(replacing: bool = False) -> BaseProcess:
+        child = context.Process(target=worker, args=(replacing,))
+        child.start()
+        children.append(child)
+        return child
+
+    children: list[BaseProcess] = []
     stopping = False
 
     def forward(sig: int, _frame: Any) -> None:
         nonlocal stopping
-        if sig != signal.SIGHUP:
+        if sig in (signal.SIGTERM, signal.SIGINT) and not stopping:
             stopping = True
+            listener.close()  # new connections are refused now, not queued for no one
         for child in children:
             if child.pid is not None and child.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGTERM if sig == signal.SIGINT else sig)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in SIGNALS:
         signal.signal(sig, forward)
-    for child in children:
-        child.start()
-    listener.close()  # the workers hold it now
-    _announce(children, ready_reader, banner)
-    return _supervise(children, lambda: stopping, forward)
+    for _ in range(workers):
+        fork()
+    _announce(list(children), ready_reader, banner)
+    try:
+        return _supervise(children, lambda: stopping, forward, fork, ready_reader)
+    finally:
+        listener.close()
 
 
 def _announce(children: list[BaseProcess], ready: Connection, banner: str) -> None:
@@ -111,16 +130,29 @@ def _announce(children: list[BaseProcess], ready: Connection, banner: str) -> No
 
 
 def _supervise(
-    children: list[BaseProcess], stopping: Callable[[], bool], forward: Callable[[int, Any], None]
+    children: list[BaseProcess],
+    stopping: Callable[[], bool],
+    forward: Callable[[int, Any], None],
+    fork: Callable[[bool], BaseProcess],
+    ready: Connection,
 ) -> int:
     worst = 0
-    alive = list(children)
-    while alive:
-        for sentinel in wait([c.sentinel for c in alive]):
-            child = next(c for c in alive if c.sentinel == sentinel)
+    while alive := [c for c in children if c.exitcode is None]:
+        for woke in wait([ready, *(c.sentinel for c in alive)]):
+            if woke is ready:
+                log.info("worker %s is serving", ready.recv())
+                continue
+            child = next(c for c in alive if c.sentinel == woke)
             child.join()
-            alive.remove(child)
+            children.remove(child)
             code = child.exitcode or 0
+            if code == RECYCLE_EXIT and not stopping():
+                successor = fork(True)
+                log.info("worker %s handed over: worker %s replaces it", child.pid,
+                         successor.pid)  # fmt: skip
+                continue
+            if code == RECYCLE_EXIT:
+                code = 0  # it left for a successor as the stop came: it drained all the same
             worst = worst or code
             if not stopping():
                 log.error("worker %s exited with %s: stopping the others", child.pid, code)

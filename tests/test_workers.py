@@ -91,3 +91,106 @@ policies:
         _, stderr = await asyncio.wait_for(process.communicate(), 40)
     assert process.returncode == 0, stderr.decode()
     assert stderr.decode().count("stopping: no new connections") == 2
+
+
+# --- recycling: a worker hands over to a fresh one -------------------------------------------
+
+BUDGET = """
+policies:
+  - name: capped
+    budgets: [{name: eight-calls, limits: {calls: 8}}]
+"""
+
+
+async def start_recycling(
+    tmp_path: Path, simulator: str, server: str
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`serve` with the embedded store and one worker under a parent that replaces it."""
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(sim_config(simulator, f"store: {{path: {tmp_path}}}\n{server}\n{BUDGET}"))
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    await wait_ready(url, deadline=30, process=process)
+    return process, url
+
+
+async def ask_session(url: str, session: str) -> int:
+    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"x-agentproxy-session": session}
+    async with aiohttp.ClientSession() as http:  # a new connection each: none is kept open
+        async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+            await r.read()
+            return r.status
+
+
+async def until_replaced(process: asyncio.subprocess.Process, worker: int, url: str) -> int:
+    """The new worker's pid, once the parent has replaced `worker` and it answers."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = workers_of(process.pid)
+        if children and children != [worker]:
+            await wait_ready(url, deadline=30, process=process)
+            return children[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"worker {worker} was not replaced")
+
+
+async def stop(process: asyncio.subprocess.Process) -> str:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    _, stderr = await asyncio.wait_for(process.communicate(), 40)
+    assert process.returncode == 0, stderr.decode()
+    return stderr.decode()
+
+
+async def test_a_recycled_worker_hands_its_guard_state_over_and_no_request_fails(
+    tmp_path: Path, simulator: str
+) -> None:
+    """With a ceiling set (here never reached), SIGUSR1 to the parent recycles the worker: it
+    drains, leaves its guard state (the embedded store keeps it in memory) and a fresh worker
+    takes over on the same port. The session's budget goes on counting where it was, and
+    requests sent throughout the hand-over are all answered."""
+    process, url = await start_recycling(tmp_path, simulator, "server: {max_rss_mb: 100000}")
+    try:
+        assert [await ask_session(url, "s") for _ in range(3)] == [200] * 3
+        (first,) = workers_of(process.pid)
+        others: list[int] = []
+
+        async def keep_asking() -> None:  # another session, during the hand-over
+            while len(others) < 40:
+                others.append(await ask_session(url, f"other-{len(others)}"))
+
+        asking = asyncio.create_task(keep_asking())
+        await asyncio.sleep(0.05)
+        process.send_signal(signal.SIGUSR1)
+        second = await until_replaced(process, first, url)
+        await asking
+        assert others == [200] * 40, others
+        statuses = [await ask_session(url, "s") for _ in range(6)]
+        assert statuses == [200] * 5 + [429], statuses  # 3 + 5 = the budget's 8, exactly
+    finally:
+        stderr = await stop(process)
+    assert f"worker {first} handed over: worker {second} replaces it" in stderr
+    assert "left " in stderr and "guard state entries for the next worker" in stderr
+    assert "took over " in stderr
+    leftovers = await asyncio.to_thread(lambda: list(tmp_path.glob("handover-*")))
+    assert not leftovers, "the hand-over file is not left behind"
+
+
+async def test_a_worker_past_max_rss_mb_is_replaced(tmp_path: Path, simulator: str) -> None:
+    """A ceiling below any process's size: the worker leaves at its first check, says why,
+    and its successor serves."""
+    process, url = await start_recycling(tmp_path, simulator, "server: {max_rss_mb: 1}")
+    try:
+        (first,) = workers_of(process.pid)
+        assert await ask_session(url, "s") == 200
+        await until_replaced(process, first, url)
+        assert await ask_session(url, "s") == 200
+    finally:
+        stderr = await stop(process)
+    assert "is past server.max_rss_mb (1): handing over to a fresh worker" in stderr
+    assert "server.max_rss_mb (1) is too low for this load" in stderr

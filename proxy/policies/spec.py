@@ -139,6 +139,8 @@ class ServerSettings:
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still finish
+    # Past this resident size a worker hands over to a fresh one (read at start; None: never).
+    max_rss_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ the rest go on as if the session were new).
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -111,6 +112,28 @@ class Entries(Generic[V]):
             self.currsize -= found[2]
             del self._by_ttl[found[3]][key]
 
+    def rows(self) -> Iterator[tuple[tuple[str, str], V, float, float]]:
+        """(key, value, expiry, ttl) of every entry not yet expired, least recently used first."""
+        now = time.time()
+        for key, (expiry, value, _, ttl) in self._data.items():
+            if expiry >= now:
+                yield key, value, expiry, ttl
+
+    def restore(self, rows: Iterator[tuple[tuple[str, str], V, float, float]]) -> None:
+        """Put back what `rows` gave (least recently used first), each with its own expiry."""
+        now = time.time()
+        for key, value, expiry, ttl in rows:
+            if expiry < now:
+                continue
+            self.put(key, value, ttl)
+            found = self._data.get(key)
+            if found is not None:  # not refused as larger than the whole map
+                self._data[key] = (expiry, found[1], found[2], found[3])
+        for written in self._by_ttl.values():  # write order is expiry order within a ttl
+            ordered = sorted(written, key=lambda k: self._data[k][0])
+            written.clear()
+            written.update(dict.fromkeys(ordered))
+
     def _expire(self, now: float) -> None:
         for written in self._by_ttl.values():
             while written:
@@ -182,6 +205,49 @@ class MemoryState:
 
     async def close(self) -> None:
         pass
+
+    def export(self) -> dict[str, Any]:
+        """Every entry and published fact still valid, as JSON-ready data: what a successor
+        process restores to go on exactly where this one stopped (proxy/store/handover.py)."""
+        return {
+            "values": [
+                [*key, base64.b64encode(value).decode(), _finite(expiry), _finite(ttl)]
+                for key, value, expiry, ttl in self._values.rows()
+            ],
+            "counters": [
+                [*key, counters, _finite(expiry), _finite(ttl)]
+                for key, counters, expiry, ttl in self._counters.rows()
+            ],
+            "published": {
+                space: {field: [_finite(expiry), value] for field, (expiry, value) in facts.items()}
+                for space, facts in self._published.items()
+            },
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> int:
+        """Take back what `export` gave; the number of entries restored."""
+        self._values.restore(
+            ((space, key), base64.b64decode(value), _infinite(expiry), _infinite(ttl))
+            for space, key, value, expiry, ttl in saved.get("values", [])
+        )
+        self._counters.restore(
+            ((space, key), dict(counters), _infinite(expiry), _infinite(ttl))
+            for space, key, counters, expiry, ttl in saved.get("counters", [])
+        )
+        now = time.time()
+        for space, facts in saved.get("published", {}).items():
+            for field, (expiry, value) in facts.items():
+                if _infinite(expiry) >= now:
+                    self._published.setdefault(space, {})[field] = (_infinite(expiry), value)
+        return len(self._values) + len(self._counters)
+
+
+def _finite(seconds: float) -> float | None:
+    return None if seconds == float("inf") else seconds  # JSON has no infinity
+
+
+def _infinite(seconds: float | None) -> float:
+    return float("inf") if seconds is None else float(seconds)
 
 
 def _expiry(ttl_s: float | None) -> float:

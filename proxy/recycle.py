@@ -1,0 +1,59 @@
+"""When a worker hands over to a fresh one: its resident memory past `server.max_rss_mb`.
+
+Under sustained heavy load the C heap fragments (docs/operations.md#memory): free space
+between live chunks that no trim can return, a few MB a minute at 200 requests a second. A
+fresh process starts without it. So a worker past the ceiling leaves as on SIGTERM (stops
+accepting, drains, writes its guard state: proxy/store/handover.py) and exits with
+RECYCLE_EXIT; the parent holding the port forks its successor (proxy/workers.py), and the
+connections that arrive meanwhile wait in the port's backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("agentproxy")
+
+RECYCLE_EXIT = 75  # EX_TEMPFAIL: "replace me", not a failure
+CHECK_EVERY_S = 5.0
+YOUNG_S = 60.0  # a worker replaced sooner than this is told its ceiling is too low
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MiB (Linux), or None where /proc has no statm."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE / 2**20
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def watch_rss(max_rss_mb: int, past: Callable[[], None]) -> None:
+    """Call `past` once this process's resident memory exceeds `max_rss_mb`."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(CHECK_EVERY_S)
+        rss = resident_mb()
+        if rss is None:
+            log.warning("server.max_rss_mb: this system does not show a process's resident "
+                        "memory (/proc/self/statm); workers will not be recycled")  # fmt: skip
+            return
+        if rss > max_rss_mb:
+            lived = time.monotonic() - started
+            log.warning(
+                "resident memory %.0f MB is past server.max_rss_mb (%d): handing over to a "
+                "fresh worker after %.0f s",
+                rss, max_rss_mb, lived,
+            )  # fmt: skip
+            if lived < YOUNG_S:
+                log.warning("a worker needed replacing within %.0f s of its start: "
+                            "server.max_rss_mb (%d) is too low for this load", lived,
+                            max_rss_mb)  # fmt: skip
+            past()
+            return

@@ -1,0 +1,77 @@
+"""A recycled worker's guard state, saved and taken back by its successor: every entry with
+its own expiry, in its recency order, nothing that had expired; the file read once, by its
+owner only. (tests/test_workers.py recycles a real worker under load.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from proxy.store.handover import handover_path, save, take
+from proxy.store.state import MemoryState
+
+
+async def test_the_successor_gets_every_live_entry_with_its_own_expiry(tmp_path: Path) -> None:
+    before = MemoryState()
+    await before.set("guards", "key:a/s1", b"\x00loop level 2\xff", ttl_s=3600)
+    await before.set("lineage", "key:a/s1", b"tip")  # the default ttl (7 days)
+    await before.set("guards", "key:b/s1", b"gone", ttl_s=0.01)
+    await before.add("budget", "key:a/s1", {"calls": 3, "tokens": 1200.5}, ttl_s=600)
+    await before.add("budget", "key:b/s1", {"calls": 1})
+    await before.publish("circuits", "sim#0", 1.0, ttl_s=30)
+    await before.publish("circuits", "old#0", 1.0, ttl_s=0.01)
+    await asyncio.sleep(0.02)  # the 10 ms entries are past their time
+    await before.get("guards", "key:a/s1")  # now the most recently used value
+
+    path = handover_path(tmp_path)
+    assert save(before, path) == 4
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+    after = MemoryState()
+    assert take(after, path) == 4
+    assert not path.exists()  # read once
+    # Recency survives: the least recently used value is the one evicted first, as before.
+    assert [key for key, *_ in after._values.rows()] == [
+        ("lineage", "key:a/s1"),
+        ("guards", "key:a/s1"),
+    ]
+    assert await after.get("guards", "key:a/s1") == b"\x00loop level 2\xff"
+    assert await after.get("lineage", "key:a/s1") == b"tip"
+    assert await after.get("guards", "key:b/s1") is None
+    assert await after.counters("budget", "key:a/s1") == {"calls": 3, "tokens": 1200.5}
+    assert await after.counters("budget", "key:b/s1") == {"calls": 1}
+    assert await after.published("circuits") == {"sim#0": 1.0}
+    # Expiries are the predecessor's, not restarted: ~1 hour left, ~10 minutes, ~7 days.
+    rows = {key: expiry - time.time() for key, _, expiry, _ in after._values.rows()}
+    assert 3590 < rows[("guards", "key:a/s1")] <= 3600
+    assert 6.9 * 86400 < rows[("lineage", "key:a/s1")] <= 7 * 86400
+    counters = {key: expiry - time.time() for key, _, expiry, _ in after._counters.rows()}
+    assert 590 < counters[("budget", "key:a/s1")] <= 600
+
+
+async def test_nothing_to_take_and_an_unreadable_file_start_empty(tmp_path: Path) -> None:
+    state = MemoryState()
+    path = handover_path(tmp_path)
+    assert take(state, path) == 0
+    path.write_bytes(b"{not json")
+    assert take(state, path) == 0
+    assert not path.exists()  # dropped, not tried again by the next worker
+    assert await state.counters("budget", "key:a/s1") == {}
+
+
+@pytest.mark.parametrize("ttl_s", [None, 60.0])
+async def test_a_restored_entry_still_expires_in_time(tmp_path: Path, ttl_s: float | None) -> None:
+    before = MemoryState(default_ttl_s=0.05)
+    await before.add("budget", "key:a/s", {"calls": 1}, ttl_s=ttl_s)
+    path = handover_path(tmp_path)
+    save(before, path)
+    after = MemoryState(default_ttl_s=0.05)
+    take(after, path)
+    await asyncio.sleep(0.06)
+    expected = {} if ttl_s is None else {"calls": 1}
+    assert await after.counters("budget", "key:a/s") == expected
