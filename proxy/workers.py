@@ -137,12 +137,12 @@ def _supervise(
     ready: Connection,
 ) -> int:
     worst = 0
-    while alive := [c for c in children if c.exitcode is None]:
-        for woke in wait([ready, *(c.sentinel for c in alive)]):
+    while children:  # the workers not yet reaped (a successor joins them)
+        for woke in wait([ready, *(c.sentinel for c in children)]):
             if woke is ready:
                 log.info("worker %s is serving", ready.recv())
                 continue
-            child = next(c for c in alive if c.sentinel == woke)
+            child = next(c for c in children if c.sentinel == woke)
             child.join()
             children.remove(child)
             code = child.exitcode or 0
