@@ -737,11 +737,14 @@ def _children(pid: int) -> list[int]:
 
 
 def _rss_or_nan(pid: int) -> float:
-    """The process's resident size with its children's."""
+    """The process's resident size with its children's (a worker gone between the listing
+    and the read, being replaced, counts nothing)."""
     try:
-        return rss_mb(pid) + sum(_rss_or_nan(child) for child in _children(pid))
+        own = rss_mb(pid)
     except (OSError, RuntimeError):
         return math.nan
+    children = (_rss_or_nan(child) for child in _children(pid))
+    return own + sum(mb for mb in children if not math.isnan(mb))
 
 
 def tree_cpu_s(pid: int) -> float:

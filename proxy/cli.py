@@ -143,6 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.recycle import RECYCLE_EXIT
     from proxy.server import loop_unavailable, run, serve
     from proxy.store.base import StoreError
+    from proxy.store.handover import discard
     from proxy.tracing import unavailable
 
     if args.api_base is not None and args.model is None:
@@ -212,6 +213,8 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:  # the port: taken, or not ours to bind
         print(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", file=sys.stderr)
         return 2
+    finally:
+        discard(config.store.path)
 
 
 def _store(args: argparse.Namespace) -> int:

@@ -194,3 +194,17 @@ async def test_a_worker_past_max_rss_mb_is_replaced(tmp_path: Path, simulator: s
         stderr = await stop(process)
     assert "is past server.max_rss_mb (1): handing over to a fresh worker" in stderr
     assert "server.max_rss_mb (1) is too low for this load" in stderr
+
+
+async def test_a_state_no_successor_took_goes_with_the_parent(
+    tmp_path: Path, simulator: str
+) -> None:
+    """A worker that left its state as the stop came (no successor forked) would leave the
+    file behind; the parent removes it when it exits."""
+    process, _ = await start_recycling(tmp_path, simulator, "server: {max_rss_mb: 100000}")
+    left = tmp_path / f"handover-{process.pid}.json"
+    try:
+        left.write_bytes(b'{"values": [], "counters": [], "published": {}}')
+    finally:
+        await stop(process)
+    assert not left.exists()

@@ -28,8 +28,15 @@ class Handover:
     due: bool = False  # this worker is leaving for a successor: save its state at clean-up
 
 
-def handover_path(store_dir: str | os.PathLike[str]) -> Path:
-    return Path(store_dir) / f"handover-{os.getppid()}.json"
+def handover_path(store_dir: str | os.PathLike[str], parent: int | None = None) -> Path:
+    """Where a worker of `parent` (by default this process's parent) leaves its state."""
+    return Path(store_dir) / f"handover-{os.getppid() if parent is None else parent}.json"
+
+
+def discard(store_dir: str | os.PathLike[str]) -> None:
+    """The parent, exiting: a state left by a worker that no successor took (the stop came
+    during its hand-over) goes with it, rather than lie in the store's directory."""
+    handover_path(store_dir, parent=os.getpid()).unlink(missing_ok=True)
 
 
 def save(state: MemoryState, path: Path) -> int:
