@@ -21,7 +21,7 @@ from proxy.flow import Flow
 from proxy.lineage import Lineage
 from proxy.logs import shorten_protocol_errors
 from proxy.metrics import Metrics
-from proxy.middleware import HANDLING, Handling, proxy_middleware
+from proxy.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
@@ -47,7 +47,7 @@ from proxy.state import (
 from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
-from proxy.store.handover import Handover, handover_path, save, take
+from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
@@ -82,6 +82,7 @@ def build_app(
     shorten_protocol_errors()
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
+    app.on_response_prepare.append(close_when_draining)
     metrics = Metrics()
     if config is None:
         assert config_path is not None, "build_app needs a config path or a config"
@@ -167,8 +168,11 @@ def build_app(
             raise
         # Guard state kept in this process goes from worker to worker when they are recycled.
         kept = state if leaving.enabled and isinstance(state, MemoryState) else None
-        if kept is not None and (taken := take(kept, handover_path(settings.path))):
-            log.info("took over %d guard state entries from the previous worker", taken)
+        tending = None
+        if kept is not None:
+            if taken := leaving.attach(kept, settings.path):
+                log.info("took over %d guard state entries from the previous worker", taken)
+            tending = asyncio.create_task(leaving.tend())
         holder.on_change(upstreams.prepare)
         upstreams.prepare(holder.current)
         catalog.load_in_background()
@@ -201,13 +205,11 @@ def build_app(
         await catalog.close()
         await ctx.meter.close()
         await store.close()
-        if kept is not None and leaving.due:  # every request has finished: the state is final
-            try:
-                saved = save(kept, handover_path(settings.path))
-                log.info("left %d guard state entries for the next worker", saved)
-            except OSError as exc:
-                log.error("could not leave the guard state for the next worker (%s): it "
-                          "starts without it", exc)  # fmt: skip
+        if tending is not None:
+            tending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tending
+            leaving.close()  # a leaving worker's last change is in its journal already
         await state.close()
         events.close()
         if tracing is not None:  # the last spans out, off the loop (a bounded HTTP export)

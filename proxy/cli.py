@@ -183,7 +183,7 @@ def _serve(args: argparse.Namespace) -> int:
     max_rss_mb = config.server.max_rss_mb  # read at start: a ceiling needs a parent
     parented = count > 1 or max_rss_mb is not None
 
-    def serve_one(sock: socket.socket | None, ready: Callable[[], None], replacing: bool) -> int:
+    def serve_one(sock: socket.socket | None, tell: Callable[[str], None], replacing: bool) -> int:
         current = config
         if replacing and args.config:  # the files as they are now, like a reload
             try:
@@ -196,8 +196,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
         try:  # ready once listening: start-up checks the store first
             serving = serve(
-                app, host, port, drain_s=drain_s, ready=ready, sock=sock, max_rss_mb=max_rss_mb
-            )
+                app, host, port, drain_s=drain_s, sock=sock, max_rss_mb=max_rss_mb,
+                ready=lambda: tell(workers.READY), leaving=lambda: tell(workers.LEAVING),
+            )  # fmt: skip
             recycled = run(serving, event_loop)
         except StoreError as exc:  # checked at start-up: see app.py's lifecycle
             print(f"agentproxy: {exc}; not starting", file=sys.stderr)
@@ -207,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         return RECYCLE_EXIT if recycled else 0
 
     if not parented:
-        return serve_one(None, lambda: print(banner, flush=True), False)
+        return serve_one(None, lambda event: print(banner, flush=True), False)
     try:
         return workers.run(count, host, port, serve_one, banner)
     except OSError as exc:  # the port: taken, or not ours to bind

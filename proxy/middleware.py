@@ -43,12 +43,16 @@ RETRY_AFTER_S = 1
 
 class Handling:
     """How many requests are being handled now, against server.max_in_flight: each one holds
-    its body, so the cap bounds memory; past it a client is told to come back shortly."""
+    its body, so the cap bounds memory; past it a client is told to come back shortly. And,
+    for the drain (proxy/server.py), when the last request began and whether the server is
+    draining: then every answer closes its connection."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "draining", "last_started")
 
     def __init__(self) -> None:
         self.count = 0
+        self.last_started = 0.0  # time.perf_counter()
+        self.draining = False
 
     def enter(self, limit: int) -> None:
         if self.count >= limit:
@@ -82,6 +86,7 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     in_flight = request.app[METRICS].in_flight
     in_flight.inc()  # a scrape counts itself: the gauge reads 1 when idle
     handling = request.app[HANDLING]
+    handling.last_started = started
     capped = request.path not in UNCAPPED_PATHS
     response: web.StreamResponse
     try:
@@ -167,6 +172,16 @@ def access_fields(
         proxy_ms=round(ex.overhead() * 1000, 3),
     )
     return fields
+
+
+async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: while the server drains, an answer tells its client to take a new
+    connection (`Connection: close`) and the connection closes after it, so a client never
+    sends on a connection the server is about to close."""
+    if request.app[HANDLING].draining:
+        response.force_close()  # the connection closes after this answer
+        # aiohttp wrote its Connection header before this hook: the client must be told.
+        response.headers["Connection"] = "close"
 
 
 async def _answer_and_hang_up(

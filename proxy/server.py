@@ -1,10 +1,13 @@
 """Run the application on a port until SIGTERM or SIGINT, then drain and exit.
 
 On the signal the listening socket closes at once (new connections are refused; a load
-balancer's readiness check fails over), idle keep-alive connections close, and requests in
-flight — streams included — get up to `server.drain_s` to finish. Past it the rest are
-cancelled (a stream's client sees it end), the application's clean-up runs (the store's last
-activity flushed, connections closed), and the process exits 0.
+balancer's readiness check fails over) and requests in flight, streams included, get up to
+`server.drain_s` to finish. Kept-alive connections stay open meanwhile: a request that arrives
+on one is answered, with `Connection: close`, so that no client sends on a connection as it is
+closed; once nothing is in flight and no request has begun for half a second, the idle ones
+close. Past the deadline the rest are cancelled (a stream's client sees it end), the
+application's clean-up runs (the store's last activity flushed, connections closed), and the
+process exits 0.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from proxy.app import SERVER_OPTIONS
-from proxy.middleware import HANDLING
+from proxy.middleware import HANDLING, Handling
 from proxy.recycle import watch_rss
 from proxy.state import HANDOVER
 
 log = logging.getLogger("agentproxy")
 T = TypeVar("T")
+
+QUIET_S = 0.5  # a drain ends once no request has begun for this long (and none is in flight)
+POLL_S = 0.02
+CANCEL_S = 0.25  # past the deadline: what is still in flight is cancelled, and given this to end
 
 
 async def serve(
@@ -37,16 +44,19 @@ async def serve(
     *,
     drain_s: float,
     ready: Callable[[], None] = lambda: None,
+    leaving: Callable[[], None] = lambda: None,
     sock: socket.socket | None = None,
     max_rss_mb: int | None = None,
 ) -> bool:
     """Serve until SIGTERM/SIGINT; `ready` is called once listening. Start-up failures (an
     unwritable store) raise before anything listens. `sock`: an already bound socket to
     serve on instead of host and port. A worker that a parent replaces (the app built with
-    `handover`) also leaves on SIGUSR1 or past `max_rss_mb` of resident memory, the same way;
-    True when it left for that reason (proxy/recycle.py)."""
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=drain_s, **SERVER_OPTIONS)
+    `handover`) also leaves on SIGUSR1 or past `max_rss_mb` of resident memory: it stops
+    accepting, hands its guard state over, calls `leaving` (the parent forks its successor
+    then) and drains; True when it left for that reason (proxy/recycle.py)."""
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=CANCEL_S, **SERVER_OPTIONS)
     await runner.setup()
+    stopping = time.monotonic()
     try:
         site: web.BaseSite
         site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
@@ -58,16 +68,37 @@ async def serve(
         handover = app[HANDOVER]
         handover.due = await _until_stopped(max_rss_mb if handover.enabled else None,
                                             recyclable=handover.enabled)  # fmt: skip
-        in_flight = app[HANDLING].count
+        stopping = time.monotonic()
+        await site.stop()  # no new connections here (a parent's copy of the socket queues them)
+        if handover.due:
+            if left := handover.leave():
+                log.info("left %d guard state entries for the next worker", left)
+            leaving()
         log.info(
             "stopping%s: no new connections; %d request(s) in flight get up to %gs to finish",
-            " for a fresh worker" if handover.due else "", in_flight, drain_s,
+            " for a fresh worker" if handover.due else "", app[HANDLING].count, drain_s,
         )  # fmt: skip
+        assert runner.server is not None
+        await _drain(runner.server, app[HANDLING], drain_s)
     finally:
-        started = time.monotonic()
         await runner.cleanup()
-    log.info("stopped after draining for %.1fs", time.monotonic() - started)
+    log.info("stopped after draining for %.1fs", time.monotonic() - stopping)
     return handover.due
+
+
+async def _drain(server: web.Server, handling: Handling, drain_s: float) -> None:
+    """Let the connections open now finish, for up to `drain_s`: the requests in flight
+    (streams too) complete, and each answer from now on closes its connection (a kept-alive
+    client takes a new one, served elsewhere), so no client sends on a connection being
+    closed. Done once no request is in flight and none has begun for QUIET_S; the
+    connections still open then are idle, and close."""
+    handling.draining = True
+    began = time.perf_counter()
+    deadline = began + drain_s
+    while server.connections and (now := time.perf_counter()) < deadline:
+        if handling.count == 0 and now - max(began, handling.last_started) >= QUIET_S:
+            return
+        await asyncio.sleep(POLL_S)
 
 
 def freeze_heap() -> None:

@@ -7,9 +7,11 @@ proxy/server.py), SIGHUP (reload) and SIGUSR1 (recycle) on. A worker that dies t
 others down with it (they drain) and the parent exits non-zero: whatever supervises it
 restarts the whole, rather than a half that silently serves with fewer workers.
 
-A worker that exits with RECYCLE_EXIT (its memory past `server.max_rss_mb`, or SIGUSR1; see
-proxy/recycle.py) is replaced by a fresh one. The parent keeps the listening socket open for
-that: connections that arrive while no worker accepts wait in its backlog.
+A worker that leaves for a fresh one (its memory past `server.max_rss_mb`, or SIGUSR1; see
+proxy/recycle.py) stops accepting and says so; the parent forks its successor at once, while
+the old worker finishes its requests and exits with RECYCLE_EXIT. The parent keeps the
+listening socket open for that: connections that arrive while no worker accepts wait in its
+backlog.
 
 Guard state (loop levels, budgets, circuits) must stay exact across workers: with the embedded
 store it lives in each process's memory, so more than one worker needs store.backend: redis,
@@ -61,28 +63,30 @@ def refusal(config: Config, workers: int) -> str | None:
 
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+READY, LEAVING = "ready", "leaving"  # what a worker tells the parent
 
 
 def run(
     workers: int,
     host: str,
     port: int,
-    serve_one: Callable[[socket.socket, Callable[[], None], bool], int],
+    serve_one: Callable[[socket.socket, Callable[[str], None], bool], int],
     banner: str,
 ) -> int:
-    """Fork `workers` processes, each calling `serve_one(listening socket, ready, replacing)`
-    (`replacing`: it succeeds a recycled worker); return once they have all exited: 0 if each
-    drained and exited 0."""
+    """Fork `workers` processes, each calling `serve_one(listening socket, tell, replacing)`
+    (`tell(READY)` once it listens, `tell(LEAVING)` when it leaves for a successor;
+    `replacing`: it succeeds one); return once they have all exited: 0 if each drained and
+    exited 0."""
     listener = socket.create_server((host, port), backlog=1024)
     context = multiprocessing.get_context("fork")
-    # Each worker says it listens with one small write (atomic on a pipe).
-    ready_reader, ready_writer = context.Pipe(duplex=False)
+    # Workers tell the parent what they do with one small write each (atomic on a pipe).
+    news, tell = context.Pipe(duplex=False)
 
     def worker(replacing: bool) -> None:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)  # the worker's own loop handles them
-        ready_reader.close()
-        code = serve_one(listener, lambda: ready_writer.send(os.getpid()), replacing)
+        news.close()
+        code = serve_one(listener, lambda event: tell.send((event, os.getpid())), replacing)
         sys.stdout.flush()
         os._exit(code)
 
@@ -109,23 +113,23 @@ def run(
         signal.signal(sig, forward)
     for _ in range(workers):
         fork()
-    _announce(list(children), ready_reader, banner)
+    _announce(list(children), news, banner)
     try:
-        return _supervise(children, lambda: stopping, forward, fork, ready_reader)
+        return _supervise(children, lambda: stopping, forward, fork, news)
     finally:
         listener.close()
 
 
-def _announce(children: list[BaseProcess], ready: Connection, banner: str) -> None:
+def _announce(children: list[BaseProcess], news: Connection, banner: str) -> None:
     """Print the banner once every worker listens (nothing if one fails first)."""
     waiting = len(children)
     while waiting:
         sentinels = [c.sentinel for c in children if c.exitcode is None]
-        woke = wait([ready, *sentinels], timeout=READY_TIMEOUT_S)
-        if ready not in woke:
+        woke = wait([news, *sentinels], timeout=READY_TIMEOUT_S)
+        if news not in woke:
             return  # a worker exited before it was ready (or never got there): see _supervise
-        ready.recv()
-        waiting -= 1
+        if news.recv()[0] == READY:
+            waiting -= 1
     print(f"{banner} [{len(children)} workers]", flush=True)
 
 
@@ -134,25 +138,30 @@ def _supervise(
     stopping: Callable[[], bool],
     forward: Callable[[int, Any], None],
     fork: Callable[[bool], BaseProcess],
-    ready: Connection,
+    news: Connection,
 ) -> int:
     worst = 0
+    replaced: set[int] = set()  # workers that left and have a successor already
     while children:  # the workers not yet reaped (a successor joins them)
-        for woke in wait([ready, *(c.sentinel for c in children)]):
-            if woke is ready:
-                log.info("worker %s is serving", ready.recv())
+        for woke in wait([news, *(c.sentinel for c in children)]):
+            if woke is news:
+                event, pid = news.recv()
+                if event == READY:
+                    log.info("worker %s is serving", pid)
+                elif event == LEAVING and not stopping():
+                    replaced.add(pid)
+                    log.info("worker %s hands over: worker %s replaces it", pid,
+                             fork(True).pid)  # fmt: skip
                 continue
             child = next(c for c in children if c.sentinel == woke)
             child.join()
             children.remove(child)
             code = child.exitcode or 0
-            if code == RECYCLE_EXIT and not stopping():
-                successor = fork(True)
-                log.info("worker %s handed over: worker %s replaces it", child.pid,
-                         successor.pid)  # fmt: skip
+            if code == RECYCLE_EXIT:  # it drained; a successor serves in its place
+                if child.pid not in replaced and not stopping():  # (it left without saying so)
+                    log.info("worker %s left: worker %s replaces it", child.pid, fork(True).pid)
+                replaced.discard(child.pid or 0)
                 continue
-            if code == RECYCLE_EXIT:
-                code = 0  # it left for a successor as the stop came: it drained all the same
             worst = worst or code
             if not stopping():
                 log.error("worker %s exited with %s: stopping the others", child.pid, code)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -200,9 +201,19 @@ def start_redis(port: int, processes: list[subprocess.Popen[bytes]]) -> None:
 @pytest.fixture
 def simulator() -> Iterator[str]:
     """`agentproxy simulate` as its own process on a free port; its base URL."""
+    yield from _simulate()
+
+
+@pytest.fixture
+def slow_simulator() -> Iterator[str]:
+    """A simulator that streams a chunk every 0.1 s: a 30-word answer takes ~3 s."""
+    yield from _simulate("--chunk-delay", "0.1")
+
+
+def _simulate(*options: str) -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "simulate", "--port", str(port)],
+        [sys.executable, "-m", "proxy", "simulate", "--port", str(port), *options],
         cwd=Path(__file__).resolve().parent.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -210,6 +221,8 @@ def simulator() -> Iterator[str]:
     )
     assert process.stdout is not None
     assert "simulated upstream on" in process.stdout.readline()
+    # Its access log goes on: read it, or the pipe fills (~430 requests) and it stops answering.
+    threading.Thread(target=process.stdout.read, daemon=True).start()
     yield f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=10)

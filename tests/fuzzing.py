@@ -84,8 +84,9 @@ class Insert:
         target = containers[self.path % len(containers)]
         if isinstance(target, dict):
             target[self.key] = self.value
-        else:
+        elif isinstance(target, list):
             target.insert(self.path % (len(target) + 1), self.value)
+        # else: an earlier mutation replaced the whole body by a scalar: nothing to insert into
         return body
 
 

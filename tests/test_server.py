@@ -7,40 +7,19 @@ import asyncio
 import importlib.util
 import signal
 import socket
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import aiohttp
 import openai
 import pytest
 
 from proxy import cli
 from tests.conftest import free_port, sim_config
-from tests.test_cli import ROOT, start_serve
+from tests.test_cli import start_serve
 
 WORDS = 30  # the simulator echoes them back, one chunk each
-
-
-@pytest.fixture
-def slow_simulator() -> Iterator[str]:
-    """A simulator that streams a chunk every 0.1 s: a 30-word answer takes ~3 s."""
-    import subprocess
-
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "simulate", "--port", str(port), "--chunk-delay", "0.1"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    assert "simulated upstream on" in process.stdout.readline()
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    process.wait(timeout=10)
 
 
 def refused(url: str) -> bool:
@@ -142,3 +121,35 @@ def test_uvloop_asked_for_but_missing_refuses_to_start_saying_how_to_get_it(
     )
     assert cli.main(["serve", "--config", str(config), "--port", str(free_port())]) == 2
     assert "pip install 'agentproxy[speed]'" in capsys.readouterr().err
+
+
+async def test_a_kept_alive_connection_is_answered_during_the_drain_and_told_to_close(
+    tmp_path: Path, slow_simulator: str
+) -> None:
+    """A client whose idle connection was kept alive sends on it after SIGTERM (while a stream
+    drains): it gets its answer, with `Connection: close`, rather than a connection closed
+    under it; then the process exits 0 as ever."""
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(sim_config(slow_simulator) + f"store: {{path: {tmp_path}}}\n")
+    process, url = await start_serve(config)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    ask = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as kept:
+        async with kept.post(url + "/v1/chat/completions", json=ask) as first:
+            assert first.status == 200 and "Connection" not in first.headers
+            await first.read()
+        began = asyncio.Event()
+        streaming = asyncio.create_task(stream_text(client, began))
+        await asyncio.wait_for(began.wait(), 10)
+        process.send_signal(signal.SIGTERM)
+        for _ in range(100):  # draining once the listener is closed
+            if refused(url):
+                break
+            await asyncio.sleep(0.02)
+        async with kept.post(url + "/v1/chat/completions", json=ask) as during:
+            assert during.status == 200 and during.headers["Connection"] == "close"
+            assert (await during.json())["choices"][0]["message"]["content"]
+    _, finished = await asyncio.wait_for(streaming, 20)
+    assert finished
+    await asyncio.wait_for(process.communicate(), 10)
+    assert process.returncode == 0

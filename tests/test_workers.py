@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import openai
 
 from tests.conftest import REDIS_URL, free_port, sim_config
 from tests.test_cli import ROOT, agentproxy, wait_ready
@@ -103,11 +105,11 @@ policies:
 
 
 async def start_recycling(
-    tmp_path: Path, simulator: str, server: str
+    tmp_path: Path, simulator: str, server: str, policies: str = BUDGET
 ) -> tuple[asyncio.subprocess.Process, str]:
     """`serve` with the embedded store and one worker under a parent that replaces it."""
     config = tmp_path / "agentproxy.yaml"
-    config.write_text(sim_config(simulator, f"store: {{path: {tmp_path}}}\n{server}\n{BUDGET}"))
+    config.write_text(sim_config(simulator, f"store: {{path: {tmp_path}}}\n{server}\n{policies}"))
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
@@ -118,8 +120,13 @@ async def start_recycling(
     return process, url
 
 
+HI: list[Any] = [{"role": "user", "content": "hi"}]
+ASK = {"model": "sim", "messages": HI}
+SESSION_S = {"x-agentproxy-session": "s"}
+
+
 async def ask_session(url: str, session: str) -> int:
-    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+    body = ASK
     headers = {"x-agentproxy-session": session}
     async with aiohttp.ClientSession() as http:  # a new connection each: none is kept open
         async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
@@ -131,12 +138,19 @@ async def until_replaced(process: asyncio.subprocess.Process, worker: int, url: 
     """The new worker's pid, once the parent has replaced `worker` and it answers."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        children = workers_of(process.pid)
-        if children and children != [worker]:
+        if successors := [pid for pid in workers_of(process.pid) if pid != worker]:
             await wait_ready(url, deadline=30, process=process)
-            return children[0]
-        await asyncio.sleep(0.05)
+            return successors[0]
+        await asyncio.sleep(0.02)
     raise AssertionError(f"worker {worker} was not replaced")
+
+
+async def until_one_worker(process: asyncio.subprocess.Process) -> None:
+    """Until a recycled worker has drained and left (only its successor is left)."""
+    deadline = time.monotonic() + 30
+    while len(workers_of(process.pid)) > 1:
+        assert time.monotonic() < deadline, "the old worker never left"
+        await asyncio.sleep(0.05)
 
 
 async def stop(process: asyncio.subprocess.Process) -> str:
@@ -174,7 +188,7 @@ async def test_a_recycled_worker_hands_its_guard_state_over_and_no_request_fails
         assert statuses == [200] * 5 + [429], statuses  # 3 + 5 = the budget's 8, exactly
     finally:
         stderr = await stop(process)
-    assert f"worker {first} handed over: worker {second} replaces it" in stderr
+    assert f"worker {first} hands over: worker {second} replaces it" in stderr
     assert "left " in stderr and "guard state entries for the next worker" in stderr
     assert "took over " in stderr
     leftovers = await asyncio.to_thread(lambda: list(tmp_path.glob("handover-*")))
@@ -208,3 +222,110 @@ async def test_a_state_no_successor_took_goes_with_the_parent(
     finally:
         await stop(process)
     assert not left.exists()
+
+
+async def test_the_successor_serves_at_once_and_both_count_one_budget_while_the_old_finishes(
+    tmp_path: Path, slow_simulator: str
+) -> None:
+    """A recycle does not wait for the old worker's longest stream: its successor serves new
+    connections at once, while the old worker finishes that stream and answers a kept-alive
+    connection once more (telling it to close). Both count against one budget meanwhile:
+    3 + 1 (old) + 1 (new) + 1 (old, after the new one) + 2 (new) = the budget's 8, exactly."""
+    process, url = await start_recycling(tmp_path, slow_simulator, "server: {max_rss_mb: 100000}")
+    words = " ".join(f"word{i}" for i in range(40))  # ~4 s of stream
+    long_ask = {"model": "sim", "stream": True, "messages": [{"role": "user", "content": words}]}
+    try:
+        assert [await ask_session(url, "s") for _ in range(3)] == [200] * 3
+        (first,) = workers_of(process.pid)
+        async with aiohttp.ClientSession() as kept, aiohttp.ClientSession() as streaming:
+
+            async def on_kept() -> tuple[int, str | None]:
+                async with kept.post(url + "/v1/chat/completions", headers=SESSION_S,
+                                     json=ASK) as response:  # fmt: skip
+                    await response.read()
+                    return response.status, response.headers.get("Connection")
+
+            async def stream() -> bytes:
+                async with streaming.post(url + "/v1/chat/completions", json=long_ask) as r:
+                    assert r.status == 200
+                    return await r.read()
+
+            assert await on_kept() == (200, None)  # 4; the connection stays open
+            streamed = asyncio.create_task(stream())
+            await asyncio.sleep(0.5)  # the stream is under way on the first worker
+            process.send_signal(signal.SIGUSR1)
+            began = time.monotonic()
+            second = await until_replaced(process, first, url)
+            assert await ask_session(url, "s") == 200  # 5, on the successor
+            assert time.monotonic() - began < 3, "the successor waited for the old stream"
+            assert first in workers_of(process.pid) and not streamed.done()
+            assert await on_kept() == (200, "close")  # 6, the old worker: knows of the 5th
+            body = await streamed
+        assert body.count(b"data: ") > 30 and body.rstrip().endswith(b"data: [DONE]")
+        statuses = [await ask_session(url, "s") for _ in range(3)]
+        assert statuses == [200, 200, 429], statuses  # 7, 8, then refused
+    finally:
+        stderr = await stop(process)
+    assert f"worker {first} hands over: worker {second} replaces it" in stderr
+    leftovers = await asyncio.to_thread(lambda: list(tmp_path.glob("handover-*")))
+    assert not leftovers, "the hand-over files are not left behind"
+
+
+async def test_kept_alive_clients_see_no_error_across_recycles(
+    tmp_path: Path, simulator: str
+) -> None:
+    """The openai SDK (retries off, so any error would show) and an aiohttp pool shared by
+    several tasks keep their connections alive through two recycles: not one request fails."""
+    process, url = await start_recycling(tmp_path, simulator, "server: {max_rss_mb: 100000}", "")
+    sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    answered: list[str] = []
+    failed: list[str] = []
+    stopping = asyncio.Event()
+
+    async def with_sdk(streaming: bool) -> None:
+        while not stopping.is_set():
+            try:
+                if streaming:
+                    chunks = await sdk.chat.completions.create(
+                        model="sim", messages=HI, stream=True
+                    )
+                    async for _ in chunks:
+                        pass
+                else:
+                    await sdk.chat.completions.create(model="sim", messages=HI)
+                answered.append("sdk")
+            except openai.OpenAIError as exc:
+                failed.append(repr(exc))
+
+    async def with_aiohttp(http: aiohttp.ClientSession, streaming: bool) -> None:
+        while not stopping.is_set():
+            try:
+                body = {"model": "sim", "messages": HI, "stream": streaming}
+                async with http.post(url + "/v1/chat/completions", json=body) as response:
+                    await response.read()
+                    answered.append("aiohttp") if response.status == 200 else failed.append(
+                        f"status {response.status}"
+                    )  # fmt: skip
+            except aiohttp.ClientError as exc:
+                failed.append(repr(exc))
+
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=6)) as http:
+            clients = [asyncio.create_task(with_sdk(i % 2 == 0)) for i in range(4)] + [
+                asyncio.create_task(with_aiohttp(http, i % 2 == 0)) for i in range(4)
+            ]
+            worker = workers_of(process.pid)[0]
+            for _ in range(2):
+                await asyncio.sleep(1)
+                process.send_signal(signal.SIGUSR1)
+                worker = await until_replaced(process, worker, url)
+                await until_one_worker(process)
+            await asyncio.sleep(0.5)
+            stopping.set()
+            await asyncio.gather(*clients)
+    finally:
+        await sdk.close()
+        stderr = await stop(process)
+    assert not failed, failed[:5]
+    assert answered.count("sdk") > 20 and answered.count("aiohttp") > 20
+    assert stderr.count("hands over: worker") == 2

@@ -1,19 +1,28 @@
-"""A recycled worker's guard state, handed to the worker that replaces it.
+"""A recycled worker's guard state, shared with the worker that replaces it.
 
 With the embedded store, loop levels, budget counters, lineage tips and open circuits live in
 the worker's memory (MemoryState). A worker replaced for its memory (`server.max_rss_mb`, or
-SIGUSR1) first drains, then writes that state to a file in the store's directory; its
-successor, forked by the same parent, reads it back and deletes it before it serves, so every
-budget and ladder goes on exactly where it was. The file is named after the parent: only a
-sibling takes it. Redis-kept state is shared already and needs no hand-over.
+SIGUSR1) stops accepting and, in one step, writes that state to a file in the store's
+directory and starts a journal of every change it makes from then on; then its parent forks
+the successor, which restores the file (deleting it), journals its own changes and serves at
+once, while the old worker finishes its requests. Until the old worker has exited, each reads
+the other's journal before any read or write of its state: both serve, and budgets and loop
+ladders stay exact. The successor deletes both journals once the old worker is gone.
+
+Files are named after the parent (`handover-<parent>.json`, `handover-<parent>-<worker>.jsonl`):
+only a sibling reads them, and the parent removes what is left when it exits. Redis-kept state
+is shared already and needs no hand-over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -21,11 +30,7 @@ from proxy.store.state import MemoryState
 
 log = logging.getLogger("agentproxy")
 
-
-@dataclass(slots=True)
-class Handover:
-    enabled: bool = False  # a parent replaces this worker (proxy/workers.py)
-    due: bool = False  # this worker is leaving for a successor: save its state at clean-up
+CHECK_PEERS_S = 0.5  # how often a worker looks for a peer's journal, or whether it is gone
 
 
 def handover_path(store_dir: str | os.PathLike[str], parent: int | None = None) -> Path:
@@ -33,16 +38,22 @@ def handover_path(store_dir: str | os.PathLike[str], parent: int | None = None) 
     return Path(store_dir) / f"handover-{os.getppid() if parent is None else parent}.json"
 
 
+def journal_path(store_dir: str | os.PathLike[str], worker: int) -> Path:
+    """Where `worker`, a child of this process's parent, journals its changes."""
+    return Path(store_dir) / f"handover-{os.getppid()}-{worker}.jsonl"
+
+
 def discard(store_dir: str | os.PathLike[str]) -> None:
-    """The parent, exiting: a state left by a worker that no successor took (the stop came
-    during its hand-over) goes with it, rather than lie in the store's directory."""
-    handover_path(store_dir, parent=os.getpid()).unlink(missing_ok=True)
+    """The parent, exiting: what its workers left and no successor took (the stop came during
+    a hand-over) goes with it, rather than lie in the store's directory."""
+    for left in Path(store_dir).glob(f"handover-{os.getpid()}[.-]*"):
+        left.unlink(missing_ok=True)
 
 
 def save(state: MemoryState, path: Path) -> int:
     """Write `state` for the successor (atomically, readable by this user only); the number
     of entries written."""
-    saved = state.export()
+    saved = {"from": os.getpid(), **state.export()}
     partial = path.with_suffix(".partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
@@ -51,21 +62,169 @@ def save(state: MemoryState, path: Path) -> int:
     return len(saved["values"]) + len(saved["counters"])
 
 
-def take(state: MemoryState, path: Path) -> int:
-    """Restore what a predecessor saved at `path`, if anything, and delete it; the number of
-    entries restored. A file that cannot be read is logged and dropped: the worker then starts
-    as a fresh process would, with no guard state."""
+def take(state: MemoryState, path: Path) -> tuple[int, int | None]:
+    """Restore what a predecessor saved at `path`, if anything, and delete it: the number of
+    entries restored and the predecessor's pid. A file that cannot be read is logged and
+    dropped: the worker then starts as a fresh process would, with no guard state."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return 0
+        return 0, None
     except OSError as exc:
         log.error("could not read the previous worker's guard state (%s): starting without it", exc)
-        return 0
+        return 0, None
     try:
         path.unlink()
-        return state.restore(orjson.loads(raw))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        saved = orjson.loads(raw)
+        predecessor = saved.get("from")
+        return state.restore(saved), predecessor if isinstance(predecessor, int) else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log.error("the previous worker's guard state in %s is unreadable (%s): starting without "
                   "it", path, exc)  # fmt: skip
-        return 0
+        return 0, None
+
+
+@dataclass(slots=True)
+class _Peer:
+    """Another worker's journal, read as it grows."""
+
+    pid: int
+    path: Path
+    journal: BinaryIO
+    partial: bytes = b""  # a line not yet written whole
+
+    def read(self, state: MemoryState) -> int:
+        data = self.partial + self.journal.read()
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            try:
+                state.apply(orjson.loads(line))
+            except (ValueError, TypeError) as exc:  # a change this worker cannot make: skip it
+                log.error("worker %d's state journal: %s", self.pid, exc)
+        return len(lines)
+
+
+class Handover:
+    """This worker's side of a hand-over (proxy/workers.py forks the successor)."""
+
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled  # a parent replaces this worker
+        self.due = False  # this worker is leaving for a successor
+        self._state: MemoryState | None = None
+        self._directory: Path | None = None
+        self._journal: BinaryIO | None = None
+        self._peers: dict[int, _Peer] = {}
+        self._checked = 0.0
+
+    def attach(self, state: MemoryState, directory: str | os.PathLike[str]) -> int:
+        """At start: keep `state` for a hand-over; if a predecessor left its state, take it
+        and follow the predecessor's journal until it exits. The number of entries taken."""
+        self._state, self._directory = state, Path(directory)
+        taken, predecessor = take(state, handover_path(directory))
+        if predecessor is not None and _alive(predecessor):
+            try:
+                self._start_journal()
+                self._follow(predecessor)
+            except OSError as exc:
+                log.error("cannot share guard state with the previous worker while it finishes "
+                          "(%s): changes either makes from now on stay its own", exc)  # fmt: skip
+                self.close()
+        return taken
+
+    def leave(self) -> int:
+        """Hand over now (this worker has stopped accepting): the state to the file and the
+        journal started in one step, so no change is in both or neither. The number of
+        entries left; 0 when there is no state to hand over."""
+        self.due = True
+        if self._state is None or self._directory is None:
+            return 0
+        try:
+            self._start_journal()
+            return save(self._state, handover_path(self._directory))
+        except OSError as exc:
+            log.error("could not leave the guard state for the next worker (%s): it starts "
+                      "without it", exc)  # fmt: skip
+            self.close()
+            return 0
+
+    async def tend(self) -> None:
+        """Keep checking while journals are kept, even when no request touches the state."""
+        while True:
+            await asyncio.sleep(CHECK_PEERS_S)
+            self.check()
+
+    def check(self) -> None:
+        """Apply what peers have journalled; every CHECK_PEERS_S, find a successor's journal
+        and drop the peers that have exited. Called before every state access while
+        journals are kept, and periodically (an idle worker still tidies up)."""
+        if self._journal is None or self._state is None:
+            return
+        for peer in self._peers.values():
+            peer.read(self._state)
+        now = time.monotonic()
+        if now - self._checked < CHECK_PEERS_S:
+            return
+        self._checked = now
+        assert self._directory is not None
+        # A leaving worker looks for its successor's journal. (A successor follows only the
+        # predecessor it took over from: the one before that, if a second recycle came within
+        # one drain, is in the snapshot it took, and reading its journal again would count it
+        # twice; what that one changes afterwards is lost to it.)
+        for path in self._directory.glob(f"handover-{os.getppid()}-*.jsonl") if self.due else ():
+            pid = int(path.stem.rsplit("-", 1)[1])
+            if pid != os.getpid() and pid not in self._peers and _alive(pid):
+                self._follow(pid)
+        for peer in [p for p in self._peers.values() if not _alive(p.pid)]:
+            peer.read(self._state)  # its last changes, written before it exited
+            peer.journal.close()
+            peer.path.unlink(missing_ok=True)
+            del self._peers[peer.pid]
+        if not self._peers and not self.due:  # the predecessor is gone: back to one worker
+            self.close()
+            journal_path(self._directory, os.getpid()).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop journalling and following (a leaving worker's journal stays for the
+        successor to read to its end)."""
+        if self._state is not None:
+            self._state.changed = self._state.catch_up = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        for peer in self._peers.values():
+            peer.journal.close()
+        self._peers.clear()
+
+    def _start_journal(self) -> None:
+        assert self._state is not None and self._directory is not None
+        if self._journal is not None:
+            return
+        path = journal_path(self._directory, os.getpid())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+        journal = self._journal = os.fdopen(fd, "ab", buffering=0)
+
+        def changed(change: list[Any]) -> None:  # one write a change: a peer sees it at once
+            journal.write(orjson.dumps(change) + b"\n")
+
+        self._state.changed = changed
+        self._state.catch_up = self.check
+
+    def _follow(self, pid: int) -> None:
+        assert self._directory is not None
+        path = journal_path(self._directory, pid)
+        try:
+            journal = open(path, "rb", buffering=0)  # noqa: SIM115 (kept open while following)
+        except FileNotFoundError:
+            return
+        self._peers[pid] = _Peer(pid, path, journal)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

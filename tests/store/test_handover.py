@@ -1,6 +1,7 @@
 """A recycled worker's guard state, saved and taken back by its successor: every entry with
 its own expiry, in its recency order, nothing that had expired; the file read once, by its
-owner only. (tests/test_workers.py recycles a real worker under load.)"""
+owner only. The changes either makes while both serve reach the other. (tests/test_workers.py
+recycles real workers under load and counts one budget across both.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import stat
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from proxy.store.handover import handover_path, save, take
@@ -33,7 +35,7 @@ async def test_the_successor_gets_every_live_entry_with_its_own_expiry(tmp_path:
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
     after = MemoryState()
-    assert take(after, path) == 4
+    assert take(after, path) == (4, os.getpid())  # and who left it: its journal follows
     assert not path.exists()  # read once
     # Recency survives: the least recently used value is the one evicted first, as before.
     assert [key for key, *_ in after._values.rows()] == [
@@ -57,9 +59,9 @@ async def test_the_successor_gets_every_live_entry_with_its_own_expiry(tmp_path:
 async def test_nothing_to_take_and_an_unreadable_file_start_empty(tmp_path: Path) -> None:
     state = MemoryState()
     path = handover_path(tmp_path)
-    assert take(state, path) == 0
+    assert take(state, path) == (0, None)
     path.write_bytes(b"{not json")
-    assert take(state, path) == 0
+    assert take(state, path) == (0, None)
     assert not path.exists()  # dropped, not tried again by the next worker
     assert await state.counters("budget", "key:a/s1") == {}
 
@@ -75,3 +77,31 @@ async def test_a_restored_entry_still_expires_in_time(tmp_path: Path, ttl_s: flo
     await asyncio.sleep(0.06)
     expected = {} if ttl_s is None else {"calls": 1}
     assert await after.counters("budget", "key:a/s") == expected
+
+
+async def test_changes_reported_by_one_state_are_made_in_another() -> None:
+    """What two workers exchange through their journals while both serve: every write is
+    reported once, a peer's change is made without being reported again, and counters add
+    up (both workers' calls count)."""
+    old, new = MemoryState(), MemoryState()
+    await old.add("budget", "key:a/s", {"calls": 3}, ttl_s=600)
+    await new.add("budget", "key:a/s", {"calls": 3}, ttl_s=600)  # as taken from the snapshot
+    heard: list[list[object]] = []
+    old.changed = new.changed = heard.append
+    await old.add("budget", "key:a/s", {"calls": 1}, first={"since": 5.0}, ttl_s=600)
+    await new.add("budget", "key:a/s", {"calls": 1}, ttl_s=600)
+    await old.set("guards", "key:a/s", b"\x00level 2")
+    await old.publish("circuits", "sim#0", 1.0, ttl_s=30)
+    await new.delete("lineage", "key:a/s")
+    from_old, from_new = [heard[0], heard[2], heard[3]], [heard[1], heard[4]]
+    for change in from_old:
+        new.apply(orjson.loads(orjson.dumps(change)))  # as the journal carries it
+    for change in from_new:
+        old.apply(orjson.loads(orjson.dumps(change)))
+    assert len(heard) == 5  # applying reported nothing more
+    for state in (old, new):
+        assert await state.counters("budget", "key:a/s") == {"calls": 5, "since": 5.0}
+        assert await state.published("circuits") == {"sim#0": 1.0}
+    assert await new.get("guards", "key:a/s") == b"\x00level 2"
+    with pytest.raises(ValueError, match="not a state change"):
+        new.apply(["rename", "a", "b"])
