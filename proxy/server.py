@@ -66,11 +66,11 @@ async def serve(
         kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         log.info("serving on the %s event loop", kind)
         handover = app[HANDOVER]
-        handover.due = await _until_stopped(max_rss_mb if handover.enabled else None,
-                                            recyclable=handover.enabled)  # fmt: skip
+        recycling = await _until_stopped(max_rss_mb if handover.enabled else None,
+                                         recyclable=handover.enabled)  # fmt: skip
         stopping = time.monotonic()
         await site.stop()  # no new connections here (a parent's copy of the socket queues them)
-        if handover.due:
+        if recycling:
             if left := handover.leave():
                 log.info("left %d guard state entries for the next worker", left)
             leaving()

@@ -93,7 +93,7 @@ class _Peer:
     journal: BinaryIO
     partial: bytes = b""  # a line not yet written whole
 
-    def read(self, state: MemoryState) -> int:
+    def read(self, state: MemoryState) -> None:
         data = self.partial + self.journal.read()
         lines = data.split(b"\n")
         self.partial = lines.pop()
@@ -102,7 +102,6 @@ class _Peer:
                 state.apply(orjson.loads(line))
             except (ValueError, TypeError) as exc:  # a change this worker cannot make: skip it
                 log.error("worker %d's state journal: %s", self.pid, exc)
-        return len(lines)
 
 
 class Handover:
@@ -160,23 +159,33 @@ class Handover:
         journals are kept, and periodically (an idle worker still tidies up)."""
         if self._journal is None or self._state is None:
             return
+        try:
+            self._check(self._state)
+        except OSError as exc:  # the requests go on, each worker with its own state
+            log.error("stopped sharing guard state with the other worker (%s)", exc)
+            self.close()
+
+    def _check(self, state: MemoryState) -> None:
+        if (now := time.monotonic()) - self._checked >= CHECK_PEERS_S:
+            self._checked = now
+            self._look_around(state)
         for peer in self._peers.values():
-            peer.read(self._state)
-        now = time.monotonic()
-        if now - self._checked < CHECK_PEERS_S:
-            return
-        self._checked = now
+            peer.read(state)
+
+    def _look_around(self, state: MemoryState) -> None:
+        """Follow a successor's journal once it appears; drop the peers that have exited."""
         assert self._directory is not None
         # A leaving worker looks for its successor's journal. (A successor follows only the
         # predecessor it took over from: the one before that, if a second recycle came within
         # one drain, is in the snapshot it took, and reading its journal again would count it
         # twice; what that one changes afterwards is lost to it.)
         for path in self._directory.glob(f"handover-{os.getppid()}-*.jsonl") if self.due else ():
-            pid = int(path.stem.rsplit("-", 1)[1])
+            named = path.stem.rsplit("-", 1)[1]
+            pid = int(named) if named.isdecimal() else os.getpid()  # not a worker's: skipped
             if pid != os.getpid() and pid not in self._peers and _alive(pid):
                 self._follow(pid)
         for peer in [p for p in self._peers.values() if not _alive(p.pid)]:
-            peer.read(self._state)  # its last changes, written before it exited
+            peer.read(state)  # its last changes, written before it exited
             peer.journal.close()
             peer.path.unlink(missing_ok=True)
             del self._peers[peer.pid]

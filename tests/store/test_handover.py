@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.store.handover import handover_path, save, take
+from proxy.store.handover import Handover, handover_path, journal_path, save, take
 from proxy.store.state import MemoryState
 
 
@@ -105,3 +105,23 @@ async def test_changes_reported_by_one_state_are_made_in_another() -> None:
     assert await new.get("guards", "key:a/s") == b"\x00level 2"
     with pytest.raises(ValueError, match="not a state change"):
         new.apply(["rename", "a", "b"])
+
+
+async def test_a_leaving_worker_skips_what_it_cannot_read_and_serves_on(tmp_path: Path) -> None:
+    """Fail-safe: a stray file named like a journal, and a journal line that is not a change,
+    are logged and skipped; the state goes on answering and the good changes are made."""
+    state = MemoryState()
+    leaving = Handover(enabled=True)
+    leaving.attach(state, tmp_path)
+    await state.add("budget", "key:a/s", {"calls": 3})
+    assert leaving.leave() == 1
+    (tmp_path / f"handover-{os.getppid()}-not-a-pid.jsonl").write_bytes(b"junk")
+    peer = os.getppid()  # a live process, standing in for the successor
+    journal_path(tmp_path, peer).write_bytes(
+        b'{"not": "a change"}\n["add", "budget", "key:a/s", {"calls": 1}, {}, null]\n["se'
+    )
+    assert await state.counters("budget", "key:a/s") == {"calls": 4}
+    with journal_path(tmp_path, peer).open("ab") as more:  # the rest of the half-written line
+        more.write(b't", "guards", "key:a/s", "bGV2ZWw=", 60]\n')
+    assert await state.get("guards", "key:a/s") == b"level"
+    leaving.close()
