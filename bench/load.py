@@ -16,14 +16,15 @@ bodies, cut streams) and clears what the simulator records.
     python bench/load.py --faults garbled --fault-rate 3 --seconds 60  # one kind of fault
     python bench/load.py --keep ...        # keep the temp folder: config, logs, store
     python bench/load.py --heaptrack --seconds 900 --warmup 300  # every malloc and free
+    python bench/load.py --proxy-env MALLOC_MMAP_THRESHOLD_=32768 ...  # the proxy's allocator
 
-Prints a progress line every 30 s (elapsed, requests, rps, errors, proxy RSS and its memos'
-size from /metrics) and a summary: throughput, latency percentiles (JSON and streaming apart),
-errors by class with an example body each, the proxy's RSS right after start, after warm-up and
-at the end with its growth per minute after warm-up, its idle RSS once the traffic has stopped
-(`--cooldown` seconds later), the RSS timeline, and the proxy's own
-/metrics counters for rewrites, retries, fallbacks and memo sizes. The proxy is this checkout's
-(PYTHONPATH = the repository root), run with the project's virtualenv.
+Prints a progress line every 30 s (elapsed, requests, rps, errors, proxy RSS, its memos' size from
+/metrics and the resident part of glibc's main heap, where fragmentation shows) and a summary:
+throughput, latency percentiles (JSON and streaming apart), errors by class with an example body
+each, the proxy's RSS right after start, after warm-up and at the end with its growth per minute
+after warm-up, its idle RSS once the traffic has stopped (`--cooldown` seconds later), the RSS
+timeline, and the proxy's own /metrics counters for rewrites, retries, fallbacks and memo sizes.
+The proxy is this checkout's (PYTHONPATH = the repository root), run with the project's virtualenv.
 
 Traffic goes to 127.0.0.1 only; the run is bounded (at most 3600 s and 500 agents); every
 process started here is stopped on exit, Ctrl-C included (one Ctrl-C ends the run early and
@@ -177,8 +178,10 @@ def _tail(log: Path, lines: int = 30) -> str:
     return "(no log)"
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+def _env(extra: list[str] | None = None) -> dict[str, str]:
+    """This process's environment for a child, with `extra` NAME=VALUE items on top."""
+    added = dict(item.split("=", 1) for item in extra or [])
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), **added}
 
 
 @dataclass(slots=True)
@@ -201,10 +204,11 @@ def start_child(
     log: Path,
     ready: str,
     wrap: list[str] | None = None,
+    env: list[str] | None = None,
 ) -> Child:
     command = [*(wrap or []), sys.executable, "-m", "proxy", *args, "--port", str(port)]
     with log.open("wb") as out:
-        child = procs.spawn(command, env=_env(), cwd=log.parent, stdout=out, stderr=out)
+        child = procs.spawn(command, env=_env(env), cwd=log.parent, stdout=out, stderr=out)
     wait_http(child, port, ready, log)
     return Child(child, port, log, _python_child(child.pid) if wrap else None)
 
@@ -726,6 +730,7 @@ class Sample:
     sim_mb: float
     requests: int
     memo_mb: float = math.nan  # the proxy's own estimate of its warm-turn memos (/metrics)
+    heap_mb: float = math.nan  # resident in glibc's main heap ([heap]): where fragmentation shows
 
 
 def _children(pid: int) -> list[int]:
@@ -745,6 +750,25 @@ def _rss_or_nan(pid: int) -> float:
         return math.nan
     children = (_rss_or_nan(child) for child in _children(pid))
     return own + sum(mb for mb in children if not math.isnan(mb))
+
+
+def heap_mb(pid: int) -> float:
+    """The resident size of the main C heap (`[heap]` in smaps) of the process and its
+    children: the part of RSS that glibc's fragmentation grows (nan when unreadable)."""
+    found = 0.0
+    try:
+        with open(f"/proc/{pid}/smaps") as smaps:
+            in_heap = False
+            for line in smaps:
+                if line.endswith("[heap]\n"):
+                    in_heap = True
+                elif in_heap and line.startswith("Rss:"):
+                    found = int(line.split()[1]) / 1024
+                    break
+    except OSError:
+        return math.nan
+    children = (heap_mb(child) for child in _children(pid))
+    return found + sum(mb for mb in children if not math.isnan(mb))
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -767,12 +791,14 @@ async def sampler(
         samples.append(Sample(t, _rss_or_nan(proxy.pid), _rss_or_nan(sim.pid), stats.requests))
         if t >= next_progress:
             samples[-1].memo_mb = memo_mb(parse_metrics(await scrape(run.http, proxy.port)))
+            samples[-1].heap_mb = heap_mb(proxy.pid)
             rps = (stats.requests - last_requests) / max(t - last_t, 1e-9)
             errors = sum(stats.errors.values())
             print(
                 f"[{t:6.0f} s] requests {stats.requests:,} ({rps:.1f}/s), turns {stats.turns:,}, "
                 f"sessions {stats.sessions:,}, errors {errors:,}, "
-                f"proxy RSS {samples[-1].proxy_mb:.1f} MB (memos {samples[-1].memo_mb:.1f} MB), "
+                f"proxy RSS {samples[-1].proxy_mb:.1f} MB (memos {samples[-1].memo_mb:.1f} MB, "
+                f"C heap {samples[-1].heap_mb:.1f} MB), "
                 f"simulator RSS {samples[-1].sim_mb:.1f} MB",
                 flush=True,
             )
@@ -926,13 +952,14 @@ def report(o: Outcome) -> str:
         f"proxy CPU   {o.proxy_cpu_s:.0f} s = {o.proxy_cpu_s / o.elapsed_s:.2f} CPUs, "
         f"{1000 * o.proxy_cpu_s / max(s.requests, 1):.2f} ms per client request",
         f"RSS timeline (every {args.progress:g} s: t s, proxy RSS MB, of which memos by the "
-        "proxy's estimate MB, simulator RSS MB, requests):",
+        "proxy's estimate MB and glibc's main heap ([heap]) MB, simulator RSS MB, requests):",
     ]
     mark = 0.0
     for p in samples:
         if p.t >= mark or p is end:
             lines.append(
-                f"  {p.t:6.0f} {p.proxy_mb:8.1f} {p.memo_mb:8.1f} {p.sim_mb:8.1f} {p.requests:>10,}"
+                f"  {p.t:6.0f} {p.proxy_mb:8.1f} {p.memo_mb:8.1f} {p.heap_mb:8.1f} {p.sim_mb:8.1f} "
+                f"{p.requests:>10,}"
             )
             mark = (p.t // args.progress + 1) * args.progress
     lines.append("applied (x-agentproxy-applied, as the client saw it):")
@@ -1002,8 +1029,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run the proxy under heaptrack (every malloc and free; implies --keep)",
     )
+    parser.add_argument(
+        "--proxy-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the proxy alone, e.g. MALLOC_MMAP_THRESHOLD_=32768",
+    )
     args = parser.parse_args(argv)
     args.keep = args.keep or args.heaptrack
+    if bad := [item for item in args.proxy_env if "=" not in item.strip("=")]:
+        parser.error(f"--proxy-env takes NAME=VALUE, not {bad[0]!r}")
     if args.heaptrack and shutil.which("heaptrack") is None:
         parser.error("--heaptrack needs heaptrack on PATH (Debian: apt-get install heaptrack)")
     if not 1 <= args.agents <= MAX_AGENTS:
@@ -1067,6 +1103,7 @@ async def drive(args: argparse.Namespace, proxy: Child, sim: Child, start_rss: f
         loop.remove_signal_handler(signal.SIGINT)
         metrics = await scrape(http, proxy.port)
         samples[-1].memo_mb = memo_mb(parse_metrics(metrics))
+        samples[-1].heap_mb = heap_mb(proxy.pid)
         idle = await cool_down(http, proxy, sim, args.cooldown)
     return Outcome(args, stats, elapsed, samples, start_rss, proxy_cpu, metrics, idle)
 
@@ -1154,6 +1191,7 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
             workdir / "proxy.log",
             "/readyz",
             wrap,
+            args.proxy_env,
         )
         start_rss = _rss_or_nan(proxy.pid)
         print(
