@@ -19,7 +19,6 @@ from the session's last turn, not read again. The ladder's level lives in the st
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -31,6 +30,7 @@ from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
+from proxy.pipeline.text_memo import TextMemo
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
 from proxy.store import guard_record
 from proxy.store.base import StoreError
@@ -327,17 +327,6 @@ def _call(raw: Any, index: int) -> Call | None:
     return Call(name, arguments, call_hash(name, arguments), raw.get("id"), index)
 
 
-# The agent re-sends every old call each turn: a cache hit replaces a parse and a hash. Only
-# short arguments are kept, so the cache stays small; long ones are hashed again.
-CACHED_ARGUMENT_CHARS = 4096
-
-
-def call_hash(name: str, arguments: str) -> int:
-    if len(arguments) <= CACHED_ARGUMENT_CHARS:
-        return _call_hash_cached(name, arguments)
-    return _call_hash(name, arguments)
-
-
 def _call_hash(name: str, arguments: str) -> int:
     """Tool name + canonical JSON of the arguments (key order and spacing ignored); arguments
     that do not parse hash as written; empty arguments are `{}`, as frameworks read them."""
@@ -351,7 +340,9 @@ def _call_hash(name: str, arguments: str) -> int:
     return xxhash.xxh3_64_intdigest(name.encode("utf-8", "surrogatepass") + b"\x00" + canonical)
 
 
-_call_hash_cached = functools.lru_cache(maxsize=16_384)(_call_hash)
+# The agent re-sends every old call each turn: a hit replaces a parse and a hash. Long
+# arguments are hashed again.
+call_hash = TextMemo(_call_hash)
 
 
 def _cycle_length(hashes: list[int], period: int) -> int:

@@ -12,7 +12,6 @@ later message brings its real result; from then on the real result sits in that 
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -24,6 +23,7 @@ from proxy.exchange import Exchange
 from proxy.messages import Message, text_of, tool_call_ids
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
+from proxy.pipeline.text_memo import TextMemo
 from proxy.policies.spec import Policy
 from proxy.store.base import content_ref
 
@@ -141,18 +141,6 @@ def _is_clean(messages: list[Message], start: int = 0) -> bool:
     return not pending
 
 
-# The agent re-sends every old call each turn: a cache hit (one C-speed string hash) replaces
-# a JSON parse per call per turn. Only short arguments are kept, so the cache stays small
-# (at most 16,384 x 4 KiB); long ones (file bodies) are few and simply parsed again.
-CACHED_ARGUMENT_CHARS = 4096
-
-
-def _parses(arguments: str) -> bool:
-    if len(arguments) <= CACHED_ARGUMENT_CHARS:
-        return _parses_cached(arguments)
-    return _parses_now(arguments)
-
-
 def _parses_now(arguments: str) -> bool:
     try:
         orjson.loads(arguments)
@@ -161,7 +149,13 @@ def _parses_now(arguments: str) -> bool:
     return True
 
 
-_parses_cached = functools.lru_cache(maxsize=16_384)(_parses_now)
+# The agent re-sends every old call each turn: a hit replaces a JSON parse per call per turn.
+# Long arguments (file bodies) are few and simply parsed again.
+_parsed = TextMemo(lambda _, arguments: _parses_now(arguments))
+
+
+def _parses(arguments: str) -> bool:
+    return _parsed("", arguments)
 
 
 def repair(
