@@ -24,8 +24,8 @@ _SEED = secrets.randbits(64)
 
 
 class TextMemo(Generic[T]):
-    """`compute(tag, text)`, remembered for texts of at most `max_chars`; `tag` is short (a
-    tool's name) and kept as it is. Past `max_entries` the memo starts again empty (a few
+    """`compute(tag, text)`, remembered when both together are at most `max_chars`; `tag` (a
+    tool's name) is kept as it is. Past `max_entries` the memo starts again empty (a few
     recomputed turns, no bookkeeping on the hot path)."""
 
     def __init__(
@@ -40,7 +40,7 @@ class TextMemo(Generic[T]):
         return len(self._found)
 
     def __call__(self, tag: str, text: str) -> T:
-        if len(text) > self.max_chars:
+        if len(text) + len(tag) > self.max_chars:  # the tag is kept: bounded too
             return self.compute(tag, text)
         digest = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"), _SEED)
         key = (tag, digest)

@@ -35,4 +35,5 @@ def test_it_is_bounded_and_long_texts_are_not_remembered() -> None:
         assert len(memo) <= 4
     size = len(memo)
     assert memo("", "x" * 11) == 11
+    assert memo("t" * 8, "xyz") == 3  # a long tag is not kept either
     assert len(memo) == size
