@@ -16,7 +16,8 @@ bodies, cut streams) and clears what the simulator records.
     python bench/load.py --faults garbled --fault-rate 3 --seconds 60  # one kind of fault
     python bench/load.py --keep ...        # keep the temp folder: config, logs, store
     python bench/load.py --heaptrack --seconds 900 --warmup 300  # every malloc and free
-    python bench/load.py --proxy-env MALLOC_MMAP_THRESHOLD_=32768 ...  # the proxy's allocator
+    python bench/load.py --memo-idle-s 600 --glibc-threshold ...  # the defaults before 2026-12-03
+    python bench/load.py --proxy-env MALLOC_ARENA_MAX=2 ...  # the proxy's allocator
 
 Prints a progress line every 30 s (elapsed, requests, rps, errors, proxy RSS, its memos' size from
 /metrics and the resident part of glibc's main heap, where fragmentation shows) and a summary:
@@ -102,6 +103,8 @@ def config_text(
     memo_mb: int | None,
     store_mb: int | None = None,
     max_rss_mb: int | None = None,
+    memo_idle_s: float | None = None,
+    glibc_threshold: bool = False,
 ) -> str:
     api_base = f"http://127.0.0.1:{sim_port}/v1"
     if store == "redis":
@@ -114,6 +117,10 @@ def config_text(
     memo = "" if memo_mb is None else f"\n          memo_mb: {memo_mb}"  # dedented below
     if max_rss_mb is not None:
         memo += f"\n          max_rss_mb: {max_rss_mb}"
+    if memo_idle_s is not None:
+        memo += f"\n          memo_idle_s: {memo_idle_s}"
+    if glibc_threshold:
+        memo += "\n          mmap_threshold_kb: null"
     return textwrap.dedent(
         f"""\
         server:
@@ -1007,6 +1014,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--memo-mb", type=int, help="the proxy's server.memo_mb [its default]")
     parser.add_argument(
+        "--memo-idle-s", type=float, help="the proxy's server.memo_idle_s [its default]"
+    )
+    parser.add_argument(
+        "--glibc-threshold",
+        action="store_true",
+        help="leave glibc's own rising mmap threshold (server.mmap_threshold_kb: null)",
+    )
+    parser.add_argument(
         "--max-rss-mb",
         type=int,
         help="the proxy's server.max_rss_mb: a parent replaces the worker past it [none]",
@@ -1180,6 +1195,8 @@ def benchmark(args: argparse.Namespace, procs: Processes, workdir: Path) -> Outc
                 args.memo_mb,
                 args.store_mb,
                 args.max_rss_mb,
+                args.memo_idle_s,
+                args.glibc_threshold,
             )
         )
         validate(config)

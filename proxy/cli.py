@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     import socket
 
-    from proxy import workers
+    from proxy import heap, workers
     from proxy.app import build_app
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
@@ -169,6 +169,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agentproxy: {refused}; not starting", file=sys.stderr)
         return 2
     use_format(config.server.log_format)
+    # Before any fork, and before the app's first large block.
+    logging.getLogger("agentproxy").info(heap.pin_mmap_threshold(config.server.mmap_threshold_kb))
     host = args.host or config.server.host
     port = args.port or config.server.port
     served = (

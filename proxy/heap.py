@@ -1,24 +1,22 @@
-"""The C allocator, asked to give back what the process no longer holds.
+"""The C allocator: large blocks kept off the main heap, and what the process no longer holds
+given back.
 
-Request bodies and the memos' objects come from the same heap; long-lived objects left between
-freed ones keep glibc's malloc from shrinking it. The collector trims the heap (`trim`) when
-the process has been quiet for a while, handing the free pages back. (Pinning glibc's mmap
-threshold at 128 KiB keeps every large block off the heap, but costs an mmap and its page
-faults each time: ~25 µs per 30 KB turn, orjson's parse buffer being ~10x the body, ~3 ms per
-1 MB body; and in bench/load.py at ~200 req/s RSS grew as fast with it as without, about
-4 MB/min at 10-15 minutes. Not done. Nor are trims under load, once a minute: 3-8 ms each and
-20-40 MB back for a moment, but at ~235 req/s RSS grew as before, +2.2-2.9 MB/min after 600 s;
-glibc's own figures showed the heap's free space as chunks between live ones, not whole pages a
-trim could return. Capping malloc arenas at two moved the threads' ~60 MB into the main heap
-and saved nothing. jemalloc, preloaded, grew alike, +2.5 MB/min at ~320 req/s, and kept its
-pages after the traffic. heaptrack shows the bytes in use levelling off once the memos are full
-while the heap keeps growing: free space between live chunks. Decoding JSON with msgspec, which
-needs no parse buffer, grew alike too. At 32 KiB instead of 128 the pin does slow the growth,
-+1.4 against +3.4 MB/min, but each large block's fresh pages cost ~5 µs a fault on a microVM:
-~17 % more CPU per request. The operator's choice (MALLOC_MMAP_THRESHOLD_=32768,
-docs/operations.md#memory), not a default.)
+`pin_mmap_threshold` (`server.mmap_threshold_kb`, 32 by default): a block of 32 KiB or more
+that the main heap's free space cannot hold gets a mapping of its own, returned whole when
+freed, instead of growing the heap. glibc's own threshold rises with the largest block freed,
+up to 32 MiB (orjson's parse buffer is over ten times a body), so request bodies, parse buffers
+and the long tool results the memos keep would all grow the main heap; long-lived ones left
+between short-lived ones fragment it, and under sustained load RSS kept growing for about 40
+minutes (bench/README.md, load.py). Pinned, with the memos forgetting a session idle for a
+minute (`server.memo_idle_s`), the main heap stays flat. Its price: each large block starts on
+fresh pages (a page fault is ~5 µs on a microVM), ~10 % more CPU per request in that soak.
 
-Elsewhere than glibc (musl, macOS) `trim` is a no-op.
+The collector also trims the heap (`trim`) once the process has been quiet for a while, handing
+its free pages back. Tried and not kept (each measured in bench/README.md): the pin at 128 KiB
+(the 30-100 KB tool results stayed on the heap), trims under load, two malloc arenas, jemalloc,
+msgspec instead of orjson, and the pin or the minute alone (each still grew 1.4-1.5 MB/min).
+
+Elsewhere than glibc (musl, macOS) both are no-ops.
 """
 
 from __future__ import annotations
@@ -26,10 +24,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import time
 
 log = logging.getLogger("agentproxy")
 
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 MIN_TRIM_GAP_S = 30.0  # a trim walks the whole heap: at most this often
 
 
@@ -38,7 +38,7 @@ def _libc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") else None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 _LIBC = _libc()
@@ -56,3 +56,18 @@ def trim() -> bool:
     _LIBC.malloc_trim(0)
     log.debug("heap trimmed in %.1f ms", (time.monotonic() - now) * 1000)
     return True
+
+
+def pin_mmap_threshold(kb: int | None) -> str:
+    """From now on a block of `kb` KiB or more gets a mapping of its own rather than grow the
+    main heap (None: glibc's rising default). `MALLOC_MMAP_THRESHOLD_` in the environment,
+    which glibc has applied already, wins. Says what it did, for the log."""
+    if _LIBC is None:
+        return "mmap threshold: not glibc, left to the allocator"
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return "mmap threshold: MALLOC_MMAP_THRESHOLD_ from the environment"
+    if kb is None:
+        return "mmap threshold: glibc's default"
+    if not _LIBC.mallopt(M_MMAP_THRESHOLD, kb * 1024):
+        return f"mmap threshold: glibc refused {kb} KiB, left at its default"
+    return f"mmap threshold: {kb} KiB"

@@ -1,8 +1,10 @@
-"""The allocator hands pages back: a trim returns freed heap to the system, at most every
+"""The allocator: a pinned mmap threshold keeps large blocks off the main heap (the
+environment's own setting winning), and a trim returns freed heap to the system, at most every
 MIN_TRIM_GAP_S."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -49,3 +51,40 @@ def test_freed_memory_goes_back_to_the_system() -> None:
     full, freed, trimmed = map(float, re.findall(r"[\d.]+", out))
     assert freed > full / 2, "freed but pinned: glibc kept the pages"
     assert trimmed < full / 4, (full, freed, trimmed)
+
+
+def _heap_holds(kb: int | None, env: dict[str, str] | None = None) -> bool:
+    """In a fresh process, after pin_mmap_threshold(kb) and a 1 MiB block freed (which raises
+    glibc's own threshold past it): does a 512 KiB block grow the main heap for itself, landing
+    inside its mapping ([heap] in /proc/self/maps), or get a mapping of its own?"""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from proxy import heap
+
+        print(heap.pin_mmap_threshold({kb!r}), file=sys.stderr)
+        freed = b"x" * (1 << 20)
+        del freed
+        block = b"x" * (512 * 1024)  # its bytes inline: id() is the block
+        for line in open("/proc/self/maps"):
+            if line.rstrip().endswith("[heap]"):
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                print(start <= id(block) < end)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True, text=True, check=True, timeout=60, env=env,
+    ).stdout  # fmt: skip
+    return out.strip() == "True"
+
+
+def test_a_pinned_threshold_keeps_large_blocks_off_the_main_heap() -> None:
+    assert _heap_holds(None), "glibc's own threshold rose with the freed 1 MiB: on the heap"
+    assert not _heap_holds(32), "pinned at 32 KiB: a mapping of its own"
+    assert _heap_holds(1024), "pinned above it: on the heap"
+
+
+def test_the_environment_wins_over_the_setting() -> None:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2 * 1024 * 1024)}
+    assert _heap_holds(32, env), "the operator's MALLOC_MMAP_THRESHOLD_ is left as it is"

@@ -135,7 +135,10 @@ class ServerSettings:
     memo_mb: int = 256  # in-process warm-turn memos, all together (read at start)
     # A session idle this long leaves the process's memory (its next turn reads what it needs
     # back from the store), so memory follows the sessions active lately, not all ever seen.
-    memo_idle_s: float = 600.0
+    memo_idle_s: float = 60.0
+    # A block of this many KiB or more gets a mapping of its own rather than grow the main heap
+    # (None: glibc's default, which rises to 32 MiB): proxy/heap.py. Read at start.
+    mmap_threshold_kb: int | None = 32
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still finish
