@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,23 @@ def test_a_pinned_threshold_keeps_large_blocks_off_the_main_heap() -> None:
 def test_the_environment_wins_over_the_setting() -> None:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2 * 1024 * 1024)}
     assert _heap_holds(32, env), "the operator's MALLOC_MMAP_THRESHOLD_ is left as it is"
+
+
+def test_serve_pins_what_the_configuration_says(tmp_path: Path) -> None:
+    """`agentproxy serve` applies server.mmap_threshold_kb at start, and says so."""
+    config = tmp_path / "p.yaml"
+    config.write_text(f"server: {{mmap_threshold_kb: 64}}\nstore: {{path: '{tmp_path}'}}\n")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        while len(lines) < 20 and not any("mmap threshold" in line for line in lines):
+            lines.append(proc.stderr.readline())  # its first lines: it logs before it serves
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert any("mmap threshold: 64 KiB" in line for line in lines), lines
