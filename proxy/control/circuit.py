@@ -7,12 +7,16 @@ state store (Redis) an opened circuit is published and every replica opens it to
 
 While the probe is out, every other caller finds the deployment open; a probe that never
 finishes (its client left) hands the probe to the next caller. Only transient failures count:
-a provider answering 400 is up. And one request must not close a deployment for everyone: a
-failure that says the deployment is down (unreachable, timed out, 429, 502, 503, 504, 529)
-counts every time, but one that a single bad request can draw on every retry (an HTTP 500 or
-another 5xx) counts once per session, so only failures seen from `circuit.failures` sessions
-open the circuit that way. A deployment is named `alias#index` (its place among the alias'
-deployments), which keeps metric labels bounded.
+a provider answering 400 is up.
+
+And no tenant may close a deployment for the others (issue 29). A failure that says the
+deployment is down (unreachable, 429, 502, 503, 529) counts every time, whoever saw it. One
+that a single request can draw on every retry (an HTTP 500 or another 5xx; a timeout, which a
+huge prompt can cause) names a culprit and counts once per culprit: with more than one tenant
+the culprit is the owner (key or team), so a key alone, however many session ids it invents,
+counts once, and the circuit opens at `circuit.failures` culprits or when every tenant there
+is has failed; with one tenant (no keys), the culprit is the session. A deployment is named
+`alias#index` (its place among the alias' deployments), which keeps metric labels bounded.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ class Breaker:
     failures: int = 0  # consecutive transient failures
     retry_at: float = 0.0  # when open: the clock time the probe may go
     probing: bool = False  # when half-open: the probe is out
-    # Sessions whose failure, perhaps caused by their own request, counted in this streak: at
-    # most `circuit.failures` of them (the circuit opens, and this is cleared, at that count).
+    # Culprits (owners, or sessions of the one tenant) whose failure, perhaps caused by their
+    # own request, counted in this streak: at most `circuit.failures` of them (the circuit
+    # opens, and this is cleared, at that count).
     blamed: set[str] = field(default_factory=set)
 
 
@@ -122,10 +127,17 @@ class Circuits:
             breaker.probing = False
             self._move(permit.key, breaker, "closed")
 
-    def failed(self, permit: Permit, spec: CircuitSpec, session: str | None = None) -> None:
-        """A transient failure of a call made under `permit`. `session`: the (scoped) session
-        whose request may have caused it; such failures count once per session. None: the
-        failure is the deployment's, whoever called."""
+    def failed(
+        self,
+        permit: Permit,
+        spec: CircuitSpec,
+        culprit: str | None = None,
+        culprits: int | None = None,
+    ) -> None:
+        """A transient failure of a call made under `permit`. `culprit`: who may have caused
+        it (an owner, or a session), counted once per streak; None: the failure is the
+        deployment's, whoever called. `culprits`: how many there can be (the tenants), if
+        known; when every one of them has failed the circuit opens even below `failures`."""
         breaker = self._breakers.get(permit.key)
         if breaker is None:
             breaker = self._breakers[permit.key] = Breaker()
@@ -134,12 +146,13 @@ class Circuits:
             breaker.probing = False
             self._open(permit.key, breaker, spec)
         elif breaker.state == "closed":
-            if session is not None:
-                if session in breaker.blamed:
-                    return  # this session's request again: no news about the deployment
-                breaker.blamed.add(session)
+            if culprit is not None:
+                if culprit in breaker.blamed:
+                    return  # this culprit's requests again: no news about the deployment
+                breaker.blamed.add(culprit)
             breaker.failures += 1
-            if breaker.failures >= spec.failures:
+            everyone = culprits is not None and len(breaker.blamed) >= culprits
+            if breaker.failures >= spec.failures or everyone:
                 self._open(permit.key, breaker, spec)
 
     def released(self, permit: Permit) -> None:

@@ -26,8 +26,10 @@ from proxy.upstream.base import UpstreamHTTPError
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 LOGICAL_5XX = frozenset({501, 505})  # not implemented, version not supported
 # Statuses that say the deployment itself is unwell, whatever was asked: a plain 500 (or
-# another 5xx) may instead be one request the server cannot handle.
-DEPLOYMENT_STATUSES = frozenset({408, 429, 502, 503, 504, 529})
+# another 5xx) may instead be one request the server cannot handle, and a 408 or 504 (like the
+# proxy's own timeouts) one request too big to answer in time.
+DEPLOYMENT_STATUSES = frozenset({429, 502, 503, 529})
+SLOW_STATUSES = frozenset({408, 504})
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ENOSPC})
 
 NO_OVERRIDES: Mapping[int, ErrorClass] = {}
@@ -87,8 +89,16 @@ def is_request_invalid(body: bytes) -> bool:
 
 
 def blames_deployment(error: BaseException) -> bool:
-    """Whether a transient failure is the deployment's (unreachable, timed out, overloaded),
-    not possibly the one request's: only the former count per call toward its circuit."""
+    """Whether a transient failure is the deployment's (unreachable, overloaded, rate limited),
+    not possibly the one request's: only the former count per call toward its circuit. A
+    timeout is not: a client can make any provider slow with a huge prompt or `max_tokens`."""
     if isinstance(error, UpstreamHTTPError):
         return error.status in DEPLOYMENT_STATUSES
-    return True
+    return not isinstance(error, UpstreamTimeout)
+
+
+def is_slow(error: BaseException) -> bool:
+    """A timeout: the proxy's own, or a 408 or 504 from the provider or its gateway."""
+    if isinstance(error, UpstreamHTTPError):
+        return error.status in SLOW_STATUSES
+    return isinstance(error, UpstreamTimeout)

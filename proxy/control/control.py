@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
-from proxy.control.classify import blames_deployment, classify
+from proxy.control.classify import blames_deployment, classify, is_slow
 from proxy.control.fallback import with_fallbacks
 from proxy.control.outcome import CircuitOpen, decorate
 from proxy.control.retry import with_retries
@@ -32,8 +32,9 @@ from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange, Usage
 from proxy.metrics import Metrics
-from proxy.policies.spec import Deployment, ErrorClass
+from proxy.policies.spec import Deployment, ErrorClass, Keys
 from proxy.recorder import Recorder
+from proxy.session import owner_of
 from proxy.store.state import StateStore
 from proxy.tracing import call_span, replied
 from proxy.tracing import span as trace_span
@@ -83,6 +84,7 @@ class Control:
         self.timing = timing or Timing()
         self.circuits = Circuits(metrics, self.timing.clock, state)
         self.sessions = SessionCircuits(state, recorder)
+        self._tenants_of: tuple[Keys | None, int] = (None, 1)
 
     # --- around the request ------------------------------------------------------------------
 
@@ -329,13 +331,31 @@ class Control:
         self, ex: Exchange, permit: Permit, error: Exception, kind: ErrorClass | None
     ) -> None:
         if kind == "transient":
-            # A failure one request may have caused counts once for its session.
-            session = None if blames_deployment(error) else ex.session
-            self.circuits.failed(permit, ex.policy.circuit, session)
+            culprit, culprits = self._culprit(ex, error)
+            self.circuits.failed(permit, ex.policy.circuit, culprit, culprits)
         elif kind in ("logical", "overflow"):
             self.circuits.succeeded(permit)  # the provider answered: it is up
         else:
             self.circuits.released(permit)
+
+    def _culprit(self, ex: Exchange, error: Exception) -> tuple[str | None, int | None]:
+        """Who may have caused a transient failure, and how many such there can be (circuit.py):
+        none for the deployment's own failure. With more than one tenant, the owner, so one
+        key alone never opens the circuit for the others; with one, the session, and a timeout
+        counts every time (no one else could have caused it)."""
+        if blames_deployment(error):
+            return None, None
+        tenants = self._tenants(ex.config.keys)
+        if tenants > 1:
+            return ex.owner, tenants
+        return (None, None) if is_slow(error) else (ex.session, None)
+
+    def _tenants(self, keys: Keys) -> int:
+        """How many owners the configured keys make (1 without keys), cached per config."""
+        if self._tenants_of[0] is not keys:
+            owners = {owner_of(key, keys) for key in keys.api_keys}
+            self._tenants_of = (keys, max(1, len(owners)))
+        return self._tenants_of[1]
 
     def _failed(self, ex: Exchange, reason: str, status: int | None) -> None:
         ex.recovery.last_status = status

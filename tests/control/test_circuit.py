@@ -88,21 +88,31 @@ def test_deployments_are_named_by_alias_and_place() -> None:
     assert deployment_key(b, (a, b)) == "sim#1"
 
 
-def fail_for(circuits: Circuits, key: str, session: str, times: int = 1) -> None:
+def fail_for(
+    circuits: Circuits, key: str, culprit: str, times: int = 1, culprits: int | None = None
+) -> None:
     for _ in range(times):
         permit = circuits.enter(key)
         assert permit is not None
-        circuits.failed(permit, SPEC, session)
+        circuits.failed(permit, SPEC, culprit, culprits)
 
 
-def test_failures_one_request_may_cause_count_once_per_session() -> None:
+def test_failures_one_request_may_cause_count_once_per_culprit() -> None:
     circuits = Circuits(Metrics(), Clock())
-    fail_for(circuits, "sim#0", "key:a/s1", times=10)  # one session's bad request, retried
+    fail_for(circuits, "sim#0", "open:/s1", times=10)  # one session's bad request, retried
     assert circuits.usable("sim#0") and circuits.failures("sim#0") == 1
-    fail_for(circuits, "sim#0", "key:b/s1")  # the same session id of another tenant
+    fail_for(circuits, "sim#0", "open:/s2")
     assert circuits.usable("sim#0") and circuits.failures("sim#0") == 2
-    fail_for(circuits, "sim#0", "key:a/s2")
+    fail_for(circuits, "sim#0", "open:/s3")
     assert not circuits.usable("sim#0")  # three sessions: it is the deployment
+
+
+def test_one_owner_alone_never_opens_it_and_every_owner_does() -> None:
+    circuits = Circuits(Metrics(), Clock())
+    fail_for(circuits, "sim#0", "key:b", times=10, culprits=5)  # any number of sessions
+    assert circuits.usable("sim#0") and circuits.failures("sim#0") == 1
+    fail_for(circuits, "sim#0", "key:a", culprits=2)  # two tenants, both failed
+    assert not circuits.usable("sim#0")
 
 
 def test_a_success_forgets_which_sessions_failed() -> None:

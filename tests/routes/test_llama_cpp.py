@@ -204,9 +204,11 @@ def poisoned(chat: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": "fine"}
 
 
-async def say(http: aiohttp.ClientSession, proxy: TestServer, session: str, text: str) -> int:
+async def say(
+    http: aiohttp.ClientSession, proxy: TestServer, session: str, text: str, key: str = ALICE
+) -> int:
     body = {"model": "local", "messages": [{"role": "user", "content": text}]}
-    headers = {"authorization": f"Bearer {ALICE}", "x-agentproxy-session": session}
+    headers = {"authorization": f"Bearer {key}", "x-agentproxy-session": session}
     async with http.post(base_url(proxy) + "/chat/completions", json=body, headers=headers) as r:
         return r.status
 
@@ -222,10 +224,10 @@ async def test_one_sessions_bad_request_does_not_open_the_circuit_for_others(
             assert await say(http, proxy, "a", "poison") == 500
         assert len(sim.requests) == 9
         assert await say(http, proxy, "b", "hello") == 200
-        # The same failures from three sessions are the deployment's: the circuit opens.
-        for session in ("a", "c"):
+        for session in ("c", "d"):  # Alice's other sessions: still one tenant
             assert await say(http, proxy, session, "poison") == 500
-        assert await say(http, proxy, "d", "poison") == 503  # opened at its first failure
+        # The same failure seen by Bob too, every tenant there is: the deployment's.
+        assert await say(http, proxy, "d", "poison", key=BOB) == 503  # opened at its first
         assert await say(http, proxy, "b", "hello") == 503
 
 
