@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.log_limit import warn_limited
+
 if TYPE_CHECKING:
     from proxy.exchange import Exchange
 
@@ -33,7 +35,8 @@ class _Lines(logging.handlers.RotatingFileHandler):
         return str(record.msg)
 
     def handleError(self, record: logging.LogRecord) -> None:
-        log.warning("event log %s not writable; a line was lost", self.baseFilename)
+        warn_limited(log, "events.write", "event log %s not writable; a line was lost",
+                     self.baseFilename)  # fmt: skip
 
 
 class EventLog:
@@ -77,7 +80,7 @@ class EventLog:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             handler = _Lines(self.path, maxBytes=self.max_bytes, backupCount=self.keep)
         except OSError as exc:  # the log must never fail a request
-            log.warning("event log %s not writable: %s", self.path, exc)
+            warn_limited(log, "events.open", "event log %s not writable: %s", self.path, exc)
             return False
         handler.terminator = "\n"
         self._listener = logging.handlers.QueueListener(self._queue, handler)

@@ -33,6 +33,7 @@ import xxhash
 
 from proxy.exchange import Exchange
 from proxy.history_memo import Checked, Digest, HistoryMemo
+from proxy.log_limit import warn_limited
 from proxy.session import scoped
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore
@@ -66,7 +67,7 @@ class Lineage:
         try:
             tips = _decode(await self.state.get(SPACE, key))
         except StoreError as exc:  # the family name will do: as before branches existed
-            log.warning("lineage of %s unreadable: %s", ex.request_id, exc)
+            warn_limited(log, "lineage.read", "lineage of %s unreadable: %s", ex.request_id, exc)
             return
         branch, whole = self._continued(ex.owner, tips, messages)
         ex.checked = whole
@@ -77,7 +78,7 @@ class Lineage:
         try:
             await self.state.set(SPACE, key, _encode(tips[:MAX_BRANCHES]), ttl_s=TTL_S)
         except StoreError as exc:
-            log.warning("lineage of %s not saved: %s", ex.request_id, exc)
+            warn_limited(log, "lineage.save", "lineage of %s not saved: %s", ex.request_id, exc)
         ex.session_name = branch
         ex.session = scoped(ex.owner, branch)
 

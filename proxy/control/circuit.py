@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from proxy.log_limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Deployment
 from proxy.store.base import StoreError
@@ -217,7 +218,7 @@ class Circuits:
         try:
             await self.state.publish(SPACE, key, time.time() + cooldown_s, cooldown_s)
         except StoreError as exc:
-            log.warning("circuit %s opened here only: %s", key, exc)
+            warn_limited(log, "circuit.publish", "circuit %s opened here only: %s", key, exc)
 
     def _move(self, key: str, breaker: Breaker, state: State) -> None:
         breaker.state = state

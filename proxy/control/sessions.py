@@ -21,6 +21,7 @@ import xxhash
 
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.exchange import Exchange
+from proxy.log_limit import warn_limited
 from proxy.recorder import Recorder
 from proxy.store import guard_record
 from proxy.store.base import StoreError
@@ -89,7 +90,8 @@ class SessionCircuits:
             streak = _Failing(failures, signature(messages), ex.recovery.last_status)
             await guard_record.write(self.state, ex, PART, streak.to_json())
         except StoreError as exc:
-            log.warning("session circuit of request %s not updated: %s", ex.request_id, exc)
+            warn_limited(log, "session_circuit.update", "session circuit of request %s not "
+                         "updated: %s", ex.request_id, exc)  # fmt: skip
 
     async def _read(self, ex: Exchange) -> _Failing | None:
         return _Failing.from_json((await guard_record.read(self.state, ex)).get(PART))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import Exchange
+from proxy.log_limit import warn_limited
 from proxy.recorder import Recorder
 from proxy.store.base import BlobInfo, Store, content_ref
 
@@ -72,7 +73,9 @@ class Archive:
             else:
                 raise outcome  # cancelled: the request is gone, nothing to decide
         if errors:
-            log.warning(
+            warn_limited(
+                log,
+                "archive.write",
                 "%s: %d archive write(s) failed in session %s, content kept: %s",
                 stage, len(errors), ex.session, errors[0],
             )  # fmt: skip

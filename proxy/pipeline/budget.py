@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
+from proxy.log_limit import warn_limited
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import BudgetSpec, Policy
@@ -168,7 +169,8 @@ class BudgetStage:
                         SPACE, key, amounts, first={"first_at": now}, ttl_s=ttl
                     )
                 except StoreError as exc:
-                    log.warning("budget %s not charged for %s: %s", spec.name, ex.request_id, exc)
+                    what = "budget %s not charged for %s: %s"
+                    warn_limited(log, "budget.charge", what, spec.name, ex.request_id, exc)
                     continue
                 self._show(ctx, spec, Spend.of(counters, now), now)
 

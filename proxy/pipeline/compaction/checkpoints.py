@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
+from proxy.log_limit import warn_limited
 from proxy.messages import Message, estimate_tokens
 from proxy.store.base import Store
 
@@ -164,7 +165,8 @@ class CheckpointIndex:
             data = await store.get_checkpoint(session, INDEX_KEY)
             state = SessionState.from_bytes(data) if data else SessionState()
         except Exception as exc:  # unreadable index: compact from scratch, retry next turn
-            log.warning("compaction index of session %s unreadable: %s", session, exc)
+            warn_limited(log, "checkpoint.index", "compaction index of session %s unreadable: %s",
+                         session, exc)  # fmt: skip
             return SessionState()
         if store.shared:  # another replica may add a checkpoint before our next turn
             return state
@@ -191,7 +193,8 @@ class CheckpointIndex:
             data = await store.get_checkpoint(session, mark.key)
             checkpoint = Checkpoint.from_bytes(mark, data) if data else None
         except Exception as exc:
-            log.warning("checkpoint %s of session %s unreadable: %s", mark.key, session, exc)
+            warn_limited(log, "checkpoint.body", "checkpoint %s of session %s unreadable: %s",
+                         mark.key, session, exc)  # fmt: skip
             return None
         if checkpoint is not None:
             self._bodies[(session, mark.key)] = checkpoint
