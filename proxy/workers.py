@@ -3,9 +3,15 @@
 The parent binds the port once and forks the workers; each runs its own event loop and
 application on the shared listening socket (the kernel hands each new connection to one of
 them). Signals go to the parent, which passes SIGTERM/SIGINT (each worker drains, see
-proxy/server.py), SIGHUP (reload) and SIGUSR1 (recycle) on. A worker that dies takes the
-others down with it (they drain) and the parent exits non-zero: whatever supervises it
-restarts the whole, rather than a half that silently serves with fewer workers.
+proxy/server.py), SIGHUP (reload) and SIGUSR1 (recycle) on.
+
+A worker killed by a signal (kill -9, the OOM killer) is forked again at once while the others
+serve on: the listening socket is the parent's, so no connection is refused meanwhile (only
+the killed worker's requests in flight are lost). A worker killed RESPAWN_LIMIT times within
+RESPAWN_WINDOW_S, or one that exits with an error of its own (a bug, a store it cannot reach
+at start), takes the others down with it (they drain) and the parent exits non-zero: whatever
+supervises it restarts the whole, rather than a crash loop or a half that silently serves
+with fewer workers.
 
 A worker that leaves for a fresh one (its memory past `server.max_rss_mb`, or SIGUSR1; see
 proxy/recycle.py) stops accepting and says so; the parent forks its successor at once, while
@@ -27,6 +33,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -38,6 +45,8 @@ from proxy.recycle import RECYCLE_EXIT
 log = logging.getLogger("agentproxy")
 
 READY_TIMEOUT_S = 120.0  # a cold start that imports litellm takes a few seconds
+RESPAWN_LIMIT = 5  # workers killed within RESPAWN_WINDOW_S before the parent gives up
+RESPAWN_WINDOW_S = 60.0
 
 
 def workers_from(value: str) -> int:
@@ -142,6 +151,7 @@ def _supervise(
 ) -> int:
     worst = 0
     replaced: set[int] = set()  # workers that left and have a successor already
+    killed: list[float] = []  # when workers were killed, within the last RESPAWN_WINDOW_S
     while children:  # the workers not yet reaped (a successor joins them)
         for woke in wait([news, *(c.sentinel for c in children)]):
             if woke is news:
@@ -162,9 +172,23 @@ def _supervise(
                     log.info("worker %s left: worker %s replaces it", child.pid, fork(True).pid)
                 replaced.discard(child.pid or 0)
                 continue
+            if code < 0 and not stopping() and _may_respawn(killed):
+                log.error("worker %s was killed by signal %d: worker %s replaces it (its "
+                          "requests in flight were lost)", child.pid, -code,
+                          fork(True).pid)  # fmt: skip
+                continue
             worst = worst or code
             if not stopping():
                 log.error("worker %s exited with %s: stopping the others", child.pid, code)
                 forward(signal.SIGTERM, None)
                 worst = worst or 1
     return worst
+
+
+def _may_respawn(killed: list[float]) -> bool:
+    """Whether another killed worker may be replaced: fewer than RESPAWN_LIMIT were within the
+    last RESPAWN_WINDOW_S (a worker the OS kills at every start is a crash loop)."""
+    now = time.monotonic()
+    killed[:] = [at for at in killed if now - at < RESPAWN_WINDOW_S]
+    killed.append(now)
+    return len(killed) <= RESPAWN_LIMIT

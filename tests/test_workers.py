@@ -4,6 +4,7 @@ them (the Redis store), refused with the embedded store; signals reach every wor
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import openai
 
+from proxy.workers import RESPAWN_LIMIT, _may_respawn
 from tests.conftest import REDIS_URL, free_port, sim_config
 from tests.test_cli import ROOT, agentproxy, wait_ready
 
@@ -329,3 +331,47 @@ async def test_kept_alive_clients_see_no_error_across_recycles(
     assert not failed, failed[:5]
     assert answered.count("sdk") > 20 and answered.count("aiohttp") > 20
     assert stderr.count("hands over: worker") == 2
+
+
+# --- a worker the OS kills ------------------------------------------------------------------
+
+
+async def test_a_worker_killed_by_the_os_is_replaced_and_the_others_serve_on(
+    tmp_path: Path, redis_prefix: str, simulator: str
+) -> None:
+    """kill -9 (as the OOM killer does) one of two workers: requests go on to the other, the
+    parent forks a new worker in its place, and SIGTERM still stops everything cleanly."""
+    store = f"store: {{backend: redis, url: '{REDIS_URL}', prefix: '{redis_prefix}'}}\n"
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(sim_config(simulator, store))
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port),
+        "--workers", "2", cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, deadline=30, process=process)
+        first, second = workers_of(process.pid)
+        os.kill(first, signal.SIGKILL)
+        statuses = [await ask_session(url, f"s{index}") for index in range(20)]
+        assert statuses == [200] * 20, statuses
+        assert process.returncode is None
+        deadline = time.monotonic() + 30
+        while len(fresh := [p for p in workers_of(process.pid) if p not in (first, second)]) < 1:
+            assert time.monotonic() < deadline, "the killed worker was not replaced"
+            await asyncio.sleep(0.05)
+        assert second in workers_of(process.pid)  # the other worker served on, untouched
+        busy_before = cpu_ticks(fresh[0])
+        statuses = [await ask_session(url, f"t{index}") for index in range(40)]
+        assert statuses == [200] * 40, statuses
+        assert cpu_ticks(fresh[0]) > busy_before, "the new worker serves nothing"
+    finally:
+        stderr = await stop(process)
+    assert f"worker {first} was killed by signal 9" in stderr, stderr
+
+
+def test_a_crash_loop_is_not_respawned_for_ever() -> None:
+    killed: list[float] = []
+    assert all(_may_respawn(killed) for _ in range(RESPAWN_LIMIT))
+    assert not _may_respawn(killed)  # the sixth within a minute: the parent gives up
