@@ -47,14 +47,22 @@ class Handling:
     for the drain (proxy/server.py), when the last request began and whether the server is
     draining: then every answer closes its connection."""
 
-    __slots__ = ("count", "draining", "last_started")
+    __slots__ = ("count", "draining", "last_started", "memory_full")
 
     def __init__(self) -> None:
         self.count = 0
         self.last_started = 0.0  # time.perf_counter()
         self.draining = False
+        # A worker that left for a fresh one is past its hard memory ceiling (recycle.py).
+        self.memory_full = False
 
     def enter(self, limit: int) -> None:
+        if self.memory_full:
+            raise Overloaded(
+                "this proxy worker is past its memory ceiling (server.max_rss_mb) and hands "
+                "over to a fresh one; retry on a new connection",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         if self.count >= limit:
             raise Overloaded(
                 f"the proxy is handling {self.count} requests, its limit "

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from proxy.app import SERVER_OPTIONS
 from proxy.middleware import HANDLING, Handling
-from proxy.recycle import watch_rss
+from proxy.recycle import refuse_past_hard_ceiling, watch_rss
 from proxy.state import HANDOVER
 
 log = logging.getLogger("agentproxy")
@@ -79,7 +79,16 @@ async def serve(
             " for a fresh worker" if handover.due else "", app[HANDLING].count, drain_s,
         )  # fmt: skip
         assert runner.server is not None
-        await _drain(runner.server, app[HANDLING], drain_s)
+        handling = app[HANDLING]
+        guard = None
+        if recycling and max_rss_mb is not None:  # the drain, bounded by the hard ceiling
+            guard = asyncio.create_task(refuse_past_hard_ceiling(
+                max_rss_mb, lambda full: setattr(handling, "memory_full", full)))  # fmt: skip
+        try:
+            await _drain(runner.server, handling, drain_s)
+        finally:
+            if guard is not None:
+                guard.cancel()
     finally:
         await runner.cleanup()
     log.info("stopped after draining for %.1fs", time.monotonic() - stopping)

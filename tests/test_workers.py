@@ -375,3 +375,42 @@ def test_a_crash_loop_is_not_respawned_for_ever() -> None:
     killed: list[float] = []
     assert all(_may_respawn(killed) for _ in range(RESPAWN_LIMIT))
     assert not _may_respawn(killed)  # the sixth within a minute: the parent gives up
+
+
+async def test_a_worker_past_its_hard_memory_ceiling_admits_no_more_requests_while_it_drains(
+    tmp_path: Path, slow_simulator: str
+) -> None:
+    """A ceiling below any process's size (so past the hard one too): once the worker has
+    handed over, a request on its kept-alive connection is refused with a 503 in the client's
+    wire format (retry: a new connection reaches the successor), while its stream in flight
+    goes on to its end."""
+    process, url = await start_recycling(tmp_path, slow_simulator, "server: {max_rss_mb: 1}", "")
+    words = " ".join(f"word{i}" for i in range(40))  # ~4 s of stream
+    long_ask = {"model": "sim", "stream": True, "messages": [{"role": "user", "content": words}]}
+    try:
+        async with aiohttp.ClientSession() as kept, aiohttp.ClientSession() as streaming:
+
+            async def on_kept() -> tuple[int, str | None, Any]:
+                async with kept.post(url + "/v1/chat/completions", json=ASK) as response:
+                    body = await response.json()
+                    return response.status, response.headers.get("Connection"), body
+
+            async def stream() -> bytes:
+                async with streaming.post(url + "/v1/chat/completions", json=long_ask) as r:
+                    assert r.status == 200
+                    return await r.read()
+
+            assert (await on_kept())[:2] == (200, None)  # the connection stays open
+            streamed = asyncio.create_task(stream())
+            await asyncio.sleep(2.0)  # the first check (1 s): the worker hands over, drains
+            assert not streamed.done()
+            status, connection, body = await on_kept()
+            assert (status, connection) == (503, "close"), body
+            assert body["error"]["code"] == "overloaded", body
+            assert "max_rss_mb" in body["error"]["message"]
+            body = await streamed
+        assert body.rstrip().endswith(b"data: [DONE]")
+        assert await ask_session(url, "s") == 200  # a new connection: the successor
+    finally:
+        stderr = await stop(process)
+    assert "admits no new request" in stderr
