@@ -4,6 +4,7 @@ a real outage seen by more than one key, or by the only tenant, still opens it."
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 import uuid
 from pathlib import Path
@@ -27,14 +28,22 @@ class Upstream:
     def __init__(self) -> None:
         self.down = False
 
-    def __call__(self, chat: dict[str, Any]) -> dict[str, Any]:
-        if self.down or "poison" in str(chat["messages"][-1].get("content")):
+    async def __call__(self, chat: dict[str, Any]) -> dict[str, Any]:
+        text = str(chat["messages"][-1].get("content"))
+        if self.down or "poison" in text:
             raise RuntimeError("template crashed")
+        if "slow" in text:  # a request made huge on purpose: slower than the attempt timeout
+            await asyncio.sleep(1.0)
         return {"role": "assistant", "content": "fine"}
 
 
 async def start(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, sim: Any, keys: bool
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    sim: Any,
+    keys: bool,
+    retry: str = "base_s: 0.01, cap_s: 0.02",
 ) -> TestServer:
     upstream = await aiohttp_server(sim.app())
     listed = f"""\
@@ -54,7 +63,7 @@ async def start(
                 litellm_params: {{model: openai/smollm2, api_base: "{upstream.make_url("/v1")}"}}
             policies:
               - name: p
-                retry: {{base_s: 0.01, cap_s: 0.02}}
+                retry: {{{retry}}}
                 circuit: {{failures: 3, cooldown_s: 30}}
             """
         )
@@ -97,6 +106,22 @@ async def test_one_keys_failures_in_fresh_sessions_do_not_open_the_circuit_for_a
         assert len(sim.requests) == calls + 1
         status, body = await say(http, proxy, BOB, "hello")
         assert status == 503 and body["error"]["code"] == "circuit_open", body
+
+
+async def test_one_keys_timeouts_do_not_open_the_circuit_for_another(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """A key can make its own requests time out (a huge prompt, a huge max_tokens): that is
+    not the deployment's failure until another key sees it too."""
+    sim = LlamaCppSimulator(responder=Upstream())
+    retry = "attempts: 1, attempt_timeout_s: 0.2"
+    proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, keys=True, retry=retry)
+    async with aiohttp.ClientSession() as http:
+        for _ in range(4):
+            status, body = await say(http, proxy, BOB, "slow")
+            assert status == 504, body
+        status, body = await say(http, proxy, ALICE, "hello")
+        assert status == 200, body
 
 
 async def test_the_openai_sdk_of_another_key_gets_through_after_a_flood(
