@@ -118,6 +118,9 @@ INSERT OR REPLACE INTO owners
 PAGE_BYTES = 4096  # SQLite's default page size
 COLLECT_BATCH = 256  # sessions deleted per transaction
 JOB_S = 0.05  # longest a collection holds the store's worker thread at a time
+# How long an owner at its share with only live sessions is refused without looking again for
+# idle sessions of its own to evict.
+OWNER_RETRY_S = 1.0
 # Below this much free disk the store counts as full: SQLite may still fit a tiny write in
 # pages it already has, but the next offloaded result would not.
 MIN_FREE_BYTES = 16 * 1024 * 1024
@@ -156,6 +159,10 @@ class LocalStore:
         self.live_s = live_s
         # Told of the sessions a write evicted to keep its owner within its share.
         self.on_owner_evicted: Callable[[str, list[str]], None] | None = None
+        # Owners whose last refusal found none of their sessions idle, until when (monotonic):
+        # meanwhile their writes are refused after one lookup, without looking for sessions
+        # to evict (a sort of all the owner's sessions, on the thread every request shares).
+        self._owner_stuck: dict[str, float] = {}
         self._db: sqlite3.Connection | None = None  # opened lazily, inside the worker thread
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentproxy-store")
         self._cache: LRUCache[CacheKey, Cached] = LRUCache(cache_bytes, getsizeof=_cached_size)
@@ -181,6 +188,7 @@ class LocalStore:
         share = self.owner_share
         limit = self.pressure.share_of(share) if share is not None and owner else None
         live_after = time.time() - self.live_s
+        may_evict = self._owner_stuck.get(owner, 0.0) <= time.monotonic()
 
         def insert(db: sqlite3.Connection) -> tuple[bool | None, list[str]]:
             """(inserted, or None when refused for the owner's share; sessions evicted)."""
@@ -188,11 +196,12 @@ class LocalStore:
                 evicted: list[str] = []
                 if limit is not None:
                     excess = _owner_excess(db, owner, len(data), limit, info.ref)
-                    if excess > 0:  # down to LOW_WATER of the share, as at the cap
+                    if excess > 0 and may_evict:  # down to LOW_WATER of the share
                         need = excess + int(limit * (1 - LOW_WATER))
                         evicted = _evict_owner(db, owner, need, live_after)
-                        if _owner_excess(db, owner, len(data), limit, info.ref) > 0:
-                            return None, evicted  # the evictions stand: they were due
+                        excess = _owner_excess(db, owner, len(data), limit, info.ref)
+                    if excess > 0:
+                        return None, evicted  # the evictions stand: they were due
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (*_row_of(info), data),
@@ -205,6 +214,8 @@ class LocalStore:
             if self.on_owner_evicted is not None:
                 self.on_owner_evicted(owner, evicted)
         if inserted is None:
+            if may_evict and not evicted:
+                self._owner_stuck[owner] = time.monotonic() + OWNER_RETRY_S
             self.pressure.release(len(data))
             assert limit is not None
             raise OwnerFull(owner_full_message(f"local store {self.file}", owner, limit))
