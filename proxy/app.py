@@ -96,7 +96,7 @@ def build_app(
     leaving = app[HANDOVER] = Handover(enabled=handover)
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
-    store, state, retention = open_backends(settings, metrics)
+    store, state, retention = open_backends(settings, metrics, holder.current.keys)
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = app[EVENTS] = EventLog(

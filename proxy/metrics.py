@@ -192,7 +192,8 @@ class Metrics:
         self.store_sessions_removed = Counter(
             "agentproxy_store_sessions_removed",
             "Sessions whose stored data was deleted, by reason: expired (idle past "
-            "store.session_ttl), evicted (the store was over store.max_mb).",
+            "store.session_ttl), evicted (the store was over store.max_mb), owner_share (a "
+            "write of the same owner would have passed store.max_owner_share).",
             ["reason"],
             registry=r,
         )
@@ -210,6 +211,17 @@ class Metrics:
             "agentproxy_store_over_cap",
             "1 when the last collection left the store over its cap because only live "
             "sessions were left to evict.",
+            registry=r,
+        )
+        self.store_owner_full = Counter(
+            "agentproxy_store_owner_full",
+            "Store writes refused because their owner (key or team) held its whole share "
+            "(store.max_owner_share) with live sessions only; others' writes go on.",
+            registry=r,
+        )
+        self.store_owner_share = Gauge(
+            "agentproxy_store_owner_share",
+            "The share of store.max_mb one owner may hold; 1 when not limited.",
             registry=r,
         )
         self.budget_used_ratio = Gauge(
@@ -311,7 +323,7 @@ class Metrics:
             self.store_written_bytes.labels(kind)
         for result in ("ok", "failed"):
             self.store_collections.labels(result)
-        for reason in ("expired", "evicted"):
+        for reason in ("expired", "evicted", "owner_share"):
             self.store_sessions_removed.labels(reason)
 
     def child(self, metric: MetricWrapperBase, *labels: str) -> Any:

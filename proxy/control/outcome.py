@@ -15,6 +15,7 @@ from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 from proxy.policies.spec import ErrorClass
 from proxy.store.retention import StoreFull
+from proxy.store.shares import OwnerFull
 from proxy.upstream.base import UpstreamHTTPError
 
 NO_RETRY = {"x-should-retry": "false"}
@@ -96,7 +97,18 @@ def offload_store_failure(ex: Exchange) -> dict[str, object] | None:
         return None
     failed = sum(int(fields.get("count", 1)) for fields in failures)
     # archive.py records each failure as "ErrorType: message".
-    if any(str(fields.get("error", "")).startswith(StoreFull.__name__) for fields in failures):
+    errors = [str(fields.get("error", "")) for fields in failures]
+    if any(error.startswith(OwnerFull.__name__) for error in errors):
+        cause = (
+            "share for this key (or team) is full (store.max_owner_share of store.max_mb) "
+            "with only its own live sessions left"
+        )
+        remedy = (
+            "retry once some of this key's sessions have gone idle (store.live_s), or ask the "
+            "proxy's operator to raise store.max_owner_share or store.max_mb; other keys are "
+            "not affected"
+        )
+    elif any(error.startswith(StoreFull.__name__) for error in errors):
         cause = "is full (store.max_mb) with only live sessions left"
         remedy = (
             "the proxy's operator should raise store.max_mb or lower store.live_s (see "

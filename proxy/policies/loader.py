@@ -544,14 +544,16 @@ def _default_policy(defaults: PolicyDefaults) -> Policy:
     )
 
 
-_FLOAT_STORE_FIELDS = frozenset({"timeout_s", "live_s", "gc_interval_s", "event_log_max_mb"})
+_FLOAT_STORE_FIELDS = frozenset(
+    {"timeout_s", "live_s", "gc_interval_s", "event_log_max_mb", "max_owner_share"}
+)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _store(merged: _Merged, report: _Report) -> StoreSettings:
     raw = dict(merged.store)
     typed: dict[str, Any] = {
-        key: float(value) if key in _FLOAT_STORE_FIELDS else value
+        key: float(value) if key in _FLOAT_STORE_FIELDS and value is not None else value
         for key, value in raw.items()
         if key not in ("ttl_s", "session_ttl")
     }

@@ -159,6 +159,8 @@ class StoreSettings:
     # Retention: a session's data goes this long after its last request (7 days).
     session_ttl_s: float = 7 * 24 * 3600.0
     max_mb: int | None = 1024  # size cap, enforced by evicting least recently active sessions
+    # Of max_mb, what one key (or team) may hold (proxy/store/shares.py); None: an equal split.
+    max_owner_share: float | None = None
     live_s: float = 3600.0  # a session active this recently is never evicted for the cap
     gc_interval_s: float = 60.0
 

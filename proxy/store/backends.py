@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from proxy.metrics import Metrics
-from proxy.policies.spec import StoreSettings
+from proxy.policies.spec import Keys, StoreSettings
 from proxy.store.base import Store
 from proxy.store.instrumented import InstrumentedState, InstrumentedStore
 from proxy.store.local import LocalStore
 from proxy.store.retention import Retention
+from proxy.store.shares import owner_share
 from proxy.store.state import MemoryState, StateStore
 
 
@@ -23,19 +24,24 @@ class Backends(NamedTuple):
     retention: Retention  # the same store's upkeep, for the collector and `agentproxy store`
 
 
-def open_backends(settings: StoreSettings, metrics: Metrics) -> Backends:
+def open_backends(settings: StoreSettings, metrics: Metrics, keys: Keys | None = None) -> Backends:
+    """`keys`: the configured keys, whose owners share the cap (proxy/store/shares.py)."""
     max_bytes = settings.max_mb * 1024 * 1024 if settings.max_mb is not None else None
+    share = owner_share(settings, keys or Keys())
+    metrics.store_owner_share.set(share or 1.0)
     if settings.backend == "redis":
         from proxy.store.redis import RedisConnection, RedisState, RedisStore
 
         redis = RedisConnection(settings)
-        store = RedisStore(redis, max_bytes=max_bytes)
+        store = RedisStore(redis, max_bytes=max_bytes, owner_share=share, live_s=settings.live_s)
         return Backends(
             InstrumentedStore(store, metrics, "redis"),
             InstrumentedState(RedisState(redis), metrics),
             store,
         )
-    local = LocalStore(settings.path, max_bytes=max_bytes)
+    local = LocalStore(
+        settings.path, max_bytes=max_bytes, owner_share=share, live_s=settings.live_s
+    )
     # In-process state needs no timing: it cannot be slow or fail.
     state = MemoryState(default_ttl_s=settings.session_ttl_s)  # as Redis keys expire
     return Backends(InstrumentedStore(local, metrics, "local"), state, local)

@@ -5,6 +5,7 @@ Wraps whichever backend is configured, so the metrics mean the same for each.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -12,7 +13,11 @@ from contextlib import asynccontextmanager
 from proxy import tracing
 from proxy.metrics import Metrics
 from proxy.store.base import BlobInfo, Store
+from proxy.store.shares import OwnerFull
 from proxy.store.state import StateStore
+
+log = logging.getLogger("agentproxy.store")
+OWNER_FULL_LOG_EVERY_S = 60.0  # a full owner's refusals are logged at most this often
 
 # Operations that write: each is a span of the request it serves (when tracing is on).
 _WRITES = frozenset({"put", "put_checkpoint", "state_set", "state_delete", "add", "publish"})
@@ -59,11 +64,34 @@ class InstrumentedStore(_Timed):
         self.shared: bool = getattr(inner, "shared", False)
         for operation in ("put", "get", "put_checkpoint", "get_checkpoint"):
             metrics.child(metrics.store_errors, backend, operation)
+        if hasattr(inner, "on_owner_evicted"):
+            inner.on_owner_evicted = self._owner_evicted
+        self._owner_full_logged: dict[str, float] = {}  # owner -> when; owners are configured
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
-        async with self._op("put"):
-            await self.inner.put(info, data)
+        try:
+            async with self._op("put"):
+                await self.inner.put(info, data)
+        except OwnerFull as exc:
+            self._owner_full(info.owner or "", exc)
+            raise
         self._written(info.kind, len(data))
+
+    def _owner_evicted(self, owner: str, sessions: list[str]) -> None:
+        m = self.metrics
+        m.child(m.store_sessions_removed, "owner_share").inc(len(sessions))
+        log.info(
+            "store: %d idle session(s) of %s evicted to keep it within store.max_owner_share",
+            len(sessions), owner,
+        )  # fmt: skip
+
+    def _owner_full(self, owner: str, exc: OwnerFull) -> None:
+        self.metrics.store_owner_full.inc()
+        now = time.monotonic()
+        last = self._owner_full_logged.get(owner)
+        if last is None or now - last >= OWNER_FULL_LOG_EVERY_S:
+            self._owner_full_logged[owner] = now
+            log.warning("%s (other owners' writes go on; logged once a minute)", exc)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         async with self._op("get"):

@@ -32,6 +32,7 @@ from cachetools import LRUCache
 
 from proxy.store.base import BlobInfo, StoreError, snippet
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
+from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
 T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
@@ -79,7 +80,28 @@ CREATE TRIGGER IF NOT EXISTS checkpoint_changed AFTER UPDATE OF data ON checkpoi
         last_active = max(last_active, {now})
     WHERE session = NEW.session;
 END;
-""".replace("{now}", "((julianday('now') - 2440587.5) * 86400.0)")
+CREATE TABLE IF NOT EXISTS owners (
+    owner TEXT PRIMARY KEY,
+    bytes INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS owner_session_added AFTER INSERT ON sessions BEGIN
+    INSERT INTO owners VALUES ({new_owner}, NEW.bytes)
+    ON CONFLICT (owner) DO UPDATE SET bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER IF NOT EXISTS owner_session_grown AFTER UPDATE OF bytes ON sessions BEGIN
+    UPDATE owners SET bytes = bytes + NEW.bytes - OLD.bytes WHERE owner = {new_owner};
+END;
+CREATE TRIGGER IF NOT EXISTS owner_session_removed AFTER DELETE ON sessions BEGIN
+    UPDATE owners SET bytes = bytes - OLD.bytes WHERE owner = {old_owner};
+END;
+"""
+# A session's owner is its scoped key up to the first "/" ("" for an unscoped one).
+_OWNER_OF = "substr({s}, 1, instr({s}, '/') - 1)"
+_SCHEMA = (
+    _SCHEMA.replace("{now}", "((julianday('now') - 2440587.5) * 86400.0)")
+    .replace("{new_owner}", _OWNER_OF.format(s="NEW.session"))
+    .replace("{old_owner}", _OWNER_OF.format(s="OLD.session"))
+)
 # Sessions written before the sessions table existed: their blobs date them.
 _BACKFILL = """
 INSERT OR IGNORE INTO sessions
@@ -88,9 +110,17 @@ INSERT INTO sessions
     SELECT session, ?, sum(length(data)) FROM checkpoints WHERE true GROUP BY session
     ON CONFLICT (session) DO UPDATE SET bytes = bytes + excluded.bytes;
 """
+# Owners' bytes, for a store written before they were counted.
+_BACKFILL_OWNERS = f"""
+INSERT OR REPLACE INTO owners
+    SELECT {_OWNER_OF.format(s="session")}, sum(bytes) FROM sessions GROUP BY 1
+"""
 PAGE_BYTES = 4096  # SQLite's default page size
 COLLECT_BATCH = 256  # sessions deleted per transaction
 JOB_S = 0.05  # longest a collection holds the store's worker thread at a time
+# How long an owner at its share with only live sessions is refused without looking again for
+# idle sessions of its own to evict.
+OWNER_RETRY_S = 1.0
 # Below this much free disk the store counts as full: SQLite may still fit a tiny write in
 # pages it already has, but the next offloaded result would not.
 MIN_FREE_BYTES = 16 * 1024 * 1024
@@ -115,6 +145,8 @@ class LocalStore:
         *,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_bytes: int | None = None,
+        owner_share: float | None = None,
+        live_s: float = 3600.0,
     ) -> None:
         self.path = path
         self.file = str(Path(path) / "store.sqlite3")
@@ -122,6 +154,15 @@ class LocalStore:
         # The log is checkpointed past its limit, after the transaction that crossed it, and
         # keeps its file at the limit: room for up to three times that.
         self.pressure = Pressure(max_bytes, reserve=3 * self._wal_limit())
+        # What one owner may hold (proxy/store/shares.py); None: no limit.
+        self.owner_share = owner_share if max_bytes is not None else None
+        self.live_s = live_s
+        # Told of the sessions a write evicted to keep its owner within its share.
+        self.on_owner_evicted: Callable[[str, list[str]], None] | None = None
+        # Owners whose last refusal found none of their sessions idle, until when (monotonic):
+        # meanwhile their writes are refused after one lookup, without looking for sessions
+        # to evict (a sort of all the owner's sessions, on the thread every request shares).
+        self._owner_stuck: dict[str, float] = {}
         self._db: sqlite3.Connection | None = None  # opened lazily, inside the worker thread
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentproxy-store")
         self._cache: LRUCache[CacheKey, Cached] = LRUCache(cache_bytes, getsizeof=_cached_size)
@@ -143,16 +184,42 @@ class LocalStore:
         ):
             await self.pressure.room_for(len(data), f"local store {self.file}")
         self.pressure.claim(len(data))
+        owner = session_owner(info.session)
+        share = self.owner_share
+        limit = self.pressure.share_of(share) if share is not None and owner else None
+        live_after = time.time() - self.live_s
+        may_evict = self._owner_stuck.get(owner, 0.0) <= time.monotonic()
 
-        def insert(db: sqlite3.Connection) -> bool:
-            with db:  # one transaction, committed before put returns
+        def insert(db: sqlite3.Connection) -> tuple[bool | None, list[str]]:
+            """(inserted, or None when refused for the owner's share; sessions evicted)."""
+            with _immediate(db):  # one transaction, committed before put returns
+                evicted: list[str] = []
+                if limit is not None:
+                    excess = _owner_excess(db, owner, len(data), limit, info.ref)
+                    if excess > 0 and may_evict:  # down to LOW_WATER of the share
+                        need = excess + int(limit * (1 - LOW_WATER))
+                        evicted = _evict_owner(db, owner, need, live_after)
+                        excess = _owner_excess(db, owner, len(data), limit, info.ref)
+                    if excess > 0:
+                        return None, evicted  # the evictions stand: they were due
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (*_row_of(info), data),
                 )
-                return cursor.rowcount == 1
+                return cursor.rowcount == 1, evicted
 
-        if await self._run("put", insert):
+        inserted, evicted = await self._run("put", insert)
+        if evicted:
+            self._forget(evicted)
+            if self.on_owner_evicted is not None:
+                self.on_owner_evicted(owner, evicted)
+        if inserted is None:
+            if may_evict and not evicted:
+                self._owner_stuck[owner] = time.monotonic() + OWNER_RETRY_S
+            self.pressure.release(len(data))
+            assert limit is not None
+            raise OwnerFull(owner_full_message(f"local store {self.file}", owner, limit))
+        if inserted:
             # Freshly offloaded content is the likeliest to be recalled soon. An existing ref
             # keeps its first info (idempotent), so only a real insert goes to the cache.
             self._remember(("blob", info.ref), (info, data))
@@ -413,11 +480,15 @@ class LocalStore:
             # and freed pages leave the file with the incremental vacuum.
             db.execute("PRAGMA secure_delete=FAST")
             new_sessions_table = not _has_table(db, "sessions")
+            new_owners_table = not _has_table(db, "owners")
             db.executescript(_SCHEMA)
             if new_sessions_table:
                 with db:
                     for statement in _BACKFILL.strip().split(";\n"):
                         db.execute(statement, (time.time(),) if "?" in statement else ())
+            if new_owners_table:
+                with db:
+                    db.execute(_BACKFILL_OWNERS)
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(f"local store {self.file}: cannot open: {exc}") from exc
@@ -489,6 +560,38 @@ def _evict(db: sqlite3.Connection, limit: int, live_after: float) -> tuple[list[
             return evicted, True, False
         evicted += batch
     return evicted, False, True
+
+
+def _owner_excess(db: sqlite3.Connection, owner: str, size: int, limit: int, ref: str) -> int:
+    """How many bytes past `limit` the owner would hold after writing `size` more (0 or
+    less: it fits). A ref already stored adds nothing, so it always fits."""
+    row = db.execute("SELECT bytes FROM owners WHERE owner = ?", (owner,)).fetchone()
+    excess = (int(row[0]) if row else 0) + size - limit
+    return 0 if excess > 0 and _has(db, ref) else excess
+
+
+# An owner's sessions are the keys from "<owner>/" up to "<owner>0" ("0" follows "/"): a
+# range of the primary key, no index of their own. Sorted only when the owner is at its share.
+_OWNER_SESSIONS = (
+    "SELECT session, bytes FROM sessions WHERE session >= ? AND session < ? "
+    "AND last_active < ? ORDER BY last_active LIMIT ?"
+)
+
+
+def _evict_owner(db: sqlite3.Connection, owner: str, need: int, live_after: float) -> list[str]:
+    """Inside the caller's transaction: delete the owner's least recently active sessions
+    that are not live until `need` bytes are freed (or none is left)."""
+    span = (f"{owner}/", f"{owner}0")
+    rows = db.execute(_OWNER_SESSIONS, (*span, live_after, COLLECT_BATCH)).fetchall()
+    batch: list[str] = []
+    freed = 0
+    for session, size in rows:
+        if freed >= need:
+            break
+        batch.append(session)
+        freed += size
+    _delete(db, batch)
+    return batch
 
 
 def _delete(db: sqlite3.Connection, sessions: list[str]) -> None:

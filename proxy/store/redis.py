@@ -12,6 +12,12 @@ Every key starts with the configured prefix:
     <p>sessions               sorted set              session -> last activity (retention)
     <p>sizes                  hash {session: bytes}   what each session's blobs and checkpoints hold
     <p>bytes                  string                  their total: what store.max_mb counts
+    <p>owners                 hash {owner: bytes}     what each owner's sessions hold (shares)
+    <p>owner:<owner>          sorted set              the owner's sessions -> last activity
+
+An owner's bytes are the sizes of the sessions in its sorted set: a session joins it (and its
+size the count) on its first write or activity, and leaves it when dropped; one written before
+owners were counted is counted from its next request on.
 
 A session's keys expire `store.session_ttl` after its last activity (its touches refresh them
 now and then); a collection also deletes whole sessions least recently active first while the
@@ -46,6 +52,7 @@ from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import BlobInfo, StoreError, snippet
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
+from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
 T = TypeVar("T")
 log = logging.getLogger("agentproxy.store")
@@ -53,10 +60,17 @@ log = logging.getLogger("agentproxy.store")
 PAUSE_AFTER_FAILURE_S = 1.0  # fail fast this long after Redis stopped answering
 PROBE_TTL_MS = 60_000  # the write-check key tidies itself up
 
-# Write a blob once: the first writer's info stays (refs are content addresses).
-# KEYS: blob, session's list, sessions, sizes, bytes. ARGV: info, data, ref, ttl, session, now.
+# Write a blob once: the first writer's info stays (refs are content addresses). Refused (-1)
+# when it would take its owner past its share (a limit of 0: none).
+# KEYS: blob, session's list, sessions, sizes, bytes, owners, owner's sessions.
+# ARGV: info, data, ref, ttl, session, now, owner, owner's limit.
 _PUT_BLOB = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local limit = tonumber(ARGV[8])
+if limit > 0 and tonumber(redis.call('HGET', KEYS[6], ARGV[7]) or '0') + #ARGV[2] > limit then
+  return -1
+end
+local held = tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0')
 redis.call('HSET', KEYS[1], 'info', ARGV[1], 'data', ARGV[2])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 local ttl = tonumber(ARGV[4])
@@ -67,25 +81,35 @@ end
 redis.call('ZADD', KEYS[3], 'GT', ARGV[6], ARGV[5])
 redis.call('HINCRBY', KEYS[4], ARGV[5], #ARGV[2])
 redis.call('INCRBY', KEYS[5], #ARGV[2])
+local fresh = redis.call('ZADD', KEYS[7], 'GT', ARGV[6], ARGV[5]) == 1
+redis.call('HINCRBY', KEYS[6], ARGV[7], #ARGV[2] + (fresh and held or 0))
 return 1
 """
-# KEYS: checkpoints hash, sessions, sizes, bytes. ARGV: key, data, ttl, session, now.
+# KEYS: checkpoints hash, sessions, sizes, bytes, owners, owner's sessions.
+# ARGV: key, data, ttl, session, now, owner.
 _PUT_CHECKPOINT = """
 local grown = #ARGV[2] - redis.call('HSTRLEN', KEYS[1], ARGV[1])
+local held = tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0')
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 redis.call('ZADD', KEYS[2], 'GT', ARGV[5], ARGV[4])
 redis.call('HINCRBY', KEYS[3], ARGV[4], grown)
 redis.call('INCRBY', KEYS[4], grown)
+local fresh = redis.call('ZADD', KEYS[6], 'GT', ARGV[5], ARGV[4]) == 1
+redis.call('HINCRBY', KEYS[5], ARGV[6], grown + (fresh and held or 0))
 return 1
 """
 # A session's activity: only one with data is recorded. Its keys' expiry is pushed back when
 # a sixteenth of the TTL has passed since it last was, not on every touch.
-# KEYS: sessions, session's list, checkpoints hash. ARGV: session, now, ttl, blob key prefix.
+# KEYS: sessions, session's list, checkpoints hash, owner's sessions, sizes, owners.
+# ARGV: session, now, ttl, blob key prefix, owner.
 _TOUCH = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+if redis.call('ZADD', KEYS[4], 'GT', ARGV[2], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[6], ARGV[5], redis.call('HGET', KEYS[5], ARGV[1]) or '0')
+end
 local ttl = tonumber(ARGV[3])
 if ttl <= 0 then return 1 end
 local left = math.max(redis.call('PTTL', KEYS[2]), redis.call('PTTL', KEYS[3]))
@@ -98,8 +122,8 @@ redis.call('PEXPIRE', KEYS[3], ttl)
 return 2
 """
 # Delete a whole session, if it is still last active before ARGV[2] (a request may have come).
-# KEYS: sessions, sizes, bytes, session's list, checkpoints hash.
-# ARGV: session, before, blob key prefix. Returns the bytes freed, or -1 when kept.
+# KEYS: sessions, sizes, bytes, session's list, checkpoints hash, owners, owner's sessions.
+# ARGV: session, before, blob key prefix, owner. Returns the bytes freed, or -1 when kept.
 _DROP = """
 local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if at and tonumber(at) >= tonumber(ARGV[2]) then return -1 end
@@ -111,6 +135,9 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('DECRBY', KEYS[3], size)
+if redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[6], ARGV[4], -size)
+end
 return size
 """
 # Counters: ARGV = ttl_ms, number of amounts, amount pairs..., then set-if-absent pairs.
@@ -203,10 +230,17 @@ class RedisStore:
         cache_bytes: int = 16 * 1024 * 1024,
         *,
         max_bytes: int | None = None,
+        owner_share: float | None = None,
+        live_s: float = 3600.0,
     ) -> None:
         self.redis = redis
         self.max_bytes = max_bytes
         self.pressure = Pressure(max_bytes)
+        # What one owner may hold (proxy/store/shares.py); None: no limit.
+        self.owner_share = owner_share if max_bytes is not None else None
+        self.live_s = live_s
+        # Told of the sessions a write evicted to keep its owner within its share.
+        self.on_owner_evicted: Callable[[str, list[str]], None] | None = None
         self._cache: LRUCache[str, tuple[BlobInfo, bytes]] = LRUCache(
             cache_bytes, getsizeof=lambda entry: len(entry[1]) + 256
         )
@@ -218,10 +252,39 @@ class RedisStore:
         ):
             await self.pressure.room_for(len(data), f"redis {r.where}")
         self.pressure.claim(len(data))
-        keys = [r.key("blob", info.ref), r.key("blobs", info.session), *self._index()]
-        args = [_info_bytes(info), data, info.ref, r.ttl_ms, info.session, info.created_at]
-        if await r.run("put", lambda: r.put_blob(keys=keys, args=args)):
+        owner = session_owner(info.session)
+        share = self.owner_share
+        limit = self.pressure.share_of(share) if share is not None and owner else 0
+        keys = [
+            r.key("blob", info.ref), r.key("blobs", info.session), *self._index(),
+            *self._owner_index(owner),
+        ]  # fmt: skip
+        args = [
+            _info_bytes(info), data, info.ref, r.ttl_ms, info.session, info.created_at,
+            owner, limit,
+        ]  # fmt: skip
+        written = await r.run("put", lambda: r.put_blob(keys=keys, args=args))
+        if written < 0:  # the owner's share is full: its own idle sessions go first
+            await self._evict_owner(owner, len(data), limit)
+            written = await r.run("put", lambda: r.put_blob(keys=keys, args=args))
+        if written < 0:
+            self.pressure.release(len(data))
+            raise OwnerFull(owner_full_message(f"redis {r.where}", owner, limit))
+        if written:
             self._remember(info, data)  # an existing ref keeps its first info
+
+    async def _evict_owner(self, owner: str, size: int, limit: int) -> None:
+        """Delete the owner's least recently active sessions that are not live, until
+        writing `size` bytes leaves it at LOW_WATER of its share."""
+        r = self.redis
+        held = await r.run("put", lambda: r.client.hget(r.key("owners"), owner))
+        need = int(held or 0) + size - int(limit * LOW_WATER)
+        live_after = time.time() - self.live_s
+        evicted = await self._drop_older(live_after, need, r.key("owner", owner))
+        if evicted:
+            self._forget(set(evicted))
+            if self.on_owner_evicted is not None:
+                self.on_owner_evicted(owner, evicted)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(ref)
@@ -260,8 +323,9 @@ class RedisStore:
     async def put_checkpoint(self, session: str, key: str, data: bytes) -> None:
         self.pressure.claim(len(data))  # small: never waits for room
         r = self.redis
-        keys = [r.key("ckpt", session), *self._index()]
-        args = [key, data, r.ttl_ms, session, time.time()]
+        owner = session_owner(session)
+        keys = [r.key("ckpt", session), *self._index(), *self._owner_index(owner)]
+        args = [key, data, r.ttl_ms, session, time.time(), owner]
         await r.run("put_checkpoint", lambda: r.put_checkpoint(keys=keys, args=args))
 
     # -- retention ----------------------------------------------------------------------------
@@ -274,8 +338,12 @@ class RedisStore:
         async def write() -> None:
             async with r.client.pipeline(transaction=False) as pipe:
                 for session, at in sessions.items():
-                    keys = [r.key("sessions"), r.key("blobs", session), r.key("ckpt", session)]
-                    args = [session, at, r.ttl_ms, r.key("blob", "")]
+                    owner = session_owner(session)
+                    keys = [
+                        r.key("sessions"), r.key("blobs", session), r.key("ckpt", session),
+                        r.key("owner", owner), r.key("sizes"), r.key("owners"),
+                    ]  # fmt: skip
+                    args = [session, at, r.ttl_ms, r.key("blob", ""), owner]
                     await r.touch(keys=keys, args=args, client=pipe)
                 await pipe.execute()
 
@@ -322,18 +390,20 @@ class RedisStore:
 
         return await r.run("stats", read)
 
-    async def _drop_older(self, before: float, need: int | None) -> list[str]:
+    async def _drop_older(
+        self, before: float, need: int | None, among: str | None = None
+    ) -> list[str]:
         """Delete sessions last active before `before`, least recent first; with `need`,
-        only until that many bytes are freed."""
+        only until that many bytes are freed; with `among`, of that sorted set only (an
+        owner's sessions)."""
+        zset = among or self.redis.key("sessions")
         r = self.redis
         dropped: list[str] = []
         freed = 0
         while need is None or freed < need:
             batch = await r.run(
                 "collect",
-                lambda: r.client.zrangebyscore(
-                    r.key("sessions"), "-inf", f"({before!r}", start=0, num=256
-                ),
+                lambda: r.client.zrangebyscore(zset, "-inf", f"({before!r}", start=0, num=256),
             )
             if not batch:
                 break
@@ -364,8 +434,12 @@ class RedisStore:
         async def drop() -> list[int]:
             async with r.client.pipeline(transaction=False) as pipe:
                 for session in sessions:
-                    keys = [*self._index(), r.key("blobs", session), r.key("ckpt", session)]
-                    args = [session, before, r.key("blob", "")]
+                    owner = session_owner(session)
+                    keys = [
+                        *self._index(), r.key("blobs", session), r.key("ckpt", session),
+                        *self._owner_index(owner),
+                    ]  # fmt: skip
+                    args = [session, before, r.key("blob", ""), owner]
                     await r.drop(keys=keys, args=args, client=pipe)
                 freed: list[int] = await pipe.execute()
                 return freed
@@ -379,6 +453,10 @@ class RedisStore:
     def _index(self) -> list[str]:
         r = self.redis
         return [r.key("sessions"), r.key("sizes"), r.key("bytes")]
+
+    def _owner_index(self, owner: str) -> list[str]:
+        r = self.redis
+        return [r.key("owners"), r.key("owner", owner)]
 
     def _forget(self, sessions: set[str]) -> None:
         """Drop removed sessions' blobs from the read cache."""

@@ -144,6 +144,17 @@ class Pressure:
         if self.kick is not None and limit is not None and self._estimate() >= limit * KICK_AT:
             self.kick()
 
+    def release(self, size: int) -> None:
+        """A claimed write that did not happen (refused for its owner's share)."""
+        self._claimed = max(0.0, self._claimed - size * self._ratio)
+
+    def share_of(self, share: float) -> int:
+        """`share` of the limit, counted in payload bytes as the owners' counts are (not
+        scaled by the room a byte takes: learnt on a small store, that ratio is mostly
+        fixed overhead and would shrink every share)."""
+        assert self.limit is not None
+        return max(1, int(share * self.limit))
+
     def collected(self, size: int, payload: int | None = None) -> None:
         """The store's size after a collection, and the payload it holds if it differs
         (pages, indexes: the room a written byte takes is learnt from them)."""
