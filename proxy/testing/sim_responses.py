@@ -2,9 +2,11 @@
 
 It refuses what the real API refuses, with the same texts: a `function_call` (or
 `custom_tool_call`) without its output later in the input, an output answering no call, a
-chat-shaped tool (`{"type": "function", "function": {...}}`), a `previous_response_id` (nothing
-is stored here, as with `store: false`), a reasoning item whose `encrypted_content` this
-simulator did not mint or that was changed, and an input over the window. Replies start with a
+chat-shaped tool (`{"type": "function", "function": {...}}`), a `previous_response_id` it did
+not answer with `store` on (it remembers only the ids, not the history they name: a
+continuation's calls may live there, so its pairing is not checked), a reasoning item whose
+`encrypted_content` this simulator did not mint or that was changed, and an input over the
+window. Replies start with a
 reasoning item when the request asks for reasoning, its `encrypted_content` minted here (an
 HMAC under a secret each Simulator draws) when `include` lists `reasoning.encrypted_content`.
 `cached_tokens` comes from a prefix cache scoped by `prompt_cache_key`. Requests are converted
@@ -18,6 +20,7 @@ import dataclasses
 import hashlib
 import hmac
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -438,6 +441,9 @@ def _event(payload: JSON, content: bool = False) -> Event:
     return Event(b"event: " + name + b"\ndata: " + orjson.dumps(payload) + b"\n\n", content)
 
 
+MAX_STORED = 10_000  # response ids remembered for `previous_response_id`, oldest forgotten
+
+
 class ResponsesDialect(Dialect):
     """Stateful, one per Simulator: the secret encrypted reasoning is sealed with, and the
     prompt cache its usage is counted against."""
@@ -450,6 +456,7 @@ class ResponsesDialect(Dialect):
         tokenizer: Tokenizer = CHARS_4,
     ) -> None:
         self.sealer = Sealer(secret if secret is not None else os.urandom(32))
+        self.stored: OrderedDict[str, None] = OrderedDict()  # ids answered with `store` on
         self.prompt_cache = ResponsesCache(min_tokens=cache_min_tokens, tokenizer=tokenizer)
         self.tokenizer = tokenizer
 
@@ -463,13 +470,15 @@ class ResponsesDialect(Dialect):
         if error := check_shape(body):
             return error
         previous = body.get("previous_response_id")
-        if previous is not None:
-            return _error(
-                f"Previous response with id '{previous}' not found.",
-                "previous_response_id",
-                "previous_response_not_found",
-            )
         items = input_items(body)
+        if previous is not None:
+            if previous not in self.stored:
+                return _error(
+                    f"Previous response with id '{previous}' not found.",
+                    "previous_response_id",
+                    "previous_response_not_found",
+                )
+            return check_reasoning_items(items, body, self.sealer)
         return check_pairing(items) or check_reasoning_items(items, body, self.sealer)
 
     def to_chat(self, body: JSON) -> JSON:
@@ -500,6 +509,10 @@ class ResponsesDialect(Dialect):
         )
 
     def annotate(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> Meta:
+        if body.get("store") is not False:
+            self.stored[meta.id] = None
+            if len(self.stored) > MAX_STORED:
+                self.stored.popitem(last=False)
         cached = min(self.prompt_cache.account(body), meta.prompt_tokens)
         reasoning = self._reasoning(body, chat, reply, meta)
         tokens = reasoning.tokens if reasoning else 0

@@ -86,6 +86,22 @@ async def test_a_call_without_its_output_and_an_output_without_its_call_are_refu
     assert (await client.responses.create(model="sim", input="hi")).output_text == "You said: hi"
 
 
+async def test_a_stored_response_is_continued_by_its_id(client: openai.AsyncOpenAI) -> None:
+    """As OpenAI does, for whoever names it: what the proxy must keep tenants from doing."""
+    first = await client.responses.create(model="sim", input=ASK, tools=[WEATHER])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = await client.responses.create(
+        model="sim", input=[answer], tools=[WEATHER], previous_response_id=first.id
+    )
+    assert "sunny" in second.output_text
+    unstored = await client.responses.create(model="sim", input="hi", store=False)
+    body = await refused(
+        client.responses.create(model="sim", input="hi", previous_response_id=unstored.id)
+    )
+    assert body["code"] == "previous_response_not_found"
+
+
 async def test_shapes_the_api_refuses(client: openai.AsyncOpenAI) -> None:
     chat_shaped = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
     body = await refused(client.responses.create(model="sim", input="hi", tools=[chat_shaped]))
