@@ -10,6 +10,7 @@ something to the archive are offered recall; their first byte waits for the roun
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +51,17 @@ class Relay(StreamRelay):
     token_marks = (b'.delta"',)
 
     def __init__(
-        self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: ResponsesView
+        self,
+        request: web.Request,
+        ex: Exchange,
+        response: web.StreamResponse,
+        view: ResponsesView,
+        ended: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(request, ex, response)
         self.view = view
+        # Given the terminal event's response before that event goes out (its owner's record).
+        self.ended = ended
 
     async def release(self, held: Held) -> None:
         """The kept round, without the proxy's calls (later items renumbered)."""
@@ -99,6 +107,8 @@ class Relay(StreamRelay):
                 if name in TERMINAL:
                     ended = True
                     self._account(data)
+                    if self.ended is not None:
+                        await self.ended(data.get("response"))
                 if held is None:
                     out += event + b"\n\n"
                     continue

@@ -4,9 +4,10 @@ The stages rewrite the request's chat-shaped view (proxy/dialects/responses_view
 deployment that speaks Responses gets the client's body back with only what they changed, any
 other the view as a Chat Completions request, its answer translated back.
 
-`previous_response_id` is passed through untouched: the history it names lives at the
-provider, so the proxy rewrites nothing of the request (the guards still apply). Codex sends
-`store: false` and its whole input every turn, which the proxy sees and rewrites.
+`previous_response_id` names history that lives at the provider, so the proxy rewrites nothing
+of such a request (the guards still apply). With API keys configured it must name a response
+the caller's own owner created through the proxy (proxy/dialects/responses_owners.py). Codex
+sends `store: false` and its whole input every turn, which the proxy sees and rewrites.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from aiohttp import web
 from proxy.auth import authenticate
 from proxy.dialects import chat, responses
 from proxy.dialects.chat_degraded import degraded_text
+from proxy.dialects.responses_owners import ResponseOwners, continues
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
-from proxy.errors import UpgradeRequired
+from proxy.errors import NotFound, UpgradeRequired
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.routes.body import read_body
@@ -33,7 +35,7 @@ from proxy.routes.serve import (
     upstream_error,
 )
 from proxy.session import owner_of, scoped, session_id
-from proxy.state import CONFIG, VIEWS
+from proxy.state import CONFIG, STORE, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
@@ -46,11 +48,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_responses_request(raw)
+    owner = owner_of(key, config.keys)
+    # Tenants share the provider's account: each may name only responses it created.
+    owners = ResponseOwners(request.app[STORE], owner) if key is not None else None
+    if owners is not None and continues(body):
+        await owners.check(body)
     cache_key = body.get("prompt_cache_key")
     identity = {"metadata": {"session_id": cache_key}}
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
-    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
+    views, own = request.app[VIEWS], scoped(owner, session.name)
     view = ResponsesView.of(body, views.last(own))
     views.keep(own, view, len(raw))
     ex = open_exchange(
@@ -65,9 +72,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         route=RESPONSES_ROUTE,
         wire="responses",
         view=view,
-        opaque_history=body.get("previous_response_id") is not None,
+        opaque_history=body.get("previous_response_id") is not None
+        or body.get("conversation") is not None,
     )
-    return await serve(request, ex, ResponsesWire(view))
+    # A response made with `store: false` (Codex's every turn) cannot be continued: no record.
+    recording = owners if body.get("store") is not False else None
+    return await serve(request, ex, ResponsesWire(view, recording))
 
 
 @routes.get(RESPONSES_ROUTE)
@@ -81,15 +91,33 @@ async def websocket_probe(request: web.Request) -> web.Response:
     )
 
 
+@routes.get(RESPONSES_ROUTE + "/{response_id}")
+@routes.delete(RESPONSES_ROUTE + "/{response_id}")
+@routes.get(RESPONSES_ROUTE + "/{response_id}/input_items")
+@routes.post(RESPONSES_ROUTE + "/{response_id}/cancel")
+async def stored_response(request: web.Request) -> web.Response:
+    """Stored responses are the provider's, in an account every tenant shares: none is read,
+    deleted or cancelled through the proxy. One answer for every id, so none is revealed."""
+    authenticate(request, request.app[CONFIG].current.keys)
+    response_id = request.match_info["response_id"][:256]
+    raise NotFound(
+        f"Response with id '{response_id}' not found: this proxy serves only "
+        "POST /v1/responses; stored responses are not read, deleted or cancelled through it."
+    )
+
+
 class ResponsesWire:
     """Responses answers: a response object, its event stream, OpenAI-shaped errors."""
 
-    def __init__(self, view: ResponsesView) -> None:
+    def __init__(self, view: ResponsesView, owners: ResponseOwners | None) -> None:
         self.view = view
         self.replies = responses.Replies(view)
+        self.owners = owners  # None: no keys, nothing recorded
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)
+        if self.owners is not None and not ex.translated:
+            await self.owners.record(reply.data)
         return json_answer(ex, responses.client_body(reply, ex.alias, ex.request_id), reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
@@ -97,7 +125,10 @@ class ResponsesWire:
             reply = await flow.complete(ex, self.replies)
             message = responses.client_message(reply, ex.alias, ex.request_id)
             return events_answer(ex, responses.response_events(message), reply.headers)
-        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
+        ended = self.owners.record if self.owners is not None else None
+        return await relay_stream(
+            request, ex, flow, lambda r: Relay(request, ex, r, self.view, ended)
+        )
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
         return upstream_error(ex, error, chat.passthrough_body(error, ex.request_id))

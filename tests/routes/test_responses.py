@@ -221,13 +221,16 @@ async def test_encrypted_reasoning_goes_back_untouched(proxy: TestServer, sim: S
 async def test_previous_response_id_is_passed_through_untouched(
     proxy: TestServer, sim: Simulator
 ) -> None:
-    orphan = {"type": "function_call_output", "call_id": "call_elsewhere", "output": "x"}
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client(proxy).responses.create(
-            model="gpt", input=[orphan], previous_response_id="resp_123"
-        )
-    assert "resp_123" in str(caught.value)  # the provider's own answer, passed on
-    assert sim.requests[-1].body["input"] == [orphan]  # not "repaired": its call lives there
+    sdk = client(proxy)
+    first = await sdk.responses.create(model="gpt", input=ASK, tools=[WEATHER])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = await sdk.responses.create(
+        model="gpt", input=[answer], tools=[WEATHER], previous_response_id=first.id
+    )
+    assert "sunny" in second.output_text
+    sent = sim.requests[-1].body  # not "repaired": its call lives at the provider
+    assert sent["input"] == [answer] and sent["previous_response_id"] == first.id
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -1,0 +1,110 @@
+"""Whose each Responses id is: the wall between tenants that share the provider's account.
+
+Every tenant's responses live in the operator's one account at the provider, so a
+`previous_response_id` works for whoever knows it. With API keys configured, the proxy records
+which owner (the key, or its team with `keys.session_scope: team`) each response id it relayed
+belongs to, and answers any other id, another owner's or one it never saw, exactly as the
+provider answers an unknown one, without calling it: nobody learns whether the id exists.
+A `conversation` is refused the same way: conversations are created by /v1/conversations,
+which the proxy does not serve, so no tenant's conversation was ever created through it.
+
+One record per id, in the durable store (SQLite or Redis, so a restart keeps them): a
+checkpoint of a session of its own, `scoped(owner, "responses:" + id)`, which retention expires
+`store.session_ttl` after it was written. The lookup names the caller's owner, so it can only
+find the caller's own records. With no keys (one loopback user) nothing is recorded or checked.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeGuard
+
+from proxy.errors import BadRequest, NotFound, ServiceUnavailable
+from proxy.session import scoped
+from proxy.store.base import Store, StoreError
+
+log = logging.getLogger("agentproxy")
+
+SESSION_PREFIX = "responses:"
+RECORD_KEY = "response-owner"  # never a compaction checkpoint's key (hex digits, or its index)
+MAX_ID_CHARS = 256  # longer is no provider's id: refused as unknown, never stored
+
+
+def _session(owner: str, response_id: str) -> str:
+    return scoped(owner, SESSION_PREFIX + response_id)
+
+
+def _recordable(response_id: Any) -> TypeGuard[str]:
+    return isinstance(response_id, str) and 0 < len(response_id) <= MAX_ID_CHARS
+
+
+class ResponseOwners:
+    """One request's view of the records: its caller's owner and the store."""
+
+    def __init__(self, store: Store, owner: str) -> None:
+        self.store = store
+        self.owner = owner
+
+    async def record(self, response: Any) -> None:
+        """Note that the caller owns the response the upstream answered with (awaited before
+        the client sees its id, so its next turn finds the record on any replica). A lost
+        write is logged: that response cannot be continued through the proxy."""
+        response_id = response.get("id") if isinstance(response, dict) else None
+        if not _recordable(response_id):
+            return
+        try:
+            await self.store.put_checkpoint(_session(self.owner, response_id), RECORD_KEY, b"1")
+        except StoreError as exc:
+            log.warning(
+                "could not record the owner of a response (%s): it cannot be continued", exc
+            )
+
+    async def check(self, body: dict[str, Any]) -> None:
+        """Refuse a `previous_response_id` the caller does not own, and any `conversation`,
+        as the provider refuses unknown ones. Costs nothing when neither is sent."""
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise BadRequest(
+                    "Invalid type for 'previous_response_id': expected a string.",
+                    param="previous_response_id",
+                    code="invalid_type",
+                )
+            if not await self._owns(previous):
+                raise previous_response_not_found(previous)
+        conversation = body.get("conversation")
+        if conversation is not None:
+            raise conversation_not_found(conversation)
+
+    async def _owns(self, response_id: str) -> bool:
+        if not _recordable(response_id):
+            return False
+        try:
+            found = await self.store.get_checkpoint(_session(self.owner, response_id), RECORD_KEY)
+        except StoreError as exc:  # fail closed: an unchecked id could be anyone's
+            raise ServiceUnavailable(
+                "the proxy's store is unavailable, so 'previous_response_id' cannot be checked; "
+                "retry later, or send the whole input instead",
+                code="store_unavailable",
+            ) from exc
+        return found is not None
+
+
+def continues(body: dict[str, Any]) -> bool:
+    """Whether a request names history kept at the provider (the only ones checked)."""
+    return "previous_response_id" in body or "conversation" in body
+
+
+def previous_response_not_found(response_id: str) -> BadRequest:
+    """OpenAI's own answer for an id it does not have (status, type, code, text)."""
+    return BadRequest(
+        f"Previous response with id '{response_id[:MAX_ID_CHARS]}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+def conversation_not_found(conversation: Any) -> NotFound:
+    given = conversation.get("id") if isinstance(conversation, dict) else conversation
+    shown = given[:MAX_ID_CHARS] if isinstance(given, str) else ""
+    return NotFound(f"Conversation with id '{shown}' not found.", param="conversation")
