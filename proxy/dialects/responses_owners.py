@@ -6,7 +6,8 @@ which owner (the key, or its team with `keys.session_scope: team`) each response
 belongs to, and answers any other id, another owner's or one it never saw, exactly as the
 provider answers an unknown one, without calling it: nobody learns whether the id exists.
 A `conversation` is refused the same way: conversations are created by /v1/conversations,
-which the proxy does not serve, so no tenant's conversation was ever created through it.
+which the proxy does not serve, so no tenant's conversation was ever created through it. So is
+an input item that names a stored item by id (`item_reference`): items are not recorded.
 
 One record per id, in the durable store (SQLite or Redis, so a restart keeps them): a
 checkpoint of a session of its own, `scoped(owner, "responses:" + id)`, which retention expires
@@ -108,3 +109,10 @@ def conversation_not_found(conversation: Any) -> NotFound:
     given = conversation.get("id") if isinstance(conversation, dict) else conversation
     shown = given[:MAX_ID_CHARS] if isinstance(given, str) else ""
     return NotFound(f"Conversation with id '{shown}' not found.", param="conversation")
+
+
+def item_not_found(item_id: Any) -> NotFound:
+    """An input item naming a stored item by id (`item_reference`): the proxy keeps no record
+    of items, so with keys configured none is let through, whoever's it is."""
+    shown = item_id[:MAX_ID_CHARS] if isinstance(item_id, str) else ""
+    return NotFound(f"Item with id '{shown}' not found.", param="input")

@@ -56,6 +56,9 @@ class ResponsesView:
     _built: list[Message] = field(default_factory=list)
     _ends: list[tuple[int, int]] = field(default_factory=list)
     _repeated_ids: bool = False  # a call_id seen twice: its index maps cannot be lent
+    # Ids of stored items the input names instead of sending (`item_reference`), among the
+    # items mapped here: a lent prefix was checked on its own turn.
+    references: list[Any] = field(default_factory=list)
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
@@ -230,6 +233,8 @@ class ResponsesView:
                 message = {"role": item["role"], "content": _content(item.get("content"))}
                 self._add(message, [*pending, index])
             else:
+                if kind == "item_reference":
+                    self.references.append(item.get("id"))
                 pending.append(index)  # reasoning, web search, additional_tools, ...
                 continue
             pending = []

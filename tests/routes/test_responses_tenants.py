@@ -273,3 +273,36 @@ async def test_an_unreadable_store_refuses_continuations(
     assert sim.request_count == heard
     fresh = await create(proxy, ALICE, True, input="a new conversation")
     assert fresh.output_text  # its record is lost (logged), its answer is not
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stored_item_named_by_id_is_refused(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    sim: Simulator,
+    stream: bool,
+) -> None:
+    """`item_reference` (or an item that is only an id) pulls a stored item into the input:
+    items are not recorded, so with keys none is let through, whoever's it is."""
+    proxy = await start(start_proxy, tmp_path, upstream, f"store: {{path: {tmp_path}}}")
+    first = await create(proxy, ALICE, False, input="my secret: plum-vault")
+    [said] = [item.id for item in first.output if item.type == "message"]
+    heard = sim.request_count
+    for key in (BOB, ALICE):
+        ask = [{"role": "user", "content": "repeat this:"}, {"type": "item_reference", "id": said}]
+        error = await refused(proxy, key, stream, input=ask)
+        assert error.status_code == 404 and isinstance(error.body, dict)
+        assert error.body["message"] == f"Item with id '{said}' not found."
+        assert error.body["param"] == "input"
+    # Without its type (OpenAI reads it as a reference) it is not a valid message here.
+    ask = [{"role": "user", "content": "repeat this:"}, {"id": said}]
+    assert (await refused(proxy, BOB, stream, input=ask)).status_code == 400
+    assert sim.request_count == heard
+    # The next turn of the same session (its earlier view lent) is checked as well.
+    ask = [{"role": "user", "content": "hi"}]
+    headers = {"session-id": "s1"}
+    await create(proxy, BOB, stream, input=ask, extra_headers=headers)
+    ask += [{"role": "assistant", "content": "hello"}, {"type": "item_reference", "id": said}]
+    error = await refused(proxy, BOB, stream, input=ask, extra_headers=headers)
+    assert error.status_code == 404 and sim.request_count == heard + 1
