@@ -13,10 +13,17 @@ One record per id, in the durable store (SQLite or Redis, so a restart keeps the
 checkpoint of a session of its own, `scoped(owner, "responses:" + id)`, which retention expires
 `store.session_ttl` after it was written. The lookup names the caller's owner, so it can only
 find the caller's own records. With no keys (one loopback user) nothing is recorded or checked.
+
+When is the record written? Before the client sees the id, it must be findable by whatever
+serves the client's next turn. With Redis that may be another replica, so the write is awaited
+(~0.3 ms). The embedded store has one process: the write (a committed SQLite transaction,
+~0.7 ms) goes on after the answer, and until it lands the id is found among the writes in
+flight here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, TypeGuard
 
@@ -39,6 +46,18 @@ def _recordable(response_id: Any) -> TypeGuard[str]:
     return isinstance(response_id, str) and 0 < len(response_id) <= MAX_ID_CHARS
 
 
+# Records being written to an unshared store, by session: what the store will hold. Bounded by
+# the writes in flight (each removes itself when done); holds the tasks, which asyncio does not.
+_writing: dict[str, asyncio.Task[None]] = {}
+
+
+def _written(session: str, task: asyncio.Task[None]) -> None:
+    if _writing.get(session) is task:  # not a later write of the same record
+        del _writing[session]
+    if not task.cancelled() and task.exception() is not None:  # no caller to raise it to
+        log.error("recording a response's owner failed", exc_info=task.exception())
+
+
 class ResponseOwners:
     """One request's view of the records: its caller's owner and the store."""
 
@@ -47,14 +66,22 @@ class ResponseOwners:
         self.owner = owner
 
     async def record(self, response: Any) -> None:
-        """Note that the caller owns the response the upstream answered with (awaited before
-        the client sees its id, so its next turn finds the record on any replica). A lost
-        write is logged: that response cannot be continued through the proxy."""
+        """Note that the caller owns the response the upstream answered with. A lost write is
+        logged: that response cannot be continued through the proxy."""
         response_id = response.get("id") if isinstance(response, dict) else None
         if not _recordable(response_id):
             return
+        session = _session(self.owner, response_id)
+        if self.store.shared:
+            await self._write(session)
+            return
+        task = asyncio.ensure_future(self._write(session))
+        _writing[session] = task
+        task.add_done_callback(lambda done: _written(session, done))
+
+    async def _write(self, session: str) -> None:
         try:
-            await self.store.put_checkpoint(_session(self.owner, response_id), RECORD_KEY, b"1")
+            await self.store.put_checkpoint(session, RECORD_KEY, b"1")
         except StoreError as exc:
             log.warning(
                 "could not record the owner of a response (%s): it cannot be continued", exc
@@ -80,8 +107,11 @@ class ResponseOwners:
     async def _owns(self, response_id: str) -> bool:
         if not _recordable(response_id):
             return False
+        session = _session(self.owner, response_id)
+        if session in _writing:
+            return True
         try:
-            found = await self.store.get_checkpoint(_session(self.owner, response_id), RECORD_KEY)
+            found = await self.store.get_checkpoint(session, RECORD_KEY)
         except StoreError as exc:  # fail closed: an unchecked id could be anyone's
             raise ServiceUnavailable(
                 "the proxy's store is unavailable, so 'previous_response_id' cannot be checked; "
