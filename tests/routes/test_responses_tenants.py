@@ -306,3 +306,22 @@ async def test_a_stored_item_named_by_id_is_refused(
     ask += [{"role": "assistant", "content": "hello"}, {"type": "item_reference", "id": said}]
     error = await refused(proxy, BOB, stream, input=ask, extra_headers=headers)
     assert error.status_code == 404 and sim.request_count == heard + 1
+
+
+async def test_another_replica_finds_the_record_at_once(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    sim: Simulator,
+    redis_prefix: str,
+) -> None:
+    """Replicas behind one balancer: the turn after an answer may land on any of them."""
+    store = f"store: {{backend: redis, url: {REDIS_URL}, prefix: '{redis_prefix}'}}"
+    one = await start(start_proxy, tmp_path, upstream, store)
+    two = await start(start_proxy, tmp_path, upstream, store)
+    for stream in (False, True):
+        first = await create(one, ALICE, stream, input="hello")
+        second = await create(two, ALICE, stream, input="again", previous_response_id=first.id)
+        assert sim.requests[-1].body["previous_response_id"] == first.id
+        await refused(two, BOB, stream, input="x", previous_response_id=second.id)
+        await refused(one, BOB, stream, input="x", previous_response_id=second.id)
