@@ -28,6 +28,7 @@ import logging
 from typing import Any, TypeGuard
 
 from proxy.errors import BadRequest, NotFound, ServiceUnavailable
+from proxy.log_limit import warn_limited
 from proxy.session import scoped
 from proxy.store.base import Store, StoreError
 
@@ -82,9 +83,12 @@ class ResponseOwners:
     async def _write(self, session: str) -> None:
         try:
             await self.store.put_checkpoint(session, RECORD_KEY, b"1")
-        except StoreError as exc:
-            log.warning(
-                "could not record the owner of a response (%s): it cannot be continued", exc
+        except StoreError as exc:  # an outage fails every one: said once a minute
+            warn_limited(
+                log,
+                "responses.owner_record",
+                "could not record the owner of a response (%s): it cannot be continued",
+                exc,
             )
 
     async def check(self, body: dict[str, Any]) -> None:

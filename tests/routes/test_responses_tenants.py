@@ -252,6 +252,7 @@ async def test_an_unreadable_store_refuses_continuations(
     upstream: TestServer,
     sim: Simulator,
     own_redis: OwnRedis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Fail closed: an id that cannot be checked could be anyone's. New responses go on."""
     port, processes = own_redis
@@ -271,8 +272,11 @@ async def test_an_unreadable_store_refuses_continuations(
     assert error.status_code == 503 and isinstance(error.body, dict)
     assert error.body["code"] == "store_unavailable" and first.id not in str(error.body)
     assert sim.request_count == heard
-    fresh = await create(proxy, ALICE, True, input="a new conversation")
-    assert fresh.output_text  # its record is lost (logged), its answer is not
+    for stream in (True, False, False):
+        fresh = await create(proxy, ALICE, stream, input="a new conversation")
+        assert fresh.output_text  # its record is lost (logged), its answer is not
+    lost = [r for r in caplog.records if "could not record the owner" in r.getMessage()]
+    assert len(lost) == 1  # an outage fails every write: said once, then summed up
 
 
 @pytest.mark.parametrize("stream", [False, True])
