@@ -28,7 +28,7 @@ from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in, without_traceback
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
 from proxy.upstream.litellm_request import completion_arguments
-from proxy.upstream.openai_compat import redact
+from proxy.upstream.openai_compat import REDACTED
 
 log = logging.getLogger("agentproxy.litellm")
 
@@ -119,7 +119,12 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise self._translate(litellm, deployment, exc) from exc
         data = response.model_dump(exclude_none=True)
-        return UpstreamReply(data, orjson.dumps(data))
+        raw = orjson.dumps(data)
+        for secret in secrets_of(deployment):
+            if secret in raw:  # a provider echoing its key
+                raw = raw.replace(secret, REDACTED)
+                data = orjson.loads(raw)
+        return UpstreamReply(data, raw)
 
     async def open_stream(
         self,
@@ -135,7 +140,9 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise self._translate(litellm, deployment, exc) from exc
         return LiteLLMStream(
-            stream, lambda exc: self._translate(litellm, deployment, exc, called=True)
+            stream,
+            lambda exc: self._translate(litellm, deployment, exc, called=True),
+            secrets_of(deployment),
         )
 
     def _translate(
@@ -143,7 +150,10 @@ class LiteLLMUpstream:
     ) -> Exception:
         """`called`: the provider is known to have been called (a stream it began)."""
         name = deployment.alias
-        text = str(redact(str(exc).encode(), deployment.api_key), "utf-8", "replace")
+        raw = str(exc).encode()
+        for secret in secrets_of(deployment):
+            raw = raw.replace(secret, REDACTED)
+        text = str(raw, "utf-8", "replace")
         # litellm's messages may quote the api_base, and a traceback of its own code.
         message = redact_urls_in(without_traceback(text))
         if isinstance(exc, litellm.Timeout):
@@ -186,6 +196,20 @@ class LiteLLMUpstream:
         return UpstreamBadResponse(f"the upstream for '{name}' failed: {message}")
 
 
+# litellm_params whose values are credentials (api_key, aws_secret_access_key,
+# aws_session_token, vertex_credentials, ...): never shown to a client.
+_SECRET_PARAM_WORDS = ("key", "secret", "token", "credential", "password")
+
+
+def secrets_of(deployment: Deployment) -> tuple[bytes, ...]:
+    """The deployment's configured credentials, as they would appear in a body."""
+    found = {deployment.api_key} if deployment.api_key else set()
+    for name, value in deployment.litellm_params.items():
+        if isinstance(value, str) and any(word in name for word in _SECRET_PARAM_WORDS):
+            found.add(value)
+    return tuple(s.encode() for s in found if len(s) >= 4)  # as redact() does
+
+
 # Where a failure that reached the network shows in an exception's cause chain.
 _NETWORK_MODULES = ("httpx", "httpcore", "aiohttp", "ssl", "socket", "h11", "anyio")
 
@@ -219,15 +243,20 @@ class LiteLLMStream:
 
     headers: dict[str, str]
 
-    def __init__(self, stream: Any, translate: Any) -> None:
+    def __init__(self, stream: Any, translate: Any, secrets: tuple[bytes, ...] = ()) -> None:
         self._stream = stream
         self._translate = translate
+        self._secrets = secrets  # the deployment's credentials, never relayed
         self.headers = {}
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         try:
             async for chunk in self._stream:
-                yield [b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))]
+                event = b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))
+                for secret in self._secrets:
+                    if secret in event:
+                        event = event.replace(secret, REDACTED)
+                yield [event]
         except Exception as exc:
             raise self._translate(exc) from exc
         yield [b"data: [DONE]"]

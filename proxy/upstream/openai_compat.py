@@ -30,11 +30,30 @@ from proxy.upstream.sse import EventTooLarge, SSESplitter
 MAX_ERROR_BODY = 1024 * 1024
 
 
+REDACTED = b"[redacted]"
+
+
 def redact(body: bytes, secret: str | None) -> bytes:
     """Providers sometimes echo the key they were given; it must never reach the client."""
     if secret and len(secret) >= 4 and secret.encode() in body:
-        return body.replace(secret.encode(), b"[redacted]")
+        return body.replace(secret.encode(), REDACTED)
     return body
+
+
+def secret_bytes(secret: str | None) -> bytes | None:
+    """The key as it would appear in a body; None when there is none worth looking for."""
+    return secret.encode() if secret and len(secret) >= 4 else None
+
+
+def redact_events(batch: list[bytes], secret: bytes) -> list[bytes]:
+    """A batch of SSE events without the key. Each event is whole here (the splitter joined
+    the chunks it came in), so a key cut across two network reads is still found; a key
+    spread over two events' deltas is not (providers echo keys in messages, not token by
+    token)."""
+    for event in batch:
+        if secret in event:
+            return [e.replace(secret, REDACTED) for e in batch]
+    return batch
 
 
 class OpenAICompatUpstream:
@@ -90,6 +109,7 @@ class OpenAICompatUpstream:
                 raise self._failure(deployment, exc, stream=False) from exc
             raise
         response.release()
+        raw = redact(raw, deployment.api_key)
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -126,6 +146,7 @@ class OpenAICompatUpstream:
             lambda exc: self._failure(deployment, exc, stream=True),
             deployment.alias,
             self._settings().max_event_bytes,
+            secret_bytes(deployment.api_key),
         )
 
     async def _post(
@@ -259,9 +280,15 @@ class SSEStream:
     """Splits an upstream SSE body into complete events as the bytes arrive."""
 
     def __init__(
-        self, response: aiohttp.ClientResponse, failure: Any, alias: str, max_event_bytes: int
+        self,
+        response: aiohttp.ClientResponse,
+        failure: Any,
+        alias: str,
+        max_event_bytes: int,
+        secret: bytes | None = None,
     ) -> None:
         self.response = response
+        self._secret = secret  # the deployment's key, never relayed
         self.headers = forwarded_headers(response.headers)
         self._failure = failure
         self._alias = alias
@@ -274,7 +301,7 @@ class SSEStream:
             async for chunk in self.response.content.iter_any():
                 batch = splitter.feed(chunk)
                 if batch:
-                    yield batch
+                    yield batch if self._secret is None else redact_events(batch, self._secret)
         except EventTooLarge:
             raise UpstreamTooLarge(
                 f"the upstream for '{self._alias}' sent a stream event larger than "
@@ -286,7 +313,7 @@ class SSEStream:
         self._finished = True
         last = splitter.rest()
         if last:
-            yield [last]
+            yield [last] if self._secret is None else redact_events([last], self._secret)
 
     async def close(self) -> None:
         if self._finished:
