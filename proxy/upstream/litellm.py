@@ -212,12 +212,19 @@ def secrets_of(deployment: Deployment) -> tuple[bytes, ...]:
 
 # Where a failure that reached the network shows in an exception's cause chain.
 _NETWORK_MODULES = ("httpx", "httpcore", "aiohttp", "ssl", "socket", "h11", "anyio")
+# litellm's functions that read a provider's answer: a crash in one of them is a garbled
+# answer (the provider was called), not a request litellm could not translate.
+_RESPONSE_FRAMES = frozenset(
+    {"transform_response", "transform_parsed_response", "convert_to_model_response_object",
+     "process_response", "chunk_parser"}
+)  # fmt: skip
 
 
 def _came_from_the_provider(exc: BaseException) -> bool:
-    """Whether litellm got as far as the provider: an error with an HTTP status, or one
-    caused (somewhere in its chain) by the network. litellm wraps a crash in its own
-    translation as an APIConnectionError; its chain then holds only Python's errors."""
+    """Whether litellm got as far as the provider: an error with an HTTP status, one caused
+    (somewhere in its chain) by the network, or one raised reading the provider's answer.
+    litellm wraps a crash in its own translation of the request as an APIConnectionError; its
+    chain then holds only Python's errors, raised before any answer was read."""
     if isinstance(getattr(exc, "status_code", None), int) and not _is_connection_error(exc):
         return True
     seen: BaseException | None = exc
@@ -226,8 +233,19 @@ def _came_from_the_provider(exc: BaseException) -> bool:
             return False
         if isinstance(seen, OSError) or type(seen).__module__.split(".")[0] in _NETWORK_MODULES:
             return True
+        if _read_an_answer(seen):
+            return True
         seen = seen.__cause__ or seen.__context__
     return True
+
+
+def _read_an_answer(exc: BaseException) -> bool:
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_name in _RESPONSE_FRAMES:
+            return True
+        frame = frame.tb_next
+    return False
 
 
 def _is_connection_error(exc: BaseException) -> bool:

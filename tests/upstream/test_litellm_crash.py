@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.testing.simulator import Simulator
 from tests.conftest import ProxyFactory
@@ -117,3 +118,51 @@ async def test_a_crash_inside_litellm_is_the_proxys_500_and_opens_no_circuit(
     status, raw = await chat(proxy, "sk-alice")
     assert status == 200, raw
     assert await circuit_state(proxy) == 0
+
+
+@pytest.mark.parametrize("answer", [b"not json at all", b'{"type": "message", "content": "x"}'])
+async def test_a_garbled_provider_answer_is_still_the_upstreams_failure(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, answer: bytes
+) -> None:
+    """litellm raises the same kind of error reading a garbled answer as translating a bad
+    request; this one the provider sent, so it stays a 502 that counts toward the circuit."""
+    calls = 0
+
+    async def garbled(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        return web.Response(body=answer, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", garbled)
+    upstream = await aiohttp_server(app)
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"""
+store: {{path: {tmp_path}}}
+model_list:
+  - model_name: claude
+    litellm_params:
+      model: anthropic/claude-sim
+      api_base: {str(upstream.make_url("")).rstrip("/")}
+      api_key: {KEY}
+policies:
+  - name: strict-circuit
+    retry: {{attempts: 1}}
+    circuit: {{failures: 2, cooldown_s: 30}}
+"""
+    )
+    proxy = await start_proxy(path)
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            async with http.get(str(proxy.make_url("/readyz"))) as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.05)
+    for _ in range(2):
+        status, raw = await chat(proxy, "unused")
+        assert status == 502, raw
+        assert_clean(raw)
+        assert orjson.loads(raw)["error"]["code"] == "upstream_unreachable"
+    assert calls == 2
+    assert await circuit_state(proxy) == 2  # open: the provider is what failed
