@@ -43,7 +43,9 @@ def completion_arguments(
 ) -> dict[str, Any]:
     """litellm's keyword arguments: the body's request fields, then the deployment's settings."""
     arguments = {k: v for k, v in body.items() if k in BODY_FIELDS}
-    if len(arguments) + ("model" in body) + ("stream" in body) < len(body):
+    if len(arguments) + ("model" in body) + ("stream" in body) < len(body) and log.isEnabledFor(
+        logging.DEBUG
+    ):
         dropped = sorted(k for k in body if k not in BODY_FIELDS and k not in ("model", "stream"))
         log.debug("'%s': body fields not passed to litellm: %s", deployment.alias, dropped)
     check_shapes(arguments)

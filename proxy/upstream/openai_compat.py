@@ -46,14 +46,9 @@ def secret_bytes(secret: str | None) -> bytes | None:
 
 
 def redact_events(batch: list[bytes], secret: bytes) -> list[bytes]:
-    """A batch of SSE events without the key. Each event is whole here (the splitter joined
-    the chunks it came in), so a key cut across two network reads is still found; a key
-    spread over two events' deltas is not (providers echo keys in messages, not token by
-    token)."""
-    for event in batch:
-        if secret in event:
-            return [e.replace(secret, REDACTED) for e in batch]
-    return batch
+    """A batch of whole SSE events without the key. A key spread over two events' deltas is
+    not found (providers echo keys whole, in messages, not token by token)."""
+    return [e.replace(secret, REDACTED) for e in batch]
 
 
 class OpenAICompatUpstream:
@@ -297,11 +292,17 @@ class SSEStream:
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         splitter = SSESplitter(self._max_event_bytes)
+        secret = self._secret
         try:
             async for chunk in self.response.content.iter_any():
+                held = splitter.holding
                 batch = splitter.feed(chunk)
                 if batch:
-                    yield batch if self._secret is None else redact_events(batch, self._secret)
+                    if secret is not None and (
+                        secret in chunk or (held and secret in batch[0])
+                    ):  # one search per read; the first event may hold earlier reads' bytes
+                        batch = redact_events(batch, secret)
+                    yield batch
         except EventTooLarge:
             raise UpstreamTooLarge(
                 f"the upstream for '{self._alias}' sent a stream event larger than "
@@ -313,7 +314,7 @@ class SSEStream:
         self._finished = True
         last = splitter.rest()
         if last:
-            yield [last] if self._secret is None else redact_events([last], self._secret)
+            yield [last] if secret is None or secret not in last else redact_events([last], secret)
 
     async def close(self) -> None:
         if self._finished:
