@@ -67,3 +67,21 @@ def _redact_parameter(item: str) -> str:
 def _find(text: str, char: str) -> int:
     at = text.find(char)
     return len(text) if at < 0 else at
+
+
+# A Python traceback quoted in an exception's message (litellm puts one in some of its own),
+# and the source paths a message may name: neither may reach a client.
+_TRACEBACK = "Traceback (most recent call last)"
+_SOURCE_PATH = re.compile(
+    r"""(?:File )?["']?(?:[A-Za-z]:)?[\\/][^\s"',:]*\.py[cd]?\b["']?(?:, line \d+)?"""
+)
+
+
+def without_traceback(text: str) -> str:
+    """Free text (an error message) with any traceback cut off and source paths removed."""
+    at = text.find(_TRACEBACK)
+    if at >= 0:
+        text = text[:at].rstrip()
+    if ".py" not in text:
+        return text  # the common case: nothing to look for
+    return _SOURCE_PATH.sub("[source]", text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.redaction import redact_url, redact_urls_in
+from proxy.redaction import redact_url, redact_urls_in, without_traceback
 
 
 @pytest.mark.parametrize(
@@ -48,3 +48,14 @@ def test_urls_inside_free_text_are_redacted() -> None:
         "302, message='', url=URL('https://***@h.example/v1?key=***') then http://***@c/d."
     )
     assert redact_urls_in("no url here: a@b") == "no url here: a@b"
+
+
+def test_tracebacks_and_source_paths_never_reach_a_message() -> None:
+    quoted = (
+        "litellm.APIConnectionError: bad tool\nTraceback (most recent call last):\n"
+        '  File "/srv/venv/lib/python3.11/site-packages/litellm/main.py", line 6083, in x\n'
+    )
+    assert without_traceback(quoted) == "litellm.APIConnectionError: bad tool"
+    named = 'failed in File "/srv/app/proxy/flow.py", line 12 (see C:\\app\\x.pyc)'
+    assert without_traceback(named) == "failed in [source] (see [source])"
+    assert without_traceback("model gpt.pyramid failed") == "model gpt.pyramid failed"

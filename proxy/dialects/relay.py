@@ -5,6 +5,7 @@ began with an error event in the wire's framing. A wire says how it relays one u
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 
@@ -32,6 +33,9 @@ class StreamRelay:
         self.hold_tool_calls = False  # set when the recall tool was offered
         self.usage_reported = False  # the stream being relayed carried its usage
         self.relayed = 0  # events of that stream relayed (or held) so far
+        # server.stream_timeout_s: when the whole stream (every round) must have ended.
+        limit = ex.config.server.stream_timeout_s
+        self.deadline = None if limit is None else asyncio.get_running_loop().time() + limit
 
     @property
     def started(self) -> bool:
@@ -50,13 +54,29 @@ class StreamRelay:
         """Forward one upstream stream; what was held back for a recall round, if anything."""
         self.usage_reported, self.relayed = False, 0
         try:
-            return await self._relay(source)
+            if self.deadline is None:  # the common case: no timer to set
+                return await self._relay(source)
+            return await self._relay_until(self.deadline, source)
         except BaseException:
             # Cut short (the client left, the upstream broke) before the usage came: still
             # charged, estimated from what was relayed.
             if not self.usage_reported:
                 self.ex.add_unreported_usage(completion_tokens=self.relayed)
             raise
+
+    async def _relay_until(self, deadline: float, source: UpstreamStream) -> Any:
+        """`_relay`, cut at the deadline: one timer for the round, not one per event."""
+        try:
+            async with asyncio.timeout_at(deadline) as scope:
+                return await self._relay(source)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            limit = self.ex.config.server.stream_timeout_s
+            raise UpstreamTimeout(
+                f"the stream from '{self.ex.alias}' ran longer than server.stream_timeout_s "
+                f"({limit:g}s) and was ended; raise it if answers this long are expected"
+            ) from None
 
     async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
         """Bytes already reached the client: end the stream with an error event it reads."""

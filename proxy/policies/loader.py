@@ -76,6 +76,7 @@ _FLOAT_SERVER_FIELDS = frozenset(
         "connect_timeout_s",
         "read_timeout_s",
         "response_timeout_s",
+        "stream_timeout_s",
         "watch_interval_s",
         "body_timeout_s",
         "drain_s",
@@ -592,7 +593,8 @@ def duration_s(value: float | str) -> float:
 def _server(values: dict[str, Any]) -> ServerSettings:
     # YAML reads "timeout: 10" as an int; the settings promise floats.
     typed: dict[str, Any] = {
-        key: float(value) if key in _FLOAT_SERVER_FIELDS else value for key, value in values.items()
+        key: float(value) if key in _FLOAT_SERVER_FIELDS and value is not None else value
+        for key, value in values.items()
     }
     return ServerSettings(**typed)
 

@@ -119,6 +119,9 @@ class ServerSettings:
     # body arrives in a burst: 900 s leaves 5 minutes over that for the body, and still stops
     # an upstream that drips bytes just often enough to never be silent.
     response_timeout_s: float = 900.0
+    # A whole stream, from its first event on, recall rounds included (None: no total; a
+    # stream runs while it keeps talking and its client stays, read_timeout_s bounds silences).
+    stream_timeout_s: float | None = None
     # A non-streaming body is held whole (it is parsed for usage and recall): 64 MiB is twice
     # the request cap and far above real answers (a 32k-token answer with top_logprobs=20 is
     # ~20 MB), while 8 concurrent hostile bodies still stay near half a GB.

@@ -18,16 +18,19 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import (
+    InternalError,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from proxy.policies.spec import Deployment, ServerSettings
-from proxy.redaction import redact_urls_in
+from proxy.redaction import redact_urls_in, without_traceback
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
-from proxy.upstream.openai_compat import redact
+from proxy.upstream.litellm_request import completion_arguments
+from proxy.upstream.openai_compat import REDACTED
 
 log = logging.getLogger("agentproxy.litellm")
-
-# Keys of litellm_params that are ours or the router's, not completion() arguments.
-_NOT_COMPLETION_ARGS = frozenset({"model", "rpm", "tpm", "order", "weight", "stream_timeout"})
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -99,11 +102,12 @@ class LiteLLMUpstream:
         request_id: str,
         headers: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
+        arguments = completion_arguments(deployment, body, stream=False)
         litellm = await self.module()
         limit = self._settings().response_timeout_s
         try:
             async with asyncio.timeout(limit) as scope:
-                response = await litellm.acompletion(**self._arguments(deployment, body, False))
+                response = await litellm.acompletion(**arguments)
         except TimeoutError as exc:
             if not scope.expired():
                 raise self._translate(litellm, deployment, exc) from exc
@@ -115,7 +119,12 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise self._translate(litellm, deployment, exc) from exc
         data = response.model_dump(exclude_none=True)
-        return UpstreamReply(data, orjson.dumps(data))
+        raw = orjson.dumps(data)
+        for secret in secrets_of(deployment):
+            if secret in raw:  # a provider echoing its key
+                raw = raw.replace(secret, REDACTED)
+                data = orjson.loads(raw)
+        return UpstreamReply(data, raw)
 
     async def open_stream(
         self,
@@ -124,33 +133,43 @@ class LiteLLMUpstream:
         request_id: str,
         headers: Mapping[str, str] | None = None,
     ) -> LiteLLMStream:
+        arguments = completion_arguments(deployment, body, stream=True)
         litellm = await self.module()
         try:
-            stream = await litellm.acompletion(**self._arguments(deployment, body, True))
+            stream = await litellm.acompletion(**arguments)
         except Exception as exc:
             raise self._translate(litellm, deployment, exc) from exc
-        return LiteLLMStream(stream, lambda exc: self._translate(litellm, deployment, exc))
-
-    def _arguments(
-        self, deployment: Deployment, body: dict[str, Any], stream: bool
-    ) -> dict[str, Any]:
-        arguments = {k: v for k, v in body.items() if k != "model"}
-        arguments.update(
-            (k, v) for k, v in deployment.litellm_params.items() if k not in _NOT_COMPLETION_ARGS
+        return LiteLLMStream(
+            stream,
+            lambda exc: self._translate(litellm, deployment, exc, called=True),
+            secrets_of(deployment),
         )
-        arguments.update(model=deployment.model, stream=stream, num_retries=0, max_retries=0)
-        if stream and deployment.stream_timeout_s:
-            arguments["timeout"] = deployment.stream_timeout_s
-        return arguments
 
-    def _translate(self, litellm: ModuleType, deployment: Deployment, exc: Exception) -> Exception:
+    def _translate(
+        self, litellm: ModuleType, deployment: Deployment, exc: Exception, *, called: bool = False
+    ) -> Exception:
+        """`called`: the provider is known to have been called (a stream it began)."""
         name = deployment.alias
-        text = str(redact(str(exc).encode(), deployment.api_key), "utf-8", "replace")
-        message = redact_urls_in(text)  # litellm's messages may quote the api_base
+        raw = str(exc).encode()
+        for secret in secrets_of(deployment):
+            raw = raw.replace(secret, REDACTED)
+        text = str(raw, "utf-8", "replace")
+        # litellm's messages may quote the api_base, and a traceback of its own code.
+        message = redact_urls_in(without_traceback(text))
         if isinstance(exc, litellm.Timeout):
             return UpstreamTimeout(
                 f"the upstream for '{name}' timed out ({message}); raise "
                 f"litellm_params.timeout of '{name}' if this model needs longer"
+            )
+        if not called and not _came_from_the_provider(exc):
+            # litellm's own translation failed (it calls that a connection error too): the
+            # provider was never called, so this is no upstream failure to retry or to count
+            # against the deployment's circuit.
+            log.info("litellm failed before calling '%s'", name, exc_info=exc)
+            return InternalError(
+                f"the request for '{name}' could not be translated to its provider: "
+                f"{_first_line(message)}",
+                code="translation_failed",
             )
         if isinstance(exc, litellm.APIConnectionError):
             return UpstreamUnreachable(f"the upstream for '{name}' is unreachable: {message}")
@@ -177,20 +196,85 @@ class LiteLLMUpstream:
         return UpstreamBadResponse(f"the upstream for '{name}' failed: {message}")
 
 
+# litellm_params whose values are credentials (api_key, aws_secret_access_key,
+# aws_session_token, vertex_credentials, ...): never shown to a client.
+_SECRET_PARAM_WORDS = ("key", "secret", "token", "credential", "password")
+
+
+def secrets_of(deployment: Deployment) -> tuple[bytes, ...]:
+    """The deployment's configured credentials, as they would appear in a body."""
+    found = {deployment.api_key} if deployment.api_key else set()
+    for name, value in deployment.litellm_params.items():
+        if isinstance(value, str) and any(word in name for word in _SECRET_PARAM_WORDS):
+            found.add(value)
+    return tuple(s.encode() for s in found if len(s) >= 4)  # as redact() does
+
+
+# Where a failure that reached the network shows in an exception's cause chain.
+_NETWORK_MODULES = ("httpx", "httpcore", "aiohttp", "ssl", "socket", "h11", "anyio")
+# litellm's functions that read a provider's answer: a crash in one of them is a garbled
+# answer (the provider was called), not a request litellm could not translate.
+_RESPONSE_FRAMES = frozenset(
+    {"transform_response", "transform_parsed_response", "convert_to_model_response_object",
+     "process_response", "chunk_parser"}
+)  # fmt: skip
+
+
+def _came_from_the_provider(exc: BaseException) -> bool:
+    """Whether litellm got as far as the provider: an error with an HTTP status, one caused
+    (somewhere in its chain) by the network, or one raised reading the provider's answer.
+    litellm wraps a crash in its own translation of the request as an APIConnectionError; its
+    chain then holds only Python's errors, raised before any answer was read."""
+    if isinstance(getattr(exc, "status_code", None), int) and not _is_connection_error(exc):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(16):  # chains are short; a cycle must not loop forever
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) or type(seen).__module__.split(".")[0] in _NETWORK_MODULES:
+            return True
+        if _read_an_answer(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return True
+
+
+def _read_an_answer(exc: BaseException) -> bool:
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_name in _RESPONSE_FRAMES:
+            return True
+        frame = frame.tb_next
+    return False
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("APIConnectionError", "Timeout") or isinstance(exc, TimeoutError)
+
+
+def _first_line(message: str) -> str:
+    return message.split("\n", 1)[0].removeprefix("litellm.APIConnectionError: ")
+
+
 class LiteLLMStream:
     """litellm's chunk objects, re-encoded as OpenAI SSE events."""
 
     headers: dict[str, str]
 
-    def __init__(self, stream: Any, translate: Any) -> None:
+    def __init__(self, stream: Any, translate: Any, secrets: tuple[bytes, ...] = ()) -> None:
         self._stream = stream
         self._translate = translate
+        self._secrets = secrets  # the deployment's credentials, never relayed
         self.headers = {}
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         try:
             async for chunk in self._stream:
-                yield [b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))]
+                event = b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True))
+                for secret in self._secrets:
+                    if secret in event:
+                        event = event.replace(secret, REDACTED)
+                yield [event]
         except Exception as exc:
             raise self._translate(exc) from exc
         yield [b"data: [DONE]"]

@@ -30,11 +30,25 @@ from proxy.upstream.sse import EventTooLarge, SSESplitter
 MAX_ERROR_BODY = 1024 * 1024
 
 
+REDACTED = b"[redacted]"
+
+
 def redact(body: bytes, secret: str | None) -> bytes:
     """Providers sometimes echo the key they were given; it must never reach the client."""
     if secret and len(secret) >= 4 and secret.encode() in body:
-        return body.replace(secret.encode(), b"[redacted]")
+        return body.replace(secret.encode(), REDACTED)
     return body
+
+
+def secret_bytes(secret: str | None) -> bytes | None:
+    """The key as it would appear in a body; None when there is none worth looking for."""
+    return secret.encode() if secret and len(secret) >= 4 else None
+
+
+def redact_events(batch: list[bytes], secret: bytes) -> list[bytes]:
+    """A batch of whole SSE events without the key. A key spread over two events' deltas is
+    not found (providers echo keys whole, in messages, not token by token)."""
+    return [e.replace(secret, REDACTED) for e in batch]
 
 
 class OpenAICompatUpstream:
@@ -90,6 +104,7 @@ class OpenAICompatUpstream:
                 raise self._failure(deployment, exc, stream=False) from exc
             raise
         response.release()
+        raw = redact(raw, deployment.api_key)
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -126,6 +141,7 @@ class OpenAICompatUpstream:
             lambda exc: self._failure(deployment, exc, stream=True),
             deployment.alias,
             self._settings().max_event_bytes,
+            secret_bytes(deployment.api_key),
         )
 
     async def _post(
@@ -259,9 +275,15 @@ class SSEStream:
     """Splits an upstream SSE body into complete events as the bytes arrive."""
 
     def __init__(
-        self, response: aiohttp.ClientResponse, failure: Any, alias: str, max_event_bytes: int
+        self,
+        response: aiohttp.ClientResponse,
+        failure: Any,
+        alias: str,
+        max_event_bytes: int,
+        secret: bytes | None = None,
     ) -> None:
         self.response = response
+        self._secret = secret  # the deployment's key, never relayed
         self.headers = forwarded_headers(response.headers)
         self._failure = failure
         self._alias = alias
@@ -270,10 +292,16 @@ class SSEStream:
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         splitter = SSESplitter(self._max_event_bytes)
+        secret = self._secret
         try:
             async for chunk in self.response.content.iter_any():
+                held = splitter.holding
                 batch = splitter.feed(chunk)
                 if batch:
+                    if secret is not None and (
+                        secret in chunk or (held and secret in batch[0])
+                    ):  # one search per read; the first event may hold earlier reads' bytes
+                        batch = redact_events(batch, secret)
                     yield batch
         except EventTooLarge:
             raise UpstreamTooLarge(
@@ -286,7 +314,7 @@ class SSEStream:
         self._finished = True
         last = splitter.rest()
         if last:
-            yield [last]
+            yield [last] if secret is None or secret not in last else redact_events([last], secret)
 
     async def close(self) -> None:
         if self._finished:

@@ -36,6 +36,12 @@ class SSESplitter:
             return self._continue(self._pending, chunk)
         return self._split(chunk)
 
+    @property
+    def holding(self) -> bool:
+        """Whether the start of an unfinished event is held (the next feed's first event
+        begins with earlier chunks' bytes)."""
+        return bool(self._pending)
+
     def rest(self) -> bytes:
         """What is held when the stream ends: a last event sent without its blank line."""
         held = bytes(self._pending).strip()
