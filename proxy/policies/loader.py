@@ -78,6 +78,7 @@ _FLOAT_SERVER_FIELDS = frozenset(
         "response_timeout_s",
         "stream_timeout_s",
         "watch_interval_s",
+        "reload_settle_s",
         "body_timeout_s",
         "drain_s",
         "memo_idle_s",

@@ -131,6 +131,9 @@ class ServerSettings:
     # unfinished event is held, so this bounds a stream's memory.
     max_event_bytes: int = 8 * 1024 * 1024
     watch_interval_s: float = 1.0
+    # A changed file is applied only once its contents stayed the same this long: a reload
+    # never catches a file half-written (a slow copy, an editor that truncates then writes).
+    reload_settle_s: float = 1.0
     access_log: bool = False  # successes too; failures are always logged
     log_format: Literal["text", "json"] = "text"  # json: one object per line (read at start)
     # The event loop: uvloop where installed (auto), or the one named (read at start).

@@ -2,12 +2,16 @@
 
 The swap is one reference assignment: a request keeps the Config it read at its start. A
 configuration that fails to load never replaces the active one; the failure is logged, counted
-and kept for /admin/policies.
+and kept for /admin/policies. Two more never do: files still being written (a reload waits
+until their contents stay the same for `server.reload_settle_s`, and loads them only if they
+did not change while read), and one that would remove authentication (dropping every key
+takes a restart, never a half-written file or a slip in an edit).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -16,10 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.metrics import Metrics
-from proxy.policies.loader import ConfigError, load_config, sources_fingerprint
+from proxy.policies.loader import (
+    ConfigError,
+    ConfigIssue,
+    config_sources,
+    load_config,
+    sources_fingerprint,
+)
 from proxy.policies.spec import Config
 
 log = logging.getLogger("agentproxy.config")
+
+# A file rewritten for longer than this many settle intervals is reported, not waited for: the
+# watcher tries again at its next change.
+MAX_SETTLE_ROUNDS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +78,14 @@ class ConfigHolder:
         async with self._lock:
             if self.path is None:
                 return self._rejected(trigger, ["started with --model: there is no file to load"])
-            self._fingerprint = _fingerprint(self.path)
             try:
-                config = await asyncio.to_thread(load_config, self.path)
+                config = await self._load_settled(self.path)
             except ConfigError as exc:
                 return self._rejected(trigger, [str(issue) for issue in exc.issues])
             except Exception as exc:  # an unreadable file must not take the watcher down
                 return self._rejected(trigger, [f"{type(exc).__name__}: {exc}"])
+            if refusal := _drops_authentication(self.current, config):
+                return self._rejected(trigger, [refusal])
             self.current = config
             for listener in self._listeners:
                 listener(config)
@@ -85,6 +100,27 @@ class ConfigHolder:
             for note in config.notes:
                 log.info("config: %s", note)
             return outcome
+
+    async def _load_settled(self, path: str | os.PathLike[str]) -> Config:
+        """The configuration once its files' contents have stayed the same for
+        server.reload_settle_s and did not change while they were loaded."""
+        settle_s = self.current.server.reload_settle_s
+        contents = await asyncio.to_thread(_contents_digest, path)
+        for _ in range(MAX_SETTLE_ROUNDS):
+            await asyncio.sleep(settle_s)
+            # Taken first: an edit after it is a change for the watcher; an invalid file is
+            # not reloaded again until it changes.
+            self._fingerprint = _fingerprint(path)
+            config = await asyncio.to_thread(_load_between, path, contents)
+            if config is not None:
+                return config
+            contents = await asyncio.to_thread(_contents_digest, path)
+        self._fingerprint = _fingerprint(path)
+        message = (
+            f"the files kept changing for {MAX_SETTLE_ROUNDS} x {settle_s:g} s "
+            "(server.reload_settle_s); not applied"
+        )
+        raise ConfigError([ConfigIssue(os.fspath(path), "", message)])
 
     def _rejected(self, trigger: str, errors: list[str]) -> ReloadOutcome:
         outcome = ReloadOutcome(False, trigger, time.time(), self.current.version, tuple(errors))
@@ -106,6 +142,49 @@ class ConfigHolder:
             fingerprint = _fingerprint(self.path)
             if fingerprint != self._fingerprint:
                 await self.reload("watch")
+
+
+def _drops_authentication(current: Config, new: Config) -> str | None:
+    """Why `new` must not replace `current` by a reload: it would open what is closed now."""
+    restart = "; restart the proxy to run without them on purpose"
+    if current.keys.api_keys and not new.keys.api_keys:
+        return (
+            f"keys.api_keys: the new configuration has no API keys (the running one has "
+            f"{len(current.keys.api_keys)}), so loopback clients would be served without a "
+            f"key{restart}"
+        )
+    if current.keys.admin_digest is not None and new.keys.admin_digest is None:
+        return (
+            "keys.admin_key: the new configuration has no admin key, so loopback clients "
+            f"would reach the admin routes without one{restart}"
+        )
+    return None
+
+
+def _contents_digest(path: str | os.PathLike[str]) -> bytes:
+    """What the config files hold now (names and bytes); missing files read as empty."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        files = config_sources(path)
+    except ConfigError:
+        return b""
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        try:
+            digest.update(file.read_bytes())
+        except OSError:
+            digest.update(b"\0missing")
+        digest.update(b"\0")
+    return digest.digest()
+
+
+def _load_between(path: str | os.PathLike[str], contents: bytes) -> Config | None:
+    """The configuration, if the files held `contents` before and after it was read; else
+    None (they are still being written)."""
+    if _contents_digest(path) != contents:
+        return None
+    config = load_config(path)
+    return config if _contents_digest(path) == contents else None
 
 
 def _fingerprint(path: str | os.PathLike[str] | None) -> tuple[object, ...]:
