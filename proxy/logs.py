@@ -1,8 +1,10 @@
-"""Logging: what a client sends never floods the log, and lines in the format asked for."""
+"""Logging: what a client sends never floods the log nor forges a line in it, and lines in the
+format asked for."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -41,6 +43,54 @@ def shorten_protocol_errors() -> None:
         logger.addFilter(ShortProtocolErrors())
 
 
+def _escape(code: int) -> str:
+    named = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code)
+    return named or (f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
+
+
+# Everything that could end a line, move a terminal's cursor or fail to encode: C0 and C1
+# controls, DEL, Unicode's line and paragraph separators, and the lone surrogates that stand for
+# bytes that are not UTF-8 in a header (orjson refuses them, and the record would be lost).
+_UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *range(0xD800, 0xE000)]
+_ESCAPES = {code: _escape(code) for code in _UNSAFE}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters escaped (`\\n`, `\\x1b`): one line, whatever a
+    client put in it. Text with none (nearly always) is returned as it is."""
+    return text if text.isprintable() else text.translate(_ESCAPES)
+
+
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
+def _printable_arg(value: object) -> object:
+    if isinstance(value, str):
+        return printable(value)
+    if value is None or isinstance(value, int | float):
+        return value  # %d and %.1f still work
+    shown = str(value)  # an exception, a path: what %s would write
+    return value if shown.isprintable() else printable(shown)
+
+
+class EscapeControlChars(logging.Filter):
+    """On every handler: the values a message quotes (a path, a session id, a model name, an
+    exception's text: anything a client may have chosen) are written with their control
+    characters escaped, so no request can end its line and forge another. The message's own
+    text (which the code writes, line breaks included) is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple):
+            for value in args:  # the common case: nothing to escape, nothing rebuilt
+                if not (type(value) in _PLAIN or (isinstance(value, str) and value.isprintable())):
+                    record.args = tuple(_printable_arg(value) for value in args)
+                    break
+        elif isinstance(args, Mapping):
+            record.args = {name: _printable_arg(value) for name, value in args.items()}
+        return True
+
+
 class JsonLines(logging.Formatter):
     """`server.log_format: json`: every log record as one JSON object on one line, for a log
     pipeline to parse. A record's `fields` (the access line's) become top-level keys."""
@@ -54,15 +104,22 @@ class JsonLines(logging.Formatter):
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            line.update(fields)
+            line.update(
+                {
+                    name: printable(value) if isinstance(value, str) else value
+                    for name, value in fields.items()
+                }
+            )
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()
 
 
 def use_format(log_format: str) -> None:
-    """Every handler of the root logger writes `log_format` ("text" or "json") from now on."""
-    if log_format != "json":
-        return
+    """Every handler of the root logger writes `log_format` ("text" or "json") from now on,
+    with what clients sent escaped."""
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(JsonLines())
+        if not any(isinstance(f, EscapeControlChars) for f in handler.filters):
+            handler.addFilter(EscapeControlChars())
+        if log_format == "json":
+            handler.setFormatter(JsonLines())
