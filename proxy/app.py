@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.body_budget import BODY_BUDGET, BodyBudget
 from proxy.control.control import Control
 from proxy.dialects.view_memo import ViewMemo
 from proxy.events import EventLog
@@ -93,6 +94,12 @@ def build_app(
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
     app[HANDLING] = Handling()
+    # Never below one body of the largest size allowed: that one is always read when alone.
+    app[BODY_BUDGET] = BodyBudget(
+        lambda: max(
+            holder.current.server.max_body_bytes_in_flight, holder.current.server.max_body_bytes
+        )
+    )
     leaving = app[HANDOVER] = Handover(enabled=handover)
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life

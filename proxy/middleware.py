@@ -10,6 +10,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.body_budget import BODY_BUDGET
 from proxy.dialects import anthropic
 from proxy.errors import (
     InternalError,
@@ -134,6 +135,7 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
             )
     finally:
         in_flight.dec()
+        request.app[BODY_BUDGET].release(request)  # the body it held, however it ended
     if not response.prepared:
         response.headers["x-request-id"] = request_id
         if _client_gone(request):  # the answer is ready but nobody is left to read it

@@ -54,7 +54,7 @@ def _default(key: str, spec: dict[str, Any]) -> str:
         return "\u2013"  # an en dash: "no default"
     value = spec["default"]
     shown = f"`{json.dumps(value) if isinstance(value, bool) else value}`"
-    if key.endswith("_bytes") and isinstance(value, int) and value >= _MIB and value % _MIB == 0:
+    if ("_bytes" in key) and isinstance(value, int) and value >= _MIB and value % _MIB == 0:
         shown += f" ({value // _MIB} MiB)"
     return shown
 

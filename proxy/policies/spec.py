@@ -147,6 +147,9 @@ class ServerSettings:
     mmap_threshold_kb: int | None = 32
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
+    # The bytes of request bodies those requests hold, all together (a body's Content-Length
+    # is reserved before it is read); past it, 503 with Retry-After.
+    max_body_bytes_in_flight: int = 512 * 1024 * 1024
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still finish
     # Past this resident size a worker hands over to a fresh one (read at start; None: never).
     max_rss_mb: int | None = None

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.body_budget import BODY_BUDGET
 from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from proxy.json_depth import MAX_JSON_DEPTH, nested_too_deep
 
@@ -17,9 +18,17 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     """The whole body, at most `limit` bytes; 408 once the client is silent for `timeout_s`.
 
     What has already arrived is taken without a timer (a small body is usually all there when
-    the handler runs, and arming a timer costs ~6 us); only a wait for more is timed."""
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(request.content_length, limit)
+    the handler runs, and arming a timer costs ~6 us); only a wait for more is timed.
+
+    The body's bytes are reserved from server.max_body_bytes_in_flight first (503 when it is
+    spent): all of a `Content-Length` at once, a chunked body chunk by chunk."""
+    length = request.content_length
+    budget = request.app[BODY_BUDGET]
+    if length is not None:
+        if length > limit:
+            raise _too_large(length, limit)
+        if length:
+            budget.reserve(request, length)
     content = request.content
     chunks: list[bytes] = []  # joined once at the end: one copy of the body, not two
     size = 0
@@ -42,6 +51,8 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit)
+        if length is None:
+            budget.reserve(request, len(chunk))
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
