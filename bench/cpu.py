@@ -84,10 +84,17 @@ class Cell:
         return BODIES[(self.route, self.size)](self.stream)
 
 
-async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+async def serve(app: web.Application, *, proxy: bool = False) -> tuple[web.AppRunner, int]:
+    """The proxy as `serve` runs it (its head deadline too); the bare forwarder with the same
+    server options."""
     from proxy.app import SERVER_OPTIONS
+    from proxy.head_deadline import ProxyRunner
 
-    runner = web.AppRunner(app, handle_signals=False, **SERVER_OPTIONS)
+    runner = (
+        ProxyRunner(app, handle_signals=False)
+        if proxy
+        else web.AppRunner(app, handle_signals=False, **SERVER_OPTIONS)
+    )
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -216,7 +223,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
             runner, ports["bare"] = await serve(bare_app(f"http://127.0.0.1:{upstream_port}"))
             runners.append(runner)
         if args.target in ("both", "proxy"):
-            runner, ports["proxy"] = await serve(build_app(config, watch=False))
+            runner, ports["proxy"] = await serve(build_app(config, watch=False), proxy=True)
             runners.append(runner)
         profile = cProfile.Profile() if args.profile else None
         if hasattr(server, "freeze_heap"):  # as serve() does once listening (not before)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from proxy.app import SERVER_OPTIONS
+from proxy.head_deadline import ProxyRunner
 from proxy.middleware import HANDLING, Handling
 from proxy.recycle import refuse_past_hard_ceiling, watch_rss
 from proxy.state import HANDOVER
@@ -54,7 +54,7 @@ async def serve(
     `handover`) also leaves on SIGUSR1 or past `max_rss_mb` of resident memory: it stops
     accepting, hands its guard state over, calls `leaving` (the parent forks its successor
     then) and drains; True when it left for that reason (proxy/recycle.py)."""
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=CANCEL_S, **SERVER_OPTIONS)
+    runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=CANCEL_S)
     await runner.setup()
     stopping = time.monotonic()
     try:

@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.app import SERVER_OPTIONS, build_app
+from proxy.app import build_app
+from proxy.head_deadline import ProxyRunner
 from proxy.testing.simulator import Simulator
 
 ProxyFactory = Callable[..., Awaitable[TestServer]]
@@ -99,11 +100,11 @@ def config_path(tmp_path: Path, sim_server: TestServer) -> Path:
 
 
 class ServedLikeServe(TestServer):
-    """A TestServer run with `serve`'s server options: aiohttp's own cancels a handler when
-    its client hangs up, which `serve` does not."""
+    """A TestServer run as `serve` runs the app: its server options (aiohttp's own cancel a
+    handler when its client hangs up, which `serve` does not) and its head deadline."""
 
     async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
-        return web.AppRunner(self.app, **{**kwargs, **SERVER_OPTIONS})
+        return ProxyRunner(self.app, **kwargs)
 
 
 @pytest.fixture

@@ -80,6 +80,7 @@ _FLOAT_SERVER_FIELDS = frozenset(
         "watch_interval_s",
         "reload_settle_s",
         "body_timeout_s",
+        "head_timeout_s",
         "drain_s",
         "memo_idle_s",
     }

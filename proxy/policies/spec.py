@@ -146,6 +146,9 @@ class ServerSettings:
     # (None: glibc's default, which rises to 32 MiB): proxy/heap.py. Read at start.
     mmap_threshold_kb: int | None = 32
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
+    # A request's whole head (request line and headers), from the connection's opening or the
+    # next head's first byte: slowloris clients and silent connections are cut.
+    head_timeout_s: float = 15.0
     max_in_flight: int = 1000  # requests handled at once; more get 503 with Retry-After
     # The bytes of request bodies those requests hold, all together (a body's Content-Length
     # is reserved before it is read); past it, 503 with Retry-After.
