@@ -88,7 +88,30 @@ class EscapeControlChars(logging.Filter):
                     break
         elif isinstance(args, Mapping):
             record.args = {name: _printable_arg(value) for name, value in args.items()}
+        if record.exc_info and record.exc_text is None:
+            record.exc_text = _traceback(record.exc_info)
         return True
+
+
+_TRACEBACKS = logging.Formatter()
+
+
+def _traceback(exc_info: Any) -> str:
+    """The traceback as logging writes it, with each exception's own text (which may quote
+    what a client sent) escaped; its frames stay on their lines."""
+    text = _TRACEBACKS.formatException(exc_info)
+    error: BaseException | None = exc_info[1]
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        try:
+            message = str(error)
+        except Exception:  # a broken __str__: the traceback says so itself
+            message = ""
+        if message and not message.isprintable():
+            text = text.replace(message, printable(message))
+        error = error.__cause__ or error.__context__
+    return text
 
 
 class JsonLines(logging.Formatter):
@@ -111,8 +134,12 @@ class JsonLines(logging.Formatter):
                 }
             )
         if record.exc_info:
-            line["error"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+            line["error"] = record.exc_text or self.formatException(record.exc_info)
+        try:
+            return orjson.dumps(line, default=str).decode()
+        except orjson.JSONEncodeError:  # text JSON cannot carry (lone surrogates): escaped
+            shown = {k: printable(v) if isinstance(v, str) else v for k, v in line.items()}
+            return orjson.dumps(shown, default=lambda v: printable(str(v))).decode()
 
 
 def use_format(log_format: str) -> None:

@@ -5,6 +5,8 @@ request's own line. A real `agentproxy serve` process, raw sockets, its stderr r
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import re
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.logs import EscapeControlChars, JsonLines
 from tests.conftest import sim_config
 from tests.test_cli import start_serve
 
@@ -104,3 +107,30 @@ async def test_control_characters_from_clients_never_forge_a_log_line(
     assert sum(FORGED in line for line in access) == 5, access
     assert sum("\\n" in line for line in access) == 3
     assert sum(line.count("\\x1b") for line in access) == 2
+
+
+INJECTED = "2026-12-04 00:00:00 ERROR agentproxy: forged"
+
+
+@pytest.mark.parametrize("formatter", [logging.Formatter("%(message)s"), JsonLines()])
+def test_an_exception_quoting_a_client_stays_on_its_lines(formatter: logging.Formatter) -> None:
+    """A traceback keeps its frames on their lines; the exception's own text, which may quote
+    what a client sent, cannot start a line of its own (nor, in JSON, lose the record)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(EscapeControlChars())
+    handler.setFormatter(formatter)
+    log = logging.getLogger("agentproxy.test-injection")
+    log.addHandler(handler)
+    try:
+        try:
+            raise ValueError(f"no model 'x\n{INJECTED} line \udcff'")
+        except ValueError as exc:
+            raise RuntimeError(f"while serving \r\n{INJECTED}") from exc
+    except RuntimeError:
+        log.exception("request %s failed", f"r\n{INJECTED}")
+    finally:
+        log.removeHandler(handler)
+    written = stream.getvalue()
+    assert written.count("forged") == 3
+    assert not [line for line in written.splitlines() if line.startswith(INJECTED[:10])]
