@@ -20,7 +20,7 @@ from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
 from proxy.lineage import Lineage
-from proxy.logs import shorten_protocol_errors
+from proxy.logs import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.model_catalog import ModelCatalog
@@ -228,8 +228,8 @@ def build_app(
 
 def warn_if_open(config: Config, host: str | None = None) -> None:
     for warning in exposure_warnings(config, host):
-        log.warning("%s", warning)
+        log_lines(log.warning, warning)
     for warning in config.warnings:
-        log.warning("config: %s", warning)
+        log_lines(log.warning, f"config: {warning}")
     for note in config.notes:
-        log.info("config: %s", note)
+        log_lines(log.info, f"config: {note}")

@@ -4,7 +4,7 @@ format asked for."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -71,6 +71,14 @@ def _printable_arg(value: object) -> object:
         return value  # %d and %.1f still work
     shown = str(value)  # an exception, a path: what %s would write
     return value if shown.isprintable() else printable(shown)
+
+
+def log_lines(log: Callable[..., None], text: str) -> None:
+    """Log the proxy's own `text` that spans lines (a config warning, a list of errors) as
+    those lines: each line's content is escaped as any quoted value is, the breaks between
+    them are kept."""
+    lines = text.split("\n")
+    log("%s" + "\n%s" * (len(lines) - 1), *lines)
 
 
 class EscapeControlChars(logging.Filter):

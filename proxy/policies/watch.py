@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.logs import log_lines
 from proxy.metrics import Metrics
 from proxy.policies.loader import (
     ConfigError,
@@ -96,9 +97,9 @@ class ConfigHolder:
             self._metrics.set_config_version(config.version, config.loaded_at)
             log.info("configuration %s loaded (%s) from %s", config.version, trigger, self.path)
             for warning in config.warnings:
-                log.warning("config: %s", warning)
+                log_lines(log.warning, f"config: {warning}")
             for note in config.notes:
-                log.info("config: %s", note)
+                log_lines(log.info, f"config: {note}")
             return outcome
 
     async def _load_settled(self, path: str | os.PathLike[str]) -> Config:
@@ -127,12 +128,8 @@ class ConfigHolder:
         self.last_reload = outcome
         self._metrics.config_reloads.labels("failure").inc()
         self._metrics.config_last_reload_ok.set(0)
-        log.error(
-            "configuration reload (%s) rejected; still serving %s:\n  %s",
-            trigger,
-            self.current.version,
-            "\n  ".join(errors),
-        )
+        rejected = f"configuration reload ({trigger}) rejected; still serving {outcome.version}:"
+        log_lines(log.error, "\n  ".join([rejected, *errors]))
         return outcome
 
     async def watch(self) -> None:
