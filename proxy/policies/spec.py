@@ -391,5 +391,15 @@ class Config:
                 return policy
         return self.default_policy
 
-    def policy_named(self, name: str) -> Policy | None:
-        return next((p for p in self.policies if p.name == name), None)
+    def policy_named(self, name: str, key_name: str | None = None) -> Policy | None:
+        """The policy `name`, if the caller (`key_name`) may choose it by name: a header may
+        choose a policy, never escape one. A policy whose `match.keys` is set is open only to
+        those keys, and a key some policy is bound to may choose only among its own."""
+        policy = next((p for p in self.policies if p.name == name), None)
+        if policy is None or key_name is None:
+            return policy
+        bound_to = policy.match.keys
+        if bound_to is not None:
+            return policy if key_name in bound_to else None
+        bound = any(p.match.keys is not None and key_name in p.match.keys for p in self.policies)
+        return None if bound else policy
