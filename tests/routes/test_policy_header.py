@@ -3,7 +3,8 @@
 A key the operator bound to a policy (its `match.keys` names the key: budgets, a loop ladder, a
 circuit) must not step out of it by naming another policy (a dry-run one, one open to
 everyone): each such name is answered as an unknown one, a 400 `policy_not_found`, before the
-model is called (`default`, the built-in, was never a name a header could give). A key no policy names keeps choosing among the policies open to everyone.
+model is called (`default`, the built-in, was never a name a header could give). A key no
+policy names keeps choosing among the policies open to everyone.
 """
 
 from __future__ import annotations
