@@ -16,6 +16,7 @@ from proxy.dialects import anthropic
 from proxy.dialects.anthropic_stream import Relay, message_stream
 from proxy.dialects.anthropic_view import AnthropicView
 from proxy.dialects.chat_degraded import degraded_text
+from proxy.dialects.provider_objects import refuse_messages_objects
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
@@ -61,6 +62,8 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_messages_request(raw, counting=counting)
+    if key is not None:  # tenants share the provider's account: its stored objects too
+        refuse_messages_objects(raw, body)
     identity = {"metadata": body.get("metadata")}
     opening = lambda: AnthropicView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)

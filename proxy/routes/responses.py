@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy.auth import authenticate
 from proxy.dialects import chat, responses
 from proxy.dialects.chat_degraded import degraded_text
+from proxy.dialects.provider_objects import refuse_responses_objects
 from proxy.dialects.responses_owners import ResponseOwners, continues, item_not_found
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
@@ -51,8 +52,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     owner = owner_of(key, config.keys)
     # Tenants share the provider's account: each may name only responses it created.
     owners = ResponseOwners(request.app[STORE], owner) if key is not None else None
-    if owners is not None and continues(body):
-        await owners.check(body)
+    if owners is not None:
+        refuse_responses_objects(raw, body)  # files, containers, ... named by id
+        if continues(body):
+            await owners.check(body)
     cache_key = body.get("prompt_cache_key")
     identity = {"metadata": {"session_id": cache_key}}
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
