@@ -8,8 +8,9 @@ and it does not record the ones a reply makes: with keys, a request naming one i
 a 400 that names the field, before any call upstream. Inline content (an `encrypted_content`
 reasoning item, a base64 image, a `{"type": "auto"}` container) goes on as before.
 
-Cheap when absent: a request whose raw body spells none of the fields (nor any `\\u` escape,
-the only way JSON can spell a key otherwise) is not walked at all.
+Cheap: the walk covers the tools and only the input items (messages) new on this turn; those
+a session's earlier view lent were checked on their own turn (a refused turn's view is not
+kept). JSON keys arrive already unescaped, so no spelling slips past.
 """
 
 from __future__ import annotations
@@ -18,27 +19,24 @@ from typing import Any
 
 from proxy.errors import BadRequest
 
-# Every field below contains one of these; `\u` covers a key spelled with escapes.
-_RESPONSES_MARKERS = (b"file_id", b"container", b"vector_store_ids", b"reasoning", b"\\u")
-_MESSAGES_MARKERS = (b"file_id", b"container", b"\\u")
-
+_HOSTED = frozenset(("code_interpreter", "file_search"))  # the tools that name stored objects
 SHARED_ACCOUNT = (
     "objects stored at the provider are shared by every key of this proxy, so none is named "
     "by id through it"
 )
 
 
-def refuse_responses_objects(raw: bytes, body: dict[str, Any]) -> None:
-    """A Responses request's files, vector stores, containers and stored reasoning items."""
-    if not any(marker in raw for marker in _RESPONSES_MARKERS):
-        return
-    for index, tool in enumerate(body.get("tools") or ()):
-        if isinstance(tool, dict):
+def refuse_responses_objects(body: dict[str, Any], fresh: int) -> None:
+    """A Responses request's files, vector stores, containers and stored reasoning items;
+    `fresh`, the first input item not checked on an earlier turn."""
+    for index, tool in enumerate(body.get("tools") or ()):  # each a dict: parse saw to it
+        if tool.get("type") in _HOSTED:
             _check_tool(tool, f"tools[{index}]")
     items = body.get("input")
     if not isinstance(items, list):
         return
-    for index, item in enumerate(items):
+    for index in range(fresh, len(items)):
+        item = items[index]
         if not isinstance(item, dict):
             continue
         where = f"input[{index}]"
@@ -78,10 +76,9 @@ def _check_parts(parts: list[Any], where: str) -> None:
             _refuse(f"{where}[{index}].file_id", "files")
 
 
-def refuse_messages_objects(raw: bytes, body: dict[str, Any]) -> None:
-    """An Anthropic Messages request's container and files named by id."""
-    if not any(marker in raw for marker in _MESSAGES_MARKERS):
-        return
+def refuse_messages_objects(body: dict[str, Any], fresh: int) -> None:
+    """An Anthropic Messages request's container and files named by id; `fresh`, the first
+    message not checked on an earlier turn."""
     container = body.get("container")
     if isinstance(container, str) or (isinstance(container, dict) and "id" in container):
         raise BadRequest(
@@ -90,7 +87,9 @@ def refuse_messages_objects(raw: bytes, body: dict[str, Any]) -> None:
             param="container",
             code="stored_object_refused",
         )
-    for index, message in enumerate(body.get("messages") or ()):
+    messages = body["messages"]  # a list: parse_messages_request saw to it
+    for index in range(fresh, len(messages)):
+        message = messages[index]
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             _check_blocks(content, f"messages[{index}].content")

@@ -62,13 +62,13 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
     body = parse_messages_request(raw, counting=counting)
-    if key is not None:  # tenants share the provider's account: its stored objects too
-        refuse_messages_objects(raw, body)
     identity = {"metadata": body.get("metadata")}
     opening = lambda: AnthropicView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = AnthropicView.of(body, views.last(own))
+    if key is not None:  # tenants share the provider's account: its stored objects too
+        refuse_messages_objects(body, view.fresh)
     if not counting:
         views.keep(own, view, len(raw))
     chat = view.chat_body()

@@ -52,10 +52,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     owner = owner_of(key, config.keys)
     # Tenants share the provider's account: each may name only responses it created.
     owners = ResponseOwners(request.app[STORE], owner) if key is not None else None
-    if owners is not None:
-        refuse_responses_objects(raw, body)  # files, containers, ... named by id
-        if continues(body):
-            await owners.check(body)
+    if owners is not None and continues(body):
+        await owners.check(body)
     cache_key = body.get("prompt_cache_key")
     identity = {"metadata": {"session_id": cache_key}}
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
@@ -64,6 +62,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     view = ResponsesView.of(body, views.last(own))
     if owners is not None and view.references:  # a stored item could be anyone's
         raise item_not_found(view.references[0])
+    if owners is not None:  # files, containers, ... named by id could be anyone's too
+        refuse_responses_objects(body, view.fresh)
     views.keep(own, view, len(raw))
     ex = open_exchange(
         request,

@@ -57,9 +57,12 @@ async def start(
     return await start_proxy(path)
 
 
-async def post(proxy: TestServer, path: str, body: dict[str, Any] | bytes) -> tuple[int, Any]:
+async def post(
+    proxy: TestServer, path: str, body: dict[str, Any] | bytes, more: dict[str, str] | None = None
+) -> tuple[int, Any]:
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
     headers = {
+        **(more or {}),
         "authorization": f"Bearer {BOB}",
         "x-api-key": BOB,
         "content-type": "application/json",
@@ -233,3 +236,33 @@ async def test_without_keys_everything_passes_through(
         body = {"model": "claude", "max_tokens": 16, "messages": [user("hi")], **extra}
         await post(proxy, "/v1/messages", body)
     assert sim.request_count == len(RESPONSES_ATTACKS) + len(MESSAGES_ATTACKS)
+
+
+async def test_a_later_turn_of_a_session_is_checked_too(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, sim: Simulator
+) -> None:
+    """Only the items new on a turn are walked (the session's earlier view lends the rest):
+    a file named on the next turn is still refused, and a refused turn lends nothing."""
+    proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, keys=True)
+    session = {"x-agentproxy-session": "s1"}
+    turn = [user("hi")]
+    status, first = await post(proxy, "/v1/responses", {"model": "gpt", "input": turn}, session)
+    assert status == 200, first
+    turn += [*first["output"], user([{"type": "input_file", "file_id": "file-alice"}])]
+    for _ in range(2):  # the refused turn left no view behind to lend its file
+        status, answer = await post(
+            proxy, "/v1/responses", {"model": "gpt", "input": turn}, session
+        )
+        assert status == 400 and answer["error"]["param"].endswith(".content[0].file_id")
+    messages: list[dict[str, Any]] = [user("hi")]
+    body = {"model": "claude", "max_tokens": 16, "messages": messages}
+    status, reply = await post(proxy, "/v1/messages", body, session)
+    assert status == 200, reply
+    file = {"type": "image", "source": {"type": "file", "file_id": "file_a"}}
+    messages += [{"role": "assistant", "content": reply["content"]}, user([file])]
+    for _ in range(2):
+        status, answer = await post(proxy, "/v1/messages", body, session)
+        assert (
+            status == 400 and "messages[2].content[0].source.file_id" in answer["error"]["message"]
+        )
+    assert sim.request_count == 2
