@@ -177,7 +177,8 @@ class Flow:
 
     def count_failure(self, ex: Exchange, error: ProxyError) -> None:
         """A failure outside control's calls (in the relay): counted like control's own."""
-        if not error.extra:  # control counts (and marks) its own
+        # Control counts (and marks) its own; one raised before any call is no upstream's.
+        if not error.extra and not error.unsent:
             reason = error.code or error.type
             self.metrics.child(self.metrics.upstream_errors, ex.alias, reason).inc()
 

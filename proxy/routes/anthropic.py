@@ -16,6 +16,7 @@ from proxy.dialects import anthropic
 from proxy.dialects.anthropic_stream import Relay, message_stream
 from proxy.dialects.anthropic_view import AnthropicView
 from proxy.dialects.chat_degraded import degraded_text
+from proxy.dialects.provider_objects import refuse_messages_objects
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
@@ -66,6 +67,8 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = AnthropicView.of(body, views.last(own))
+    if key is not None:  # tenants share the provider's account: its stored objects too
+        refuse_messages_objects(body, view.fresh)
     if not counting:
         views.keep(own, view, len(raw))
     chat = view.chat_body()

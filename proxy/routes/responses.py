@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy.auth import authenticate
 from proxy.dialects import chat, responses
 from proxy.dialects.chat_degraded import degraded_text
+from proxy.dialects.provider_objects import refuse_responses_objects
 from proxy.dialects.responses_owners import ResponseOwners, continues, item_not_found
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
@@ -61,6 +62,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     view = ResponsesView.of(body, views.last(own))
     if owners is not None and view.references:  # a stored item could be anyone's
         raise item_not_found(view.references[0])
+    if owners is not None:  # files, containers, ... named by id could be anyone's too
+        refuse_responses_objects(body, view.fresh)
     views.keep(own, view, len(raw))
     ex = open_exchange(
         request,
