@@ -2,7 +2,7 @@
 
 With API keys configured, every tenant's requests go out under the operator's one provider
 account, so any object the provider stores and a request names by id (a file, a vector store,
-a code-execution container, a stored reasoning item) is readable by whoever knows the id. The
+a code-execution container) is readable by whoever knows the id. The
 proxy serves no /v1/files, vector stores or containers, so no tenant created one through it,
 and it does not record the ones a reply makes: with keys, a request naming one is refused with
 a 400 that names the field, before any call upstream. Inline content (an `encrypted_content`
@@ -27,7 +27,7 @@ SHARED_ACCOUNT = (
 
 
 def refuse_responses_objects(body: dict[str, Any], fresh: int) -> None:
-    """A Responses request's files, vector stores, containers and stored reasoning items;
+    """A Responses request's files, vector stores and containers named by id;
     `fresh`, the first input item not checked on an earlier turn."""
     for index, tool in enumerate(body.get("tools") or ()):  # each a dict: parse saw to it
         if tool.get("type") in _HOSTED:
@@ -40,19 +40,26 @@ def refuse_responses_objects(body: dict[str, Any], fresh: int) -> None:
         if not isinstance(item, dict):
             continue
         where = f"input[{index}]"
-        if item.get("type") == "reasoning" and item.get("encrypted_content") is None:
-            raise BadRequest(
-                f"'{where}' is a reasoning item without its 'encrypted_content': the provider "
-                f"would look it up by id, and {SHARED_ACCOUNT}; send it with the "
-                "'encrypted_content' the reply carried (include: "
-                '["reasoning.encrypted_content"]), or continue with previous_response_id',
-                param=where,
-                code="stored_object_refused",
-            )
         for field in ("content", "output"):  # a message's parts, a tool output's parts
             parts = item.get(field)
             if isinstance(parts, list):
                 _check_parts(parts, f"{where}.{field}")
+
+
+def reasoning_by_id(body: dict[str, Any], fresh: int) -> list[tuple[str, Any]]:
+    """The reasoning items, from input item `fresh` on, sent without their `encrypted_content`
+    (where, id): the provider looks them up by id, so only the caller's own may go
+    (responses_owners.py checks)."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    return [
+        (f"input[{index}]", item.get("id"))
+        for index in range(fresh, len(items))
+        if isinstance(item := items[index], dict)
+        and item.get("type") == "reasoning"
+        and item.get("encrypted_content") is None
+    ]
 
 
 def _check_tool(tool: dict[str, Any], where: str) -> None:

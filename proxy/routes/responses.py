@@ -18,8 +18,8 @@ from aiohttp import web
 from proxy.auth import authenticate
 from proxy.dialects import chat, responses
 from proxy.dialects.chat_degraded import degraded_text
-from proxy.dialects.provider_objects import refuse_responses_objects
-from proxy.dialects.responses_owners import ResponseOwners, continues, item_not_found
+from proxy.dialects.provider_objects import reasoning_by_id, refuse_responses_objects
+from proxy.dialects.responses_owners import ResponseOwners, continues
 from proxy.dialects.responses_stream import Relay
 from proxy.dialects.responses_view import ResponsesView
 from proxy.errors import NotFound, UpgradeRequired
@@ -60,10 +60,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner, session.name)
     view = ResponsesView.of(body, views.last(own))
-    if owners is not None and view.references:  # a stored item could be anyone's
-        raise item_not_found(view.references[0])
-    if owners is not None:  # files, containers, ... named by id could be anyone's too
+    if owners is not None:  # stored items, files, containers named by id could be anyone's
         refuse_responses_objects(body, view.fresh)
+        reasoning = reasoning_by_id(body, view.fresh)
+        if view.references or reasoning:
+            await owners.check_items(view.references, reasoning)
     views.keep(own, view, len(raw))
     ex = open_exchange(
         request,
