@@ -135,13 +135,13 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     import socket
 
-    from proxy import heap, workers
     from proxy.app import build_app
     from proxy.logs import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
-    from proxy.recycle import RECYCLE_EXIT
-    from proxy.server import loop_unavailable, run, serve
+    from proxy.runtime import heap, workers
+    from proxy.runtime.recycle import RECYCLE_EXIT
+    from proxy.runtime.server import loop_unavailable, run, serve
     from proxy.store.base import StoreError
     from proxy.store.handover import discard
     from proxy.tracing import unavailable

@@ -143,7 +143,7 @@ class ServerSettings:
     # back from the store), so memory follows the sessions active lately, not all ever seen.
     memo_idle_s: float = 60.0
     # A block of this many KiB or more gets a mapping of its own rather than grow the main heap
-    # (None: glibc's default, which rises to 32 MiB): proxy/heap.py. Read at start.
+    # (None: glibc's default, which rises to 32 MiB): proxy/runtime/heap.py. Read at start.
     mmap_threshold_kb: int | None = 32
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     # A request's whole head (request line and headers), from the connection's opening or the

@@ -105,7 +105,7 @@ class _Peer:
 
 
 class Handover:
-    """This worker's side of a hand-over (proxy/workers.py forks the successor)."""
+    """This worker's side of a hand-over (proxy/runtime/workers.py forks the successor)."""
 
     def __init__(self, enabled: bool = False) -> None:
         self.enabled = enabled  # a parent replaces this worker

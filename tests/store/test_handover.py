@@ -1,7 +1,8 @@
 """A recycled worker's guard state, saved and taken back by its successor: every entry with
 its own expiry, in its recency order, nothing that had expired; the file read once, by its
-owner only. The changes either makes while both serve reach the other. (tests/test_workers.py
-recycles real workers under load and counts one budget across both.)"""
+owner only. The changes either makes while both serve reach the other.
+(tests/runtime/test_workers.py recycles real workers under load and counts one budget across
+both.)"""
 
 from __future__ import annotations
 

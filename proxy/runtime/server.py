@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from proxy.head_deadline import ProxyRunner
 from proxy.middleware import HANDLING, Handling
-from proxy.recycle import refuse_past_hard_ceiling, watch_rss
+from proxy.runtime.head_deadline import ProxyRunner
+from proxy.runtime.recycle import refuse_past_hard_ceiling, watch_rss
 from proxy.state import HANDOVER
 
 log = logging.getLogger("agentproxy")
@@ -53,7 +53,7 @@ async def serve(
     serve on instead of host and port. A worker that a parent replaces (the app built with
     `handover`) also leaves on SIGUSR1 or past `max_rss_mb` of resident memory: it stops
     accepting, hands its guard state over, calls `leaving` (the parent forks its successor
-    then) and drains; True when it left for that reason (proxy/recycle.py)."""
+    then) and drains; True when it left for that reason (proxy/runtime/recycle.py)."""
     runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=CANCEL_S)
     await runner.setup()
     stopping = time.monotonic()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy import heap
+from proxy.runtime import heap
 
 pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="glibc only: elsewhere a no-op")
 
@@ -30,7 +30,7 @@ def test_freed_memory_goes_back_to_the_system() -> None:
     script = textwrap.dedent(
         """
         import re
-        from proxy import heap
+        from proxy.runtime import heap
 
         def rss_mb():
             status = open("/proc/self/status").read()
@@ -61,7 +61,7 @@ def _heap_holds(kb: int | None, env: dict[str, str] | None = None) -> bool:
     script = textwrap.dedent(
         f"""
         import sys
-        from proxy import heap
+        from proxy.runtime import heap
 
         print(heap.pin_mmap_threshold({kb!r}), file=sys.stderr)
         freed = b"x" * (1 << 20)

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import openai
 
-from proxy.workers import RESPAWN_LIMIT, _may_respawn
+from proxy.runtime.workers import RESPAWN_LIMIT, _may_respawn
 from tests.conftest import REDIS_URL, free_port, sim_config
 from tests.test_cli import ROOT, agentproxy, wait_ready
 

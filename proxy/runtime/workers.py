@@ -3,7 +3,7 @@
 The parent binds the port once and forks the workers; each runs its own event loop and
 application on the shared listening socket (the kernel hands each new connection to one of
 them). Signals go to the parent, which passes SIGTERM/SIGINT (each worker drains, see
-proxy/server.py), SIGHUP (reload) and SIGUSR1 (recycle) on.
+proxy/runtime/server.py), SIGHUP (reload) and SIGUSR1 (recycle) on.
 
 A worker killed by a signal (kill -9, the OOM killer) is forked again at once while the others
 serve on: the listening socket is the parent's, so no connection is refused meanwhile (only
@@ -14,7 +14,7 @@ supervises it restarts the whole, rather than a crash loop or a half that silent
 with fewer workers.
 
 A worker that leaves for a fresh one (its memory past `server.max_rss_mb`, or SIGUSR1; see
-proxy/recycle.py) stops accepting and says so; the parent forks its successor at once, while
+proxy/runtime/recycle.py) stops accepting and says so; the parent forks its successor at once, while
 the old worker finishes its requests and exits with RECYCLE_EXIT. The parent keeps the
 listening socket open for that: connections that arrive while no worker accepts wait in its
 backlog.
@@ -40,7 +40,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from proxy.policies.spec import Config
-from proxy.recycle import RECYCLE_EXIT
+from proxy.runtime.recycle import RECYCLE_EXIT
 
 log = logging.getLogger("agentproxy")
 
