@@ -20,7 +20,7 @@ from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
 from proxy.lineage import Lineage
-from proxy.logs import log_lines, shorten_protocol_errors
+from proxy.logs.lines import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.model_catalog import ModelCatalog

@@ -136,7 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
     import socket
 
     from proxy.app import build_app
-    from proxy.logs import use_format
+    from proxy.logs.lines import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
     from proxy.runtime import heap, workers

@@ -33,7 +33,7 @@ import xxhash
 
 from proxy.exchange import Exchange
 from proxy.history_memo import Checked, Digest, HistoryMemo
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.session import scoped
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore

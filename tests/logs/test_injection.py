@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.logs import EscapeControlChars, JsonLines
+from proxy.logs.lines import EscapeControlChars, JsonLines
 from tests.conftest import sim_config
 from tests.test_cli import start_serve
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.logs import JsonLines
+from proxy.logs.lines import JsonLines
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 KEY = "sk-alice-secret-0001"
