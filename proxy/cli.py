@@ -140,10 +140,10 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
     from proxy.runtime import heap, workers
+    from proxy.runtime.handover import discard
     from proxy.runtime.recycle import RECYCLE_EXIT
     from proxy.runtime.server import loop_unavailable, run, serve
     from proxy.store.base import StoreError
-    from proxy.store.handover import discard
     from proxy.tracing import unavailable
 
     if args.api_base is not None and args.model is None:

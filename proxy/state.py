@@ -11,8 +11,8 @@ from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
+from proxy.runtime.handover import Handover
 from proxy.store.base import Store
-from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
 

@@ -3,7 +3,7 @@
 Under sustained heavy load the C heap fragments (docs/operations.md#memory): free space
 between live chunks that no trim can return, a few MB a minute at 200 requests a second. A
 fresh process starts without it. So a worker past the ceiling leaves as on SIGTERM (stops
-accepting, drains, writes its guard state: proxy/store/handover.py) and exits with
+accepting, drains, writes its guard state: proxy/runtime/handover.py) and exits with
 RECYCLE_EXIT; the parent holding the port forks its successor (proxy/runtime/workers.py), and the
 connections that arrive meanwhile wait in the port's backlog.
 

@@ -9,6 +9,10 @@ once, while the old worker finishes its requests. Until the old worker has exite
 the other's journal before any read or write of its state: both serve, and budgets and loop
 ladders stay exact. The successor deletes both journals once the old worker is gone.
 
+The journals are kept by a wrapper around the state (HandoverState) that the app puts in place
+only in a worker that a parent replaces (`Handover.around`): the state itself knows nothing of
+them.
+
 Files are named after the parent (`handover-<parent>.json`, `handover-<parent>-<worker>.jsonl`):
 only a sibling reads them, and the parent removes what is left when it exits. Redis-kept state
 is shared already and needs no hand-over.
@@ -17,16 +21,18 @@ is shared already and needs no hand-over.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
 
-from proxy.store.state import MemoryState
+from proxy.store.state import MemoryState, StateStore
 
 log = logging.getLogger("agentproxy")
 
@@ -84,6 +90,90 @@ def take(state: MemoryState, path: Path) -> tuple[int, int | None]:
         return 0, None
 
 
+class HandoverState:
+    """A worker's in-memory state while it may share it with another (a StateStore around a
+    MemoryState). While journals are kept, `changed` hears every change made here (to write
+    it to this worker's journal) and `catch_up` applies the other worker's before any read or
+    write; otherwise both are None and every call is passed on as it is."""
+
+    backend = "memory"
+
+    def __init__(self, inner: MemoryState) -> None:
+        self.inner = inner
+        self.changed: Callable[[list[Any]], None] | None = None
+        self.catch_up: Callable[[], None] | None = None
+
+    async def get(self, space: str, key: str) -> bytes | None:
+        if self.catch_up is not None:
+            self.catch_up()
+        return await self.inner.get(space, key)
+
+    async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
+        if self.catch_up is not None:
+            self.catch_up()
+        await self.inner.set(space, key, value, ttl_s)
+        if self.changed is not None:  # built only while it is heard
+            self.changed(["set", space, key, base64.b64encode(value).decode(), ttl_s])
+
+    async def delete(self, space: str, key: str) -> None:
+        if self.catch_up is not None:
+            self.catch_up()
+        await self.inner.delete(space, key)
+        if self.changed is not None:
+            self.changed(["delete", space, key])
+
+    async def counters(self, space: str, key: str) -> dict[str, float]:
+        if self.catch_up is not None:
+            self.catch_up()
+        return await self.inner.counters(space, key)
+
+    async def add(
+        self,
+        space: str,
+        key: str,
+        amounts: Mapping[str, float],
+        *,
+        first: Mapping[str, float] | None = None,
+        ttl_s: float | None = None,
+    ) -> dict[str, float]:
+        if self.catch_up is not None:
+            self.catch_up()
+        values = await self.inner.add(space, key, amounts, first=first, ttl_s=ttl_s)
+        if self.changed is not None:
+            self.changed(["add", space, key, dict(amounts), dict(first or {}), ttl_s])
+        return values
+
+    async def publish(self, space: str, field: str, value: float, ttl_s: float) -> None:
+        if self.catch_up is not None:
+            self.catch_up()
+        await self.inner.publish(space, field, value, ttl_s)
+        if self.changed is not None:
+            self.changed(["publish", space, field, value, ttl_s])
+
+    async def published(self, space: str) -> dict[str, float]:
+        if self.catch_up is not None:
+            self.catch_up()
+        return await self.inner.published(space)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def apply(self, change: list[Any]) -> None:
+        """Make a change another worker's HandoverState reported through `changed` (counters
+        are added, so both workers' additions count); not reported again."""
+        match change:
+            case ["set", str(space), str(key), str(value), ttl_s]:
+                self.inner.set_now(space, key, base64.b64decode(value), ttl_s)
+            case ["delete", str(space), str(key)]:
+                self.inner.delete_now(space, key)
+            case ["add", str(space), str(key), dict(amounts), dict(first), ttl_s]:
+                self.inner.add_now(space, key, amounts, first, ttl_s)
+            case ["publish", str(space), str(field), value, ttl_s]:
+                self.inner.publish_now(space, field, value, ttl_s)
+            case _:
+                raise ValueError(f"not a state change: {change!r:.200}")
+
+
 @dataclass(slots=True)
 class _Peer:
     """Another worker's journal, read as it grows."""
@@ -93,7 +183,7 @@ class _Peer:
     journal: BinaryIO
     partial: bytes = b""  # a line not yet written whole
 
-    def read(self, state: MemoryState) -> None:
+    def read(self, state: HandoverState) -> None:
         data = self.partial + self.journal.read()
         lines = data.split(b"\n")
         self.partial = lines.pop()
@@ -110,17 +200,33 @@ class Handover:
     def __init__(self, enabled: bool = False) -> None:
         self.enabled = enabled  # a parent replaces this worker
         self.due = False  # this worker is leaving for a successor
-        self._state: MemoryState | None = None
+        self._state: HandoverState | None = None
         self._directory: Path | None = None
         self._journal: BinaryIO | None = None
         self._peers: dict[int, _Peer] = {}
         self._checked = 0.0
 
-    def attach(self, state: MemoryState, directory: str | os.PathLike[str]) -> int:
-        """At start: keep `state` for a hand-over; if a predecessor left its state, take it
-        and follow the predecessor's journal until it exits. The number of entries taken."""
-        self._state, self._directory = state, Path(directory)
-        taken, predecessor = take(state, handover_path(directory))
+    def around(self, state: StateStore) -> StateStore:
+        """The state this worker serves with: in-memory state wrapped so that it can be shared
+        with a predecessor or successor when a parent replaces this worker; any other as it
+        is (state kept in Redis is shared already)."""
+        if not self.enabled or not isinstance(state, MemoryState):
+            return state
+        self._state = HandoverState(state)
+        return self._state
+
+    @property
+    def installed(self) -> bool:
+        """Whether this worker's state goes to its successor (`around` wrapped it)."""
+        return self._state is not None
+
+    def attach(self, directory: str | os.PathLike[str]) -> int:
+        """At start, once `around` wrapped the state: if a predecessor left its state in
+        `directory`, take it and follow the predecessor's journal until it exits. The number
+        of entries taken."""
+        assert self._state is not None, "attach() follows around()"
+        self._directory = Path(directory)
+        taken, predecessor = take(self._state.inner, handover_path(directory))
         if predecessor is not None and _alive(predecessor):
             try:
                 self._start_journal()
@@ -140,7 +246,7 @@ class Handover:
             return 0
         try:
             self._start_journal()
-            return save(self._state, handover_path(self._directory))
+            return save(self._state.inner, handover_path(self._directory))
         except OSError as exc:
             log.error("could not leave the guard state for the next worker (%s): it starts "
                       "without it", exc)  # fmt: skip
@@ -165,14 +271,14 @@ class Handover:
             log.error("stopped sharing guard state with the other worker (%s)", exc)
             self.close()
 
-    def _check(self, state: MemoryState) -> None:
+    def _check(self, state: HandoverState) -> None:
         if (now := time.monotonic()) - self._checked >= CHECK_PEERS_S:
             self._checked = now
             self._look_around(state)
         for peer in self._peers.values():
             peer.read(state)
 
-    def _look_around(self, state: MemoryState) -> None:
+    def _look_around(self, state: HandoverState) -> None:
         """Follow a successor's journal once it appears; drop the peers that have exited."""
         assert self._directory is not None
         # A leaving worker looks for its successor's journal. (A successor follows only the

@@ -15,7 +15,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.store.handover import Handover, handover_path, journal_path, save, take
+from proxy.runtime.handover import (
+    Handover,
+    HandoverState,
+    handover_path,
+    journal_path,
+    save,
+    take,
+)
 from proxy.store.state import MemoryState
 
 
@@ -84,7 +91,7 @@ async def test_changes_reported_by_one_state_are_made_in_another() -> None:
     """What two workers exchange through their journals while both serve: every write is
     reported once, a peer's change is made without being reported again, and counters add
     up (both workers' calls count)."""
-    old, new = MemoryState(), MemoryState()
+    old, new = HandoverState(MemoryState()), HandoverState(MemoryState())
     await old.add("budget", "key:a/s", {"calls": 3}, ttl_s=600)
     await new.add("budget", "key:a/s", {"calls": 3}, ttl_s=600)  # as taken from the snapshot
     heard: list[list[object]] = []
@@ -111,9 +118,10 @@ async def test_changes_reported_by_one_state_are_made_in_another() -> None:
 async def test_a_leaving_worker_skips_what_it_cannot_read_and_serves_on(tmp_path: Path) -> None:
     """Fail-safe: a stray file named like a journal, and a journal line that is not a change,
     are logged and skipped; the state goes on answering and the good changes are made."""
-    state = MemoryState()
     leaving = Handover(enabled=True)
-    leaving.attach(state, tmp_path)
+    state = leaving.around(MemoryState())
+    assert isinstance(state, HandoverState) and leaving.installed
+    leaving.attach(tmp_path)
     await state.add("budget", "key:a/s", {"calls": 3})
     assert leaving.leave() == 1
     (tmp_path / f"handover-{os.getppid()}-not-a-pid.jsonl").write_bytes(b"junk")
@@ -126,3 +134,31 @@ async def test_a_leaving_worker_skips_what_it_cannot_read_and_serves_on(tmp_path
         more.write(b't", "guards", "key:a/s", "bGV2ZWw=", 60]\n')
     assert await state.get("guards", "key:a/s") == b"level"
     leaving.close()
+
+
+async def test_the_state_is_wrapped_only_in_a_worker_a_parent_replaces(tmp_path: Path) -> None:
+    """The journals live in a wrapper the runtime puts around in-memory state only when the
+    worker is recycled; the state itself keeps no hooks, and a wrapper not journalling passes
+    every call on unchanged."""
+    alone = Handover(enabled=False)
+    state = MemoryState()
+    assert alone.around(state) is state and not alone.installed
+    assert not hasattr(state, "changed") and not hasattr(state, "catch_up")
+
+    replaced = Handover(enabled=True)
+    wrapped = replaced.around(state)
+    assert isinstance(wrapped, HandoverState) and wrapped.inner is state
+    assert replaced.attach(tmp_path) == 0  # no predecessor: nothing taken, no journal
+    assert wrapped.changed is None and wrapped.catch_up is None
+    assert await wrapped.add("budget", "key:a/s", {"calls": 2}, first={"since": 1.0}) == {
+        "calls": 2,
+        "since": 1.0,
+    }
+    await wrapped.set("guards", "key:a/s", b"level")
+    await wrapped.publish("circuits", "sim#0", 1.0, ttl_s=30)
+    assert await state.counters("budget", "key:a/s") == {"calls": 2, "since": 1.0}
+    assert await state.get("guards", "key:a/s") == b"level"
+    assert await wrapped.published("circuits") == {"sim#0": 1.0}
+    await wrapped.delete("guards", "key:a/s")
+    assert await wrapped.get("guards", "key:a/s") is None
+    assert await asyncio.to_thread(os.listdir, tmp_path) == []
