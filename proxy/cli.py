@@ -264,7 +264,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from proxy.testing.simulator import Simulator, serve_simulator
+    from proxy.sim.simulator import Simulator, serve_simulator
 
     sim = Simulator(
         context_window=args.context_window, api_key=args.api_key, chunk_delay_s=args.chunk_delay
@@ -275,7 +275,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from proxy.demo import run_against, run_demo
+    from proxy.sim.demo import run_against, run_demo
 
     # The demo narrates what happens; per-request log lines would only interleave with it.
     for name in ("agentproxy.access", "httpx", "httpx2"):

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.app import build_app
 from proxy.runtime.head_deadline import ProxyRunner
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 
 ProxyFactory = Callable[..., Awaitable[TestServer]]
 

@@ -13,7 +13,7 @@ from proxy.dialects.anthropic_view import AnthropicView
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy
-from proxy.testing.sim_anthropic import check_tool_pairing
+from proxy.sim.anthropic import check_tool_pairing
 from tests.pipeline.factories import context, exchange
 
 SIGNATURE = "EqQBCkgIARABGAIiQL2vx"

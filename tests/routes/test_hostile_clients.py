@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.json_depth import MAX_JSON_DEPTH, nested_too_deep
 from proxy.middleware import HANDLING
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, sim_config
 
 KEY = "sk-hostile-good"

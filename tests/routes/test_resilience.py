@@ -16,8 +16,8 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.simulator import Fault, Simulator
 from proxy.state import EVENTS
-from proxy.testing.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url
 
 FAST = "retry: {base_s: 0.01, cap_s: 0.05}"  # quick backoff: these tests count, not wait

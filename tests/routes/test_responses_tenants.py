@@ -16,7 +16,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import REDIS_URL, OwnRedis, ProxyFactory, start_redis
 
 ALICE, BOB, CAROL = "sk-alice-0001", "sk-bob-0002", "sk-carol-0003"

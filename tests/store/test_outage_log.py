@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from proxy.logs.limit import forget, warn_limited
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 REDIS_PORT = 6379

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 KEY = "sk-ant-sim-secret-key"

@@ -21,9 +21,9 @@ from aiohttp.test_utils import TestClient
 
 from proxy.pipeline.compaction.summarizer import Fit, render_transcript, summary_request
 from proxy.policies.spec import Deployment
-from proxy.testing import Fault, Simulator, run_simulator, serve_simulator
-from proxy.testing.sim_model import estimate_prompt_tokens, summary_sections
-from proxy.testing.sim_openai import MISSING_TOOL_RESULTS, NO_KEY, ORPHAN_TOOL
+from proxy.sim import Fault, Simulator, run_simulator, serve_simulator
+from proxy.sim.chat import MISSING_TOOL_RESULTS, NO_KEY, ORPHAN_TOOL
+from proxy.sim.model import estimate_prompt_tokens, summary_sections
 
 JSON = dict[str, Any]
 CHAT = "/v1/chat/completions"

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 from cachetools import TTLCache
 
-from .sim_model import JSON
-from .sim_wire import ApiError
+from .model import JSON
+from .wire import ApiError
 
 MAX_BREAKPOINTS = 4
 LOOKBACK_BLOCKS = 20

@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .sim_model import CHARS_4, JSON, Reply, Tokenizer, estimate_prompt_tokens, max_output_tokens
-from .sim_prefix_cache import PrefixCache
-from .sim_wire import ApiError, Dialect, Event, Meta, fragments, split_words, sse_data
+from .model import CHARS_4, JSON, Reply, Tokenizer, estimate_prompt_tokens, max_output_tokens
+from .prefix_cache import PrefixCache
+from .wire import ApiError, Dialect, Event, Meta, fragments, split_words, sse_data
 
 SYSTEM_FINGERPRINT = "fp_5im0a1b2c3"
 RATE_LIMIT_REQUESTS = 10000

@@ -15,8 +15,8 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
-from .sim_model import JSON, Reply, text_of
-from .sim_wire import ApiError
+from .model import JSON, Reply, text_of
+from .wire import ApiError
 
 THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 MIN_BUDGET_TOKENS = 1024

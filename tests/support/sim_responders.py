@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .sim_model import JSON, is_summary_request, text_of
+from proxy.sim.model import JSON, is_summary_request, text_of
 
 # Claude Code's shell tool, as its requests declare it: {"command": str, "description": str,
 # "timeout": number, "run_in_background": bool, ...}; only "command" is required.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.demo import run_demo
+from proxy.sim.demo import run_demo
 
 
 async def test_demo_narrates_turns_errors_and_reload() -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import anthropic
 import pytest
 
-from proxy.testing import Simulator, run_simulator
-from proxy.testing.sim_anthropic import count_prompt_tokens
+from proxy.sim import Simulator, run_simulator
+from proxy.sim.anthropic import count_prompt_tokens
 
 JSON = dict[str, Any]
 CACHED = {"type": "ephemeral"}

@@ -27,7 +27,9 @@ from typing import Any
 
 import orjson
 
-from .sim_model import (
+from .chat import INVALID_JSON, OPENAI
+from .chat import fault_error as openai_fault_error
+from .model import (
     CHARS_4,
     JSON,
     Reply,
@@ -36,11 +38,9 @@ from .sim_model import (
     estimate_prompt_tokens,
     text_of,
 )
-from .sim_openai import INVALID_JSON, OPENAI
-from .sim_openai import fault_error as openai_fault_error
-from .sim_prefix_cache import PrefixCache
-from .sim_thinking import reasoning_for
-from .sim_wire import ApiError, Dialect, Event, Meta, fragments, split_words
+from .prefix_cache import PrefixCache
+from .thinking import reasoning_for
+from .wire import ApiError, Dialect, Event, Meta, fragments, split_words
 
 ENCRYPTED_CONTENT = "reasoning.encrypted_content"
 CONTEXT_EXCEEDED = (
@@ -410,7 +410,7 @@ def check_reasoning_items(items: list[JSON], body: JSON, sealer: Sealer) -> ApiE
 
 
 class ResponsesCache:
-    """The automatic prefix cache (sim_prefix_cache) over tools, instructions, then input
+    """The automatic prefix cache (prefix_cache.py) over tools, instructions, then input
     items, scoped by model and `prompt_cache_key`."""
 
     def __init__(self, *, min_tokens: int = 1024, tokenizer: Tokenizer = CHARS_4) -> None:

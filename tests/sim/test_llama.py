@@ -6,7 +6,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.testing.sim_llama import LlamaCppSimulator
+from tests.support.sim_llama import LlamaCppSimulator
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 

@@ -9,8 +9,8 @@ from typing import Any
 import anthropic
 import pytest
 
-from proxy.testing import Simulator, run_simulator
-from proxy.testing.sim_thinking import REDACTED_TRIGGER
+from proxy.sim import Simulator, run_simulator
+from proxy.sim.thinking import REDACTED_TRIGGER
 
 JSON = dict[str, Any]
 THINKING = {"type": "enabled", "budget_tokens": 1024}

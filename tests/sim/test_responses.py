@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.testing import Fault, Simulator, run_simulator
-from proxy.testing.sim_responses import CONTEXT_EXCEEDED
+from proxy.sim import Fault, Simulator, run_simulator
+from proxy.sim.responses import CONTEXT_EXCEEDED
 
 JSON = dict[str, Any]
 KEY = "sk-sim-responses"

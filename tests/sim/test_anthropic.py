@@ -9,9 +9,9 @@ from typing import Any
 import anthropic
 import pytest
 
-from proxy.testing import Simulator, run_simulator
-from proxy.testing.sim_anthropic import count_prompt_tokens
-from proxy.testing.sim_responders import ToolRoundTrip
+from proxy.sim import Simulator, run_simulator
+from proxy.sim.anthropic import count_prompt_tokens
+from tests.support.sim_responders import ToolRoundTrip
 
 JSON = dict[str, Any]
 KEY = "sk-ant-test"

@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .sim_model import JSON
-from .simulator import Simulator, _Call
+from proxy.sim.model import JSON
+from proxy.sim.simulator import Simulator, _Call
 
 # The validation line llama-cpp-python's 500 carries for a null assistant content (its body
 # lists one error per message type of the union; this is the one that matters).

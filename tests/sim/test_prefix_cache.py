@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.testing import Simulator, run_simulator
-from proxy.testing.sim_model import chars_per_token, estimate_prompt_tokens
+from proxy.sim import Simulator, run_simulator
+from proxy.sim.model import chars_per_token, estimate_prompt_tokens
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 200}  # ~1.6k tokens
 

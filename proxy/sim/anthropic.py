@@ -1,8 +1,8 @@
 """The Anthropic Messages API twin: its checks, error shape and SSE event sequence.
 
 It refuses what the real API refuses, with the same texts: a broken tool_use/tool_result
-pairing, a thinking block whose signature does not match (sim_thinking), more than four
-cache_control breakpoints (sim_prompt_cache), `role: "system"` messages without the
+pairing, a thinking block whose signature does not match (thinking.py), more than four
+cache_control breakpoints (prompt_cache.py), `role: "system"` messages without the
 mid-conversation beta, a prompt over the window. Requests are converted to the OpenAI chat shape
 so the same scripted model answers both wire formats.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .sim_model import (
+from .model import (
     CHARS_4,
     JSON,
     Reply,
@@ -26,8 +26,8 @@ from .sim_model import (
     request_digest,
     text_of,
 )
-from .sim_prompt_cache import PromptCache, check_breakpoints
-from .sim_thinking import (
+from .prompt_cache import PromptCache, check_breakpoints
+from .thinking import (
     Signer,
     ThinkingBlock,
     ThinkingSetting,
@@ -37,7 +37,7 @@ from .sim_thinking import (
     thinking_setting,
     wants_redacted,
 )
-from .sim_wire import ApiError, Dialect, Event, Meta, fragments, split_words
+from .wire import ApiError, Dialect, Event, Meta, fragments, split_words
 
 RATE_LIMIT_REQUESTS = 4000
 MID_CONVERSATION_BETA = "mid-conversation-"

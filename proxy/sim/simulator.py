@@ -22,8 +22,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .sim_anthropic import AnthropicDialect, betas
-from .sim_model import (
+from .anthropic import AnthropicDialect, betas
+from .chat import OPENAI, OpenAIDialect
+from .model import (
     CHARS_4,
     JSON,
     Reply,
@@ -34,9 +35,8 @@ from .sim_model import (
     reply_from_message,
     scripted_reply,
 )
-from .sim_openai import OPENAI, OpenAIDialect
-from .sim_responses import ResponsesDialect
-from .sim_wire import ApiError, Dialect, Event, Meta
+from .responses import ResponsesDialect
+from .wire import ApiError, Dialect, Event, Meta
 
 Responder = Callable[[JSON], JSON | Awaitable[JSON]]
 

@@ -20,7 +20,7 @@ import openai
 from aiohttp import web
 
 from proxy.app import build_app
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 
 LOG = "\n".join(
     f"2026-11-30 10:{i // 60:02d}:{i % 60:02d} INFO request {i} served in {3 + i % 7} ms"

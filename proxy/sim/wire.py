@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from .sim_model import JSON, Reply
+from .model import JSON, Reply
 
 ARGUMENT_FRAGMENT_CHARS = 8  # tool arguments stream in pieces this long, like tokens would
 
