@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 ALICE, BOB = "sk-alice-0001", "sk-bob-0002"
