@@ -177,6 +177,8 @@ def _supervise(
                           "requests in flight were lost)", child.pid, -code,
                           fork(True).pid)  # fmt: skip
                 continue
+            if stopping() and code in (-signal.SIGTERM, -signal.SIGINT):
+                code = 0  # stopped before its loop took the signal over: nothing to drain
             worst = worst or code
             if not stopping():
                 log.error("worker %s exited with %s: stopping the others", child.pid, code)

@@ -414,3 +414,32 @@ async def test_a_worker_past_its_hard_memory_ceiling_admits_no_more_requests_whi
     finally:
         stderr = await stop(process)
     assert "admits no new request" in stderr
+
+
+# Workers that never take SIGTERM over (their loop is not up yet), then the parent is stopped.
+STARTING_WORKERS = """
+import socket, sys, time
+from proxy.runtime import workers
+
+def starting(listener: socket.socket, tell, replacing: bool) -> int:
+    time.sleep(60)  # still importing, say: SIGTERM has its default action here
+    return 0
+
+sys.exit(workers.run(2, "127.0.0.1", int(sys.argv[1]), starting, "up"))
+"""
+
+
+def test_stopping_workers_still_starting_is_a_clean_stop() -> None:
+    """SIGTERM reaching a worker before its loop handles it kills it (the default action):
+    that is the stop the parent asked for, not a failure, so the parent exits 0."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", STARTING_WORKERS, str(free_port())], cwd=ROOT,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while len(workers_of(process.pid)) < 2:
+        assert time.monotonic() < deadline, "the workers were not forked"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
