@@ -61,7 +61,7 @@ PARTS: dict[str, list[tuple[str, str | None, str, Callable[..., Any]]]] = {
         ("proxy.store.activity", "Activity", "leave", _nothing),
     ],
     "charging": [("proxy.flow", "Flow", "finish", _nothing_async)],  # usage, cost, budgets
-    "accounting": [("proxy.middleware", None, "_account", _nothing)],  # per-request counters
+    "accounting": [("proxy.http.middleware", None, "_account", _nothing)],  # per-request counters
 }
 
 

@@ -13,16 +13,15 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.body_budget import BODY_BUDGET, BodyBudget
 from proxy.control.control import Control
-from proxy.dialects.view_memo import ViewMemo
 from proxy.events import EventLog
 from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
+from proxy.http.body_budget import BODY_BUDGET, BodyBudget
+from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.lineage import Lineage
 from proxy.logs import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
-from proxy.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
@@ -31,7 +30,7 @@ from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.recorder import Recorder
-from proxy.routes import admin, anthropic, archive, health, openai, responses
+from proxy.routes import admin, archive, health
 from proxy.state import (
     CATALOG,
     CONFIG,
@@ -54,6 +53,10 @@ from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.pool import Upstreams
+from proxy.wire.anthropic import route as anthropic
+from proxy.wire.chat import route as openai
+from proxy.wire.responses import route as responses
+from proxy.wire.view_memo import ViewMemo
 
 log = logging.getLogger("agentproxy")
 

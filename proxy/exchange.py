@@ -10,9 +10,9 @@ from proxy.messages import TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
-    from proxy.dialects.anthropic_view import AnthropicView
-    from proxy.dialects.responses_view import ResponsesView
     from proxy.history_memo import Checked
+    from proxy.wire.anthropic.view import AnthropicView
+    from proxy.wire.responses.view import ResponsesView
 
 
 @dataclass(slots=True)

@@ -22,10 +22,10 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.app import SERVER_OPTIONS
-from proxy.dialects import anthropic
 from proxy.errors import RequestTimeout
-from proxy.middleware import ANTHROPIC_PATHS
+from proxy.http.middleware import ANTHROPIC_PATHS
 from proxy.state import CONFIG, METRICS
+from proxy.wire.anthropic import replies as anthropic
 
 HEAD_START_BYTES = 64  # enough of a head to see which route it names
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.control.control import Control
-from proxy.dialects.view_memo import ViewMemo
 from proxy.events import EventLog
 from proxy.flow import Flow
 from proxy.metrics import Metrics
@@ -15,6 +14,7 @@ from proxy.store.base import Store
 from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
+from proxy.wire.view_memo import ViewMemo
 
 CONFIG = web.AppKey("config", ConfigHolder)
 METRICS = web.AppKey("metrics", Metrics)

@@ -290,7 +290,7 @@ def _request_attributes(ex: Exchange, operation: str) -> dict[str, Any]:
         "gen_ai.operation.name": operation,
         "gen_ai.request.model": ex.alias,
         "gen_ai.conversation.id": ex.session_name,
-        "agentproxy.request_id": ex.request_id,
+        "agentproxy.http.request_id": ex.request_id,
         "agentproxy.session": ex.session_name,
         "agentproxy.policy": ex.policy.name,
         "agentproxy.wire": ex.wire,

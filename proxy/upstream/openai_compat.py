@@ -16,9 +16,9 @@ from proxy.errors import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
+from proxy.http.request_id import is_uuid
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
-from proxy.request_id import is_uuid
 from proxy.upstream.base import (
     UpstreamHTTPError,
     UpstreamReply,
@@ -52,8 +52,8 @@ def redact_events(batch: list[bytes], secret: bytes) -> list[bytes]:
 
 
 class OpenAICompatUpstream:
-    """Chat Completions over aiohttp. Subclasses speak another wire (proxy/upstream/anthropic.py)
-    by saying where to post, how to authenticate and what a reply looks like."""
+    """Chat Completions over aiohttp. Subclasses speak another wire
+    (proxy/wire/anthropic/upstream.py) by saying where to post, how to authenticate and what a reply looks like."""
 
     path = "/chat/completions"
     reply_kind = "chat completion"

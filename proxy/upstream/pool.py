@@ -6,11 +6,11 @@ import itertools
 from collections.abc import Callable
 
 from proxy.policies.spec import Config, Deployment, ServerSettings
-from proxy.upstream.anthropic import AnthropicUpstream, speaks_anthropic
 from proxy.upstream.base import Upstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai_compat import OpenAICompatUpstream
-from proxy.upstream.responses import ResponsesUpstream, speaks_responses
+from proxy.wire.anthropic.upstream import AnthropicUpstream, speaks_anthropic
+from proxy.wire.responses.upstream import ResponsesUpstream, speaks_responses
 
 
 class Upstreams:

@@ -27,11 +27,11 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.translate import chat_tools, shared_prefix, text_of_content
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
-from proxy.upstream.anthropic import speaks_anthropic
+from proxy.wire.anthropic.upstream import speaks_anthropic
+from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
 Block = dict[str, Any]
 CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoints per request

@@ -9,11 +9,11 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.responses_view import ResponsesView
 from proxy.pipeline import recall
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy
+from proxy.wire.responses.view import ResponsesView
 from tests.pipeline.factories import context, exchange
 
 SHELL = {

@@ -1,7 +1,7 @@
 """Anthropic surface: POST /v1/messages (JSON and SSE; Claude Code's `?beta=true` too) and
 POST /v1/messages/count_tokens.
 
-The stages rewrite the request's chat-shaped view (proxy/dialects/anthropic_view.py); an
+The stages rewrite the request's chat-shaped view (proxy/wire/anthropic/view.py); an
 Anthropic deployment gets the client's body back with only what they changed, any other
 deployment the view as a Chat Completions request, its answer translated back.
 """
@@ -12,16 +12,20 @@ import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
-from proxy.dialects import anthropic
-from proxy.dialects.anthropic_stream import Relay, message_stream
-from proxy.dialects.anthropic_view import AnthropicView
-from proxy.dialects.chat_degraded import degraded_text
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
-from proxy.routes.body import read_body
-from proxy.routes.messages_request import parse_messages_request
-from proxy.routes.serve import (
+from proxy.session import owner_of, scoped, session_id
+from proxy.state import CONFIG, VIEWS
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.anthropic import replies as anthropic
+from proxy.wire.anthropic.request import parse_messages_request
+from proxy.wire.anthropic.stream import Relay, message_stream
+from proxy.wire.anthropic.upstream import DEFAULT_VERSION
+from proxy.wire.anthropic.view import AnthropicView
+from proxy.wire.body import read_body
+from proxy.wire.chat.degraded import degraded_text
+from proxy.wire.serve import (
     events_answer,
     json_answer,
     open_exchange,
@@ -30,10 +34,6 @@ from proxy.routes.serve import (
     serve,
     upstream_error,
 )
-from proxy.session import owner_of, scoped, session_id
-from proxy.state import CONFIG, VIEWS
-from proxy.upstream.anthropic import DEFAULT_VERSION
-from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
 MESSAGES_ROUTE = "/v1/messages"  # also the `route` label of its metrics

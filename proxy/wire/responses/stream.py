@@ -17,16 +17,16 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.dialects.chat import passthrough_body
-from proxy.dialects.relay import StreamRelay
-from proxy.dialects.responses import reply_message, without_recall_items
-from proxy.dialects.responses_view import CALLS, ResponsesView
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
+from proxy.wire.chat.replies import passthrough_body
+from proxy.wire.relay import StreamRelay
+from proxy.wire.responses.replies import reply_message, without_recall_items
+from proxy.wire.responses.view import CALLS, ResponsesView
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 

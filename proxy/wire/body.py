@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.body_budget import BODY_BUDGET
 from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout
-from proxy.json_depth import MAX_JSON_DEPTH, nested_too_deep
+from proxy.http.body_budget import BODY_BUDGET
+from proxy.wire.json_depth import MAX_JSON_DEPTH, nested_too_deep
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:

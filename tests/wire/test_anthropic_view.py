@@ -9,11 +9,11 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.anthropic_view import AnthropicView
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy
 from proxy.testing.sim_anthropic import check_tool_pairing
+from proxy.wire.anthropic.view import AnthropicView
 from tests.pipeline.factories import context, exchange
 
 SIGNATURE = "EqQBCkgIARABGAIiQL2vx"

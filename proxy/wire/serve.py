@@ -11,15 +11,15 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from proxy import eager, tracing
-from proxy.dialects.relay import StreamRelay
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
 from proxy.exchange import Exchange
 from proxy.flow import Flow, status_of
-from proxy.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
+from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.session import SessionName, owner_of, parent_session_id, scoped
 from proxy.state import FLOW
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.relay import StreamRelay
 
 POLICY_HEADER = "x-agentproxy-policy"
 

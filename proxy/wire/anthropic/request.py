@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.errors import BadRequest
-from proxy.routes.body import kind, parse_json_object
+from proxy.wire.body import kind, parse_json_object
 
 ROLES = ("user", "assistant", "system")  # "system": Claude Code's mid-conversation beta
 

@@ -13,13 +13,13 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.dialects.chat import passthrough_body
-from proxy.dialects.relay import StreamRelay
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Usage
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import is_json_object
+from proxy.wire.chat.replies import passthrough_body
+from proxy.wire.relay import StreamRelay
 
 DONE = b"data: [DONE]\n\n"
 

@@ -7,12 +7,13 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects import chat, translate
-from proxy.dialects.anthropic_view import AnthropicView, assistant_message
 from proxy.errors import ProxyError
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
+from proxy.wire import translate
+from proxy.wire.anthropic.view import AnthropicView, assistant_message
+from proxy.wire.chat import replies as chat
 
 # The error types of Anthropic's envelope, by status.
 ERROR_TYPES = {

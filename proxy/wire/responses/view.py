@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.dialects.translate import chat_tools, shared_prefix, text_of_content
 from proxy.messages import Message
 from proxy.policies.spec import Deployment
-from proxy.upstream.responses import speaks_responses
+from proxy.wire.responses.upstream import speaks_responses
+from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
 Item = dict[str, Any]
 CALLS = ("function_call", "custom_tool_call")

@@ -1,12 +1,12 @@
 """OpenAI Responses surface: POST /v1/responses (JSON and SSE).
 
-The stages rewrite the request's chat-shaped view (proxy/dialects/responses_view.py); a
+The stages rewrite the request's chat-shaped view (proxy/wire/responses/view.py); a
 deployment that speaks Responses gets the client's body back with only what they changed, any
 other the view as a Chat Completions request, its answer translated back.
 
 `previous_response_id` names history that lives at the provider, so the proxy rewrites nothing
 of such a request (the guards still apply). With API keys configured it must name a response
-the caller's own owner created through the proxy (proxy/dialects/responses_owners.py). Codex
+the caller's own owner created through the proxy (proxy/wire/responses/owners.py). Codex
 sends `store: false` and its whole input every turn, which the proxy sees and rewrites.
 """
 
@@ -16,17 +16,21 @@ import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
-from proxy.dialects import chat, responses
-from proxy.dialects.chat_degraded import degraded_text
-from proxy.dialects.responses_owners import ResponseOwners, continues, item_not_found
-from proxy.dialects.responses_stream import Relay
-from proxy.dialects.responses_view import ResponsesView
 from proxy.errors import NotFound, UpgradeRequired
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.routes.body import read_body
-from proxy.routes.responses_request import parse_responses_request
-from proxy.routes.serve import (
+from proxy.session import owner_of, scoped, session_id
+from proxy.state import CONFIG, STORE, VIEWS
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.body import read_body
+from proxy.wire.chat import replies as chat
+from proxy.wire.chat.degraded import degraded_text
+from proxy.wire.responses import replies as responses
+from proxy.wire.responses.owners import ResponseOwners, continues, item_not_found
+from proxy.wire.responses.request import parse_responses_request
+from proxy.wire.responses.stream import Relay
+from proxy.wire.responses.view import ResponsesView
+from proxy.wire.serve import (
     events_answer,
     json_answer,
     open_exchange,
@@ -34,9 +38,6 @@ from proxy.routes.serve import (
     serve,
     upstream_error,
 )
-from proxy.session import owner_of, scoped, session_id
-from proxy.state import CONFIG, STORE, VIEWS
-from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
 RESPONSES_ROUTE = "/v1/responses"  # also the `route` label of its metrics

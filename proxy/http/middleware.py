@@ -10,8 +10,6 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.body_budget import BODY_BUDGET
-from proxy.dialects import anthropic
 from proxy.errors import (
     InternalError,
     Overloaded,
@@ -20,8 +18,10 @@ from proxy.errors import (
     from_http_exception,
 )
 from proxy.exchange import Exchange
-from proxy.request_id import new_request_id
+from proxy.http.body_budget import BODY_BUDGET
+from proxy.http.request_id import new_request_id
 from proxy.state import CONFIG, METRICS
+from proxy.wire.anthropic import replies as anthropic
 
 log = logging.getLogger("agentproxy")
 access_log = logging.getLogger("agentproxy.access")

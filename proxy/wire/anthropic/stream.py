@@ -16,15 +16,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.dialects.anthropic import error_body, passthrough_body
-from proxy.dialects.anthropic_view import AnthropicView, assistant_message
-from proxy.dialects.relay import StreamRelay
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
+from proxy.wire.anthropic.replies import error_body, passthrough_body
+from proxy.wire.anthropic.view import AnthropicView, assistant_message
+from proxy.wire.relay import StreamRelay
 
 Event = tuple[str, dict[str, Any]]  # (event name, parsed data)
 

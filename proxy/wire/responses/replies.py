@@ -7,11 +7,12 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects import chat, translate
-from proxy.dialects.responses_view import CALLS, ResponsesView
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamReply
+from proxy.wire import translate
+from proxy.wire.chat import replies as chat
+from proxy.wire.responses.view import CALLS, ResponsesView
 
 
 def reply_message(output: list[dict[str, Any]]) -> Message:

@@ -8,13 +8,17 @@ import orjson
 from aiohttp import web
 
 from proxy.auth import authenticate
-from proxy.dialects import chat, chat_degraded
-from proxy.dialects.chat_stream import Relay
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.routes.body import read_body
-from proxy.routes.chat_request import parse_chat_request
-from proxy.routes.serve import (
+from proxy.session import session_id
+from proxy.state import CONFIG
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.body import read_body
+from proxy.wire.chat import degraded as chat_degraded
+from proxy.wire.chat import replies as chat
+from proxy.wire.chat.request import parse_chat_request
+from proxy.wire.chat.stream import Relay
+from proxy.wire.serve import (
     json_answer,
     open_exchange,
     proxy_headers,
@@ -22,9 +26,6 @@ from proxy.routes.serve import (
     serve,
     upstream_error,
 )
-from proxy.session import session_id
-from proxy.state import CONFIG
-from proxy.upstream.base import UpstreamHTTPError
 
 routes = web.RouteTableDef()
 CHAT_ROUTE = "/v1/chat/completions"  # also the `route` label of its metrics
