@@ -53,9 +53,8 @@ from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.pool import Upstreams
-from proxy.wire.anthropic import route as anthropic
-from proxy.wire.chat import route as openai
-from proxy.wire.responses import route as responses
+from proxy.wire.base import WIRES
+from proxy.wire.registry import WIRES as REGISTRY
 from proxy.wire.view_memo import ViewMemo
 
 log = logging.getLogger("agentproxy")
@@ -92,7 +91,8 @@ def build_app(
         assert config_path is not None, "build_app needs a config path or a config"
         config = load_config(config_path)
     holder = ConfigHolder(config_path, config, metrics)
-    upstreams = Upstreams(lambda: holder.current.server)
+    natives = [wire.native for wire in REGISTRY if wire.native is not None]
+    upstreams = Upstreams(lambda: holder.current.server, natives)
     app[METRICS] = metrics
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
@@ -159,9 +159,9 @@ def build_app(
             **(state.memos() if isinstance(state, MemoryState) else {}),
         }
     )
-    app.add_routes(openai.routes)
-    app.add_routes(anthropic.routes)
-    app.add_routes(responses.routes)
+    app[WIRES] = REGISTRY
+    for wire in REGISTRY:
+        app.add_routes(wire.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.messages import TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
     from proxy.history_memo import Checked
-    from proxy.wire.anthropic.view import AnthropicView
-    from proxy.wire.responses.view import ResponsesView
 
 
 @dataclass(slots=True)
@@ -27,25 +25,15 @@ class Usage:
 
     @classmethod
     def of(cls, usage: Any) -> Usage | None:
-        """A reply's usage in any of the three wire formats: Chat Completions (prompt_tokens,
-        prompt_tokens_details.cached_tokens), Responses (input_tokens, which include
-        input_tokens_details.cached_tokens) or Anthropic (input_tokens beside
-        cache_read_input_tokens and cache_creation_input_tokens)."""
+        """A Chat Completions reply's usage (prompt_tokens, prompt_tokens_details.cached_tokens),
+        the shape every shared transport answers in; each other wire reads its own
+        (proxy/wire/<format>/upstream.py)."""
         if not isinstance(usage, dict):
             return None
-        if "input_tokens" not in usage:
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if not isinstance(prompt, int) or not isinstance(completion, int):
-                return None
-            return cls(prompt, completion, _cached(usage.get("prompt_tokens_details")))
-        counts = [usage.get(name) for name in ("input_tokens", *ANTHROPIC_CACHE_FIELDS)]
-        output = usage.get("output_tokens", 0)
-        if not all(isinstance(c, int) or c is None for c in counts) or not isinstance(output, int):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
             return None
-        uncached, read, written = (c or 0 for c in counts)
-        if "input_tokens_details" in usage:  # Responses: cached tokens are within input_tokens
-            return cls(uncached, output, _cached(usage.get("input_tokens_details")))
-        return cls(uncached + read + written, output, read, written)
+        return cls(prompt, completion, cached_tokens(usage.get("prompt_tokens_details")))
 
     @property
     def uncached(self) -> int:
@@ -58,10 +46,8 @@ class Usage:
         self.cache_write += other.cache_write
 
 
-ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
-
-
-def _cached(details: Any) -> int:
+def cached_tokens(details: Any) -> int:
+    """`cached_tokens` of a usage's details object, when it holds a count."""
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return cached if isinstance(cached, int) and cached > 0 else 0
 
@@ -145,6 +131,18 @@ class Recovery:
         return out
 
 
+class RequestView(Protocol):
+    """A client's request in a wire format other than chat, as the exchange needs it: `body`
+    is then its chat-shaped view (what the stages rewrite), and this renders the native
+    request back from it, or the chat request for a deployment that does not speak it."""
+
+    def native_for(self, deployment: Deployment) -> bool: ...
+
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+
+    def translated(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+
+
 @dataclass(slots=True)
 class Exchange:
     request_id: str
@@ -185,7 +183,7 @@ class Exchange:
     wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
     # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
     # the stages rewrite), and this renders the native request back from it.
-    view: AnthropicView | ResponsesView | None = None
+    view: RequestView | None = None
     # The history lives at the provider (previous_response_id): nothing of it is rewritten.
     opaque_history: bool = False
     # The client's protocol headers to pass on (anthropic-version, anthropic-beta).

@@ -30,7 +30,7 @@ from proxy.control.outcome import CircuitOpen, decorate
 from proxy.control.retry import with_retries
 from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
-from proxy.exchange import Exchange, Usage
+from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.policies.spec import Deployment, ErrorClass, Keys
 from proxy.recorder import Recorder
@@ -281,7 +281,7 @@ class Control:
         except asyncio.CancelledError:  # the client left (or a time limit cut the call) mid-call
             ex.add_unreported_usage()
             raise
-        usage = Usage.of(reply.data.get("usage"))
+        usage = upstream.usage(reply.data)
         ex.add_usage(usage)
         if span is not None:
             replied(span, ex, reply.data, usage)

@@ -21,7 +21,7 @@ from proxy.exchange import Exchange
 from proxy.http.body_budget import BODY_BUDGET
 from proxy.http.request_id import new_request_id
 from proxy.state import CONFIG, METRICS
-from proxy.wire.anthropic import replies as anthropic
+from proxy.wire.base import WIRES, error_body_for
 
 log = logging.getLogger("agentproxy")
 access_log = logging.getLogger("agentproxy.access")
@@ -207,15 +207,12 @@ async def _answer_and_hang_up(
     request.protocol.force_close()
 
 
-# Paths whose clients read Anthropic's error envelope; every other path answers OpenAI's.
-ANTHROPIC_PATHS = ("/v1/messages",)
-
-
 def _error_response(request: web.Request, error: ProxyError, request_id: str) -> web.Response:
-    """An error in the wire format of the route the client called."""
-    if request.path.startswith(ANTHROPIC_PATHS):
-        return error_response(error, request_id, body=anthropic.error_body(error, request_id))
-    return error_response(error, request_id)
+    """An error in the wire format of the route the client called (its wire says which)."""
+    wires = request.app.get(WIRES, ())
+    return error_response(
+        error, request_id, body=error_body_for(wires, request.path, error, request_id)
+    )
 
 
 def _served(request: web.Request) -> str:

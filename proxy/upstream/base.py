@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.exchange import Usage
 from proxy.policies.spec import Deployment
 from proxy.redaction import redact_url
 
@@ -110,5 +111,9 @@ class Upstream(Protocol):
         request_id: str,
         headers: Mapping[str, str] | None = None,
     ) -> UpstreamStream: ...
+
+    def usage(self, data: dict[str, Any]) -> Usage | None:
+        """What a reply of this upstream says it used (each wire reports it its own way)."""
+        ...
 
     async def close(self) -> None: ...

@@ -23,6 +23,7 @@ from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.anthropic.replies import error_body, passthrough_body
+from proxy.wire.anthropic.upstream import anthropic_usage
 from proxy.wire.anthropic.view import AnthropicView, assistant_message
 from proxy.wire.relay import StreamRelay
 
@@ -197,7 +198,7 @@ class Relay(StreamRelay):
 
     def _account(self, name: str, data: dict[str, Any]) -> None:
         if name == "message_start":
-            usage = Usage.of((data.get("message") or {}).get("usage"))
+            usage = anthropic_usage((data.get("message") or {}).get("usage"))
             if usage is not None:  # the prompt; output follows in message_delta
                 usage.completion_tokens = 0
                 self.ex.add_usage(usage)

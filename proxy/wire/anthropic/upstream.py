@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.exchange import Usage
 from proxy.policies.spec import Deployment
 from proxy.upstream.openai_compat import OpenAICompatUpstream
 
@@ -14,8 +15,33 @@ DEFAULT_BASE = "https://api.anthropic.com"
 DEFAULT_VERSION = "2023-06-01"
 
 
+CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def anthropic_usage(usage: Any) -> Usage | None:
+    """An Anthropic usage: input_tokens beside cache_read_input_tokens and
+    cache_creation_input_tokens (the prompt is their sum)."""
+    if not isinstance(usage, dict) or "input_tokens" not in usage:
+        return Usage.of(usage)  # a chat-shaped one (a translated reply)
+    counts = [usage.get(name) for name in ("input_tokens", *CACHE_FIELDS)]
+    output = usage.get("output_tokens", 0)
+    if not all(isinstance(c, int) or c is None for c in counts) or not isinstance(output, int):
+        return None
+    uncached, read, written = (c or 0 for c in counts)
+    return Usage(uncached + read + written, output, read, written)
+
+
 class AnthropicUpstream(OpenAICompatUpstream):
+    wire = "anthropic"
     reply_kind = "Messages API message"
+
+    @staticmethod
+    def speaks(deployment: Deployment) -> bool:
+        return speaks_anthropic(deployment)
+
+    @staticmethod
+    def usage(data: dict[str, Any]) -> Usage | None:
+        return anthropic_usage(data.get("usage"))
 
     @staticmethod
     def is_reply(data: dict[str, Any]) -> bool:

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
-from proxy.exchange import Exchange, Usage
+from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
@@ -26,6 +26,7 @@ from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.chat.replies import passthrough_body
 from proxy.wire.relay import StreamRelay
 from proxy.wire.responses.replies import reply_message, without_recall_items
+from proxy.wire.responses.upstream import responses_usage
 from proxy.wire.responses.view import CALLS, ResponsesView
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -143,7 +144,7 @@ class Relay(StreamRelay):
         return data
 
     def _account(self, data: dict[str, Any]) -> None:
-        usage = Usage.of((data.get("response") or {}).get("usage"))
+        usage = responses_usage((data.get("response") or {}).get("usage"))
         if usage is not None:
             self.ex.add_usage(usage)
             self.usage_reported = True
