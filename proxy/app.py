@@ -14,23 +14,23 @@ from typing import Any
 from aiohttp import web
 
 from proxy.control.control import Control
-from proxy.events import EventLog
-from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
-from proxy.lineage import Lineage
 from proxy.logs import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
+from proxy.policies.exposure import exposure_warnings
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
-from proxy.recorder import Recorder
+from proxy.recording.events import EventLog
+from proxy.recording.recorder import Recorder
 from proxy.routes import admin, archive, health
+from proxy.sessions.lineage import Lineage
 from proxy.state import (
     CATALOG,
     CONFIG,

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.messages import TOKENS_PER_MESSAGE
+from proxy.pipeline.messages import TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
-    from proxy.history_memo import Checked
+    from proxy.sessions.history_memo import Checked
 
 
 @dataclass(slots=True)
@@ -151,12 +151,12 @@ class Exchange:
     body: dict[str, Any]  # the parsed request; stages rewrite it in place
     alias: str
     policy: Policy
-    # The key of the session's state, scoped by its owner (proxy/session.py): never the bare
-    # name a client sent, so one tenant's id cannot reach another's state.
+    # The key of the session's state, scoped by its owner (proxy/sessions/identity.py): never
+    # the bare name a client sent, so one tenant's id cannot reach another's state.
     session: str = ""
     session_name: str = ""  # the session id as the client knows it, for headers and logs
     # The client sent the id; else it is a fingerprint, narrowed to one conversation on
-    # admission (proxy/lineage.py).
+    # admission (proxy/sessions/lineage.py).
     session_given: bool = True
     owner: str = ""  # the tenant: "key:<name>", "team:<team>" or "open:"
     # The alias the client asked for; `alias` becomes the fallback's when one answers.

@@ -21,14 +21,14 @@ from typing import Any, Protocol
 from proxy.control.control import Control
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
-from proxy.lineage import Lineage
-from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
+from proxy.pipeline.messages import Message
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
-from proxy.recorder import Recorder
+from proxy.recording.recorder import Recorder
+from proxy.sessions.lineage import Lineage
 from proxy.store.activity import Activity
 from proxy.store.base import Store
 from proxy.tracing import Tracing

@@ -5,11 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.control.control import Control
-from proxy.events import EventLog
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
+from proxy.recording.events import EventLog
 from proxy.store.base import Store
 from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth

@@ -33,8 +33,8 @@ from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.policies.spec import Deployment, ErrorClass, Keys
-from proxy.recorder import Recorder
-from proxy.session import owner_of
+from proxy.recording.recorder import Recorder
+from proxy.sessions.identity import owner_of
 from proxy.store.state import StateStore
 from proxy.tracing import call_span, replied
 from proxy.tracing import span as trace_span

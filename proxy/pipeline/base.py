@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
 
-from proxy.events import EventLog
 from proxy.exchange import Exchange
-from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.archive import Archive
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import Policy
-from proxy.recorder import Recorder
+from proxy.recording.events import EventLog
+from proxy.recording.recorder import Recorder
 from proxy.store.base import Store
 from proxy.store.state import MemoryState, StateStore
 from proxy.tokens.meter import PromptMeter

@@ -30,7 +30,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
-from proxy.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
+from proxy.pipeline.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
 from proxy.tokens.tokenizers import Tokenizer, Tokenizers, family
 
 NEAR = 0.7  # exact counting starts at this share of the decision's limit

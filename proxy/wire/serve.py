@@ -16,7 +16,7 @@ from proxy.exchange import Exchange
 from proxy.flow import Flow, status_of
 from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
-from proxy.session import SessionName, owner_of, parent_session_id, scoped
+from proxy.sessions.identity import SessionName, owner_of, parent_session_id, scoped
 from proxy.state import FLOW
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.relay import StreamRelay

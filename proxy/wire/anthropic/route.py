@@ -11,11 +11,11 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from proxy.auth import authenticate
 from proxy.exchange import Exchange
 from proxy.flow import Flow
+from proxy.http.auth import authenticate
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
-from proxy.session import owner_of, scoped, session_id
+from proxy.sessions.identity import owner_of, scoped, session_id
 from proxy.state import CONFIG, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.anthropic import replies as anthropic

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.messages import Message
+from proxy.pipeline.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
 from proxy.wire.anthropic.upstream import speaks_anthropic

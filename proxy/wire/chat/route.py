@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.auth import authenticate
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.session import session_id
+from proxy.http.auth import authenticate
+from proxy.sessions.identity import session_id
 from proxy.state import CONFIG
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.body import read_body

@@ -29,7 +29,7 @@ from typing import Any, TypeGuard
 
 from proxy.errors import BadRequest, NotFound, ServiceUnavailable
 from proxy.log_limit import warn_limited
-from proxy.session import scoped
+from proxy.sessions.identity import scoped
 from proxy.store.base import Store, StoreError
 
 log = logging.getLogger("agentproxy")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from proxy.auth import authenticate
 from proxy.errors import NotFound, UpgradeRequired
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.session import owner_of, scoped, session_id
+from proxy.http.auth import authenticate
+from proxy.sessions.identity import owner_of, scoped, session_id
 from proxy.state import CONFIG, STORE, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.body import read_body

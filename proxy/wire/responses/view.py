@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.messages import Message
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.wire.responses.upstream import speaks_responses
 from proxy.wire.translate import chat_tools, shared_prefix, text_of_content

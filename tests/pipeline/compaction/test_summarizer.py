@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from proxy.messages import estimate_tokens
 from proxy.pipeline.compaction.summarizer import (
     fit_to,
     output_limit,
@@ -16,6 +15,7 @@ from proxy.pipeline.compaction.summarizer import (
     summary_exchange,
     summary_request,
 )
+from proxy.pipeline.messages import estimate_tokens
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.testing.sim_model import summary_sections
 from proxy.testing.simulator import Simulator

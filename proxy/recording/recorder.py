@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.metrics import GUARDS, Metrics
+from proxy.recording.events import EventLog
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
 # class, fallbacks by source and target, upstream errors by reason): not counted again here.

@@ -1,7 +1,7 @@
 """Which conversation a fingerprinted request continues.
 
 A request without a session id the client chose is named by a fingerprint (key, end user,
-system prompt, first user message: proxy/session.py). Two independent conversations can share
+system prompt, first user message: sessions/identity.py). Two independent conversations can share
 all of it — the same agent started twice on the same task — and would then share loop levels,
 budgets and circuits. So a fingerprint names a *family*, and each conversation in it is a
 *branch* whose tip is the history of its latest request: turn N+1 is turn N plus new messages,
@@ -16,7 +16,7 @@ a client that sends it from then on is identified by it directly. Two requests o
 racing on two replicas may lose one tip update: the later request then starts a new branch.
 
 Cost: one read and one write of a small value, and the digests. A tip this process has in its
-history memo (proxy/history_memo.py: the branch's last history, as the chain keeps it) costs one
+history memo (sessions/history_memo.py: the branch's last history, as the chain keeps it) costs one
 C-level `==` over the shared part, which the chain then takes instead of its own, and the
 history's digest extends the tip's running hash by the new messages only. Otherwise one orjson
 serialization of the history and one of each candidate tip's prefix (C speed, no per-message
@@ -32,9 +32,9 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
-from proxy.history_memo import Checked, Digest, HistoryMemo
 from proxy.log_limit import warn_limited
-from proxy.session import scoped
+from proxy.sessions.history_memo import Checked, Digest, HistoryMemo
+from proxy.sessions.identity import scoped
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore
 

@@ -5,7 +5,7 @@ and Codex's session headers, `metadata.session_id` (or the one inside Claude Cod
 `metadata.user_id`). Else a fingerprint of the key, the body's `user` (OpenAI's end-user id: it
 tells end users apart, never conversations), the system prompt and the first user message,
 which stays the same on every turn of one conversation. Conversations that share all of these
-are told apart once they diverge (proxy/lineage.py).
+are told apart once they diverge (proxy/sessions/lineage.py).
 
 A session id is a name inside one tenant, never a shared handle: every piece of per-session
 state is keyed by `scoped(owner, name)`, where the owner is the calling key (or its team, with
@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from proxy.messages import text_of
+from proxy.pipeline.messages import text_of
 from proxy.policies.spec import ApiKey, Keys
 
 SESSION_HEADER = "x-agentproxy-session"
@@ -42,7 +42,7 @@ def _usable(value: Any) -> str | None:
 class SessionName:
     name: str
     # Sent by the client. A fingerprint (not given) names a family of conversations, which
-    # proxy/lineage.py narrows to the one this request continues.
+    # proxy/sessions/lineage.py narrows to the one this request continues.
     given: bool
 
 
