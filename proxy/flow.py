@@ -1,26 +1,42 @@
-"""One exchange from admission to charge; knows no wire format.
+"""One exchange from admission to charge, in one place; knows no wire format.
 
+A route (proxy/wire/<format>/route.py) parses its request into the Exchange and hands it to
+`Flow.serve` with its `Answers`; from there the path is, in order:
+
+    trace     a request span around all of it, when tracing is on
     admit     which conversation (a fingerprinted one: its branch), then the guards (session
-              circuit; loops and budgets run with the rewrites), may refuse
+              circuit; loops and budgets run with the rewrites), may refuse: with our headers
     route     the deployment to fit the history to and call
-    rewrite   repair, offload, fit to the window; offer recall when something left the context
+    rewrite   the rewrite chain's before_call hooks: repair, offload, fit to the window, offer
+              recall when something left the context (proxy/pipeline)
     call      control: fallback ⊃ retry ⊃ fit-to-context ⊃ upstream call (proxy/control)
     recall    the model called the proxy's own tool: answer it and call again, bounded rounds
+    relay     the answer in the client's wire (its Answers: a reply, or a stream relayed)
+    errors    a provider's error in the client's envelope; the proxy's own raised for the HTTP
+              shell to frame (proxy/http/middleware.py); an upstream failure the policy
+              degrades answered with the wire's degraded answer instead
     settle    the session circuit learns the outcome
-    charge    usage, cost and time to metrics and budgets, whatever happened
+    charge    usage, cost and time to metrics and budgets, whatever happened (the client gone
+              included: shielded from its cancellation)
 
-A route parses its wire format into the Exchange, hands it here, and renders what comes back.
 What differs between formats comes in as small readers: where a reply's message is, how to take
 the proxy's calls out of it, and (streaming) a relay that writes the client's events.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
+from aiohttp import web
+
+from proxy import eager, tracing
 from proxy.control.control import Control
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
+from proxy.http.headers import proxy_headers
+from proxy.http.keys import OUTCOME_STATUS
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
@@ -67,6 +83,21 @@ class Replies(Protocol):
     ) -> UpstreamReply: ...
 
 
+class Answers(Protocol):
+    """How one wire format answers a request: a reply, a stream, a provider's error, a
+    degraded answer (each route's, e.g. proxy/wire/chat/route.py: ChatWire)."""
+
+    async def complete(self, ex: Exchange, flow: Flow) -> web.Response: ...
+
+    async def stream(
+        self, request: web.Request, ex: Exchange, flow: Flow
+    ) -> web.StreamResponse: ...
+
+    def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response: ...
+
+    def degraded(self, ex: Exchange, error: Exception) -> web.Response: ...
+
+
 Failure = ProxyError | UpstreamHTTPError
 
 
@@ -97,6 +128,59 @@ class Flow:
         self.metrics = metrics
         self.recorder = recorder
         self.activity = activity  # sessions' activity, for the store's retention
+
+    def serve(
+        self, request: web.Request, ex: Exchange, answers: Answers
+    ) -> Awaitable[web.StreamResponse]:
+        """The request, end to end: the order above."""
+        if self.tracing is None:  # no coroutine more than untraced serving needs
+            return self._serve(request, ex, answers)
+        return self._traced(request, ex, answers, self.tracing)
+
+    async def _traced(
+        self, request: web.Request, ex: Exchange, answers: Answers, tracer: Tracing
+    ) -> web.StreamResponse:
+        with tracer.request(ex, request.headers) as span:
+            response = await self._serve(request, ex, answers)
+            tracing.responded(span, request.get(OUTCOME_STATUS, response.status))
+            return response
+
+    async def _serve(
+        self, request: web.Request, ex: Exchange, answers: Answers
+    ) -> web.StreamResponse:
+        try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
+            await self.admit(ex)
+        except ProxyError as error:
+            error.headers.update(proxy_headers(ex))
+            raise
+        ok = False
+        try:
+            if ex.stream:
+                response: web.StreamResponse = await answers.stream(request, ex, self)
+            else:
+                response = await answers.complete(ex, self)
+            ok = True
+            return response
+        except UpstreamHTTPError as error:  # what control gave up on: counted there
+            if self.degrades(ex, error):
+                return answers.degraded(ex, error)
+            return answers.upstream_error(ex, error)
+        except ProxyError as error:
+            self.count_failure(ex, error)
+            if self.degrades(ex, error):
+                return answers.degraded(ex, error)
+            error.headers.update(proxy_headers(ex))
+            raise
+        finally:
+            if ex.failure is not None:  # a stream that began, then failed: the request failed
+                request[OUTCOME_STATUS] = status_of(ex.failure)
+            # A client that leaves cancels this handler, maybe in the middle of charging it:
+            # the charging runs to its end regardless (what was used is always charged).
+            # Against in-process state it never waits: run at once, no task (proxy/eager.py).
+            finishing = self.finish(ex, ok)
+            rest = eager.start(finishing) if self.settles_inline else finishing
+            if rest is not None:
+                await asyncio.shield(rest)
 
     async def admit(self, ex: Exchange) -> None:
         """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
@@ -38,7 +38,7 @@ from proxy.sessions.identity import owner_of
 from proxy.store.state import StateStore
 from proxy.tracing import call_span, replied
 from proxy.tracing import span as trace_span
-from proxy.upstream.base import Upstream, UpstreamHTTPError
+from proxy.upstream.base import Upstream, UpstreamHTTPError, UpstreamReply, UpstreamStream
 from proxy.upstream.priming import prime
 
 if TYPE_CHECKING:
@@ -105,7 +105,19 @@ class Control:
 
     # --- one model call -----------------------------------------------------------------------
 
-    async def call(self, ex: Exchange, *, stream: bool, fitter: Fitter | None = None) -> Any:
+    @overload
+    async def call(
+        self, ex: Exchange, *, stream: Literal[False], fitter: Fitter | None = None
+    ) -> UpstreamReply: ...
+
+    @overload
+    async def call(
+        self, ex: Exchange, *, stream: Literal[True], fitter: Fitter | None = None
+    ) -> UpstreamStream: ...
+
+    async def call(
+        self, ex: Exchange, *, stream: bool, fitter: Fitter | None = None
+    ) -> UpstreamReply | UpstreamStream:
         """An UpstreamReply (or, with `stream`, an opened UpstreamStream) from `ex.alias` or one
         of its fallbacks; a failure comes out marked for the client (outcome.decorate).
         Without a `fitter` the body goes out as it is, to every alias tried."""

@@ -17,8 +17,25 @@ from proxy.errors import (
     error_response,
     from_http_exception,
 )
-from proxy.exchange import Exchange
 from proxy.http.body_budget import BODY_BUDGET
+from proxy.http.keys import (
+    CLIENT_GONE as CLIENT_GONE,
+)
+from proxy.http.keys import (
+    EXCHANGE as EXCHANGE,
+)
+from proxy.http.keys import (
+    MODEL_LABEL as MODEL_LABEL,
+)
+from proxy.http.keys import (
+    OUTCOME_STATUS as OUTCOME_STATUS,
+)
+from proxy.http.keys import (
+    REQUEST_ID as REQUEST_ID,
+)
+from proxy.http.keys import (
+    STATUS_CLIENT_GONE as STATUS_CLIENT_GONE,
+)
 from proxy.http.request_id import new_request_id
 from proxy.state import CONFIG, METRICS
 from proxy.wire.base import WIRES, error_body_for
@@ -26,17 +43,6 @@ from proxy.wire.base import WIRES, error_body_for
 log = logging.getLogger("agentproxy")
 access_log = logging.getLogger("agentproxy.access")
 
-REQUEST_ID = web.RequestKey("request_id", str)
-# Set by handlers once the model alias is known to be configured (bounded metric labels).
-MODEL_LABEL = web.RequestKey("model_label", str)
-# Set by handlers when the client hung up mid-response; counted as status 499.
-CLIENT_GONE = web.RequestKey("client_gone", bool)
-STATUS_CLIENT_GONE = 499
-# Set by handlers when the request failed after its status went out (a stream cut midway):
-# it is counted and logged with this status, not the 200 the client saw first.
-OUTCOME_STATUS = web.RequestKey("outcome_status", int)
-# The request's Exchange once its route opened one: the access line tells what it did.
-EXCHANGE = web.RequestKey("exchange", Exchange)
 # Cheap and answering even when the proxy is saturated: monitoring must see it, not time out.
 UNCAPPED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 RETRY_AFTER_S = 1

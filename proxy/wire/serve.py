@@ -1,93 +1,42 @@
-"""What every model route does around its own wire format: open the Exchange (model, key
-rights, policy, session), hand it to the flow, render the outcome, and always settle and
-charge. A route supplies only how its format is parsed and rendered (a `Wire`)."""
+"""What every model route shares: reading its request (key, body), opening the Exchange (model,
+key rights, policy, session), handing it to the flow (proxy/flow.py: Flow.serve) and the answer
+shapes its `Answers` build (a JSON answer, a relayed stream, a provider's error)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
-from proxy import eager, tracing
-from proxy.errors import BadRequest, Forbidden, ModelNotFound, ProxyError
+from proxy.errors import BadRequest, Forbidden, ModelNotFound
 from proxy.exchange import Exchange
-from proxy.flow import Flow, status_of
-from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, OUTCOME_STATUS, REQUEST_ID
+from proxy.flow import Answers, Flow
+from proxy.http.auth import authenticate
+from proxy.http.headers import proxy_headers
+from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.sessions.identity import SessionName, owner_of, parent_session_id, scoped
-from proxy.state import FLOW
+from proxy.state import CONFIG, FLOW
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.body import read_body
 from proxy.wire.relay import StreamRelay
 
 POLICY_HEADER = "x-agentproxy-policy"
 
 
-class Wire(Protocol):
-    """How one wire format answers: a reply, a stream, a provider's error, a degraded answer."""
-
-    async def complete(self, ex: Exchange, flow: Flow) -> web.Response: ...
-
-    async def stream(
-        self, request: web.Request, ex: Exchange, flow: Flow
-    ) -> web.StreamResponse: ...
-
-    def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response: ...
-
-    def degraded(self, ex: Exchange, error: Exception) -> web.Response: ...
+async def read_request(request: web.Request) -> tuple[Config, ApiKey | None, bytes]:
+    """What every model route opens with: the config snapshot the request runs under, the
+    caller's key (refused here if it is not one), and the body's bytes (capped, timed)."""
+    config = request.app[CONFIG].current
+    key = authenticate(request, config.keys)
+    raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    return config, key, raw
 
 
-def serve(request: web.Request, ex: Exchange, wire: Wire) -> Awaitable[web.StreamResponse]:
-    flow = request.app[FLOW]
-    if flow.tracing is None:  # no coroutine more than untraced serving needs
-        return _serve(request, ex, wire, flow)
-    return _traced(request, ex, wire, flow, flow.tracing)
-
-
-async def _traced(
-    request: web.Request, ex: Exchange, wire: Wire, flow: Flow, tracer: tracing.Tracing
-) -> web.StreamResponse:
-    with tracer.request(ex, request.headers) as span:
-        response = await _serve(request, ex, wire, flow)
-        tracing.responded(span, request.get(OUTCOME_STATUS, response.status))
-        return response
-
-
-async def _serve(request: web.Request, ex: Exchange, wire: Wire, flow: Flow) -> web.StreamResponse:
-    try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
-        await flow.admit(ex)
-    except ProxyError as error:
-        error.headers.update(proxy_headers(ex))
-        raise
-    ok = False
-    try:
-        if ex.stream:
-            response: web.StreamResponse = await wire.stream(request, ex, flow)
-        else:
-            response = await wire.complete(ex, flow)
-        ok = True
-        return response
-    except UpstreamHTTPError as error:  # what control gave up on: counted there
-        if flow.degrades(ex, error):
-            return wire.degraded(ex, error)
-        return wire.upstream_error(ex, error)
-    except ProxyError as error:
-        flow.count_failure(ex, error)
-        if flow.degrades(ex, error):
-            return wire.degraded(ex, error)
-        error.headers.update(proxy_headers(ex))
-        raise
-    finally:
-        if ex.failure is not None:  # a stream that began, then failed: the request failed
-            request[OUTCOME_STATUS] = status_of(ex.failure)
-        # A client that leaves cancels this handler, maybe in the middle of charging it: the
-        # charging runs to its end regardless (what was used is always charged). Against
-        # in-process state it never waits: run at once, no task (proxy/eager.py).
-        finishing = flow.finish(ex, ok)
-        rest = eager.start(finishing) if flow.settles_inline else finishing
-        if rest is not None:
-            await asyncio.shield(rest)
+def serve(request: web.Request, ex: Exchange, answers: Answers) -> Awaitable[web.StreamResponse]:
+    """Hand the opened Exchange to the flow, which owns it from here to its charge."""
+    return request.app[FLOW].serve(request, ex, answers)
 
 
 async def relay_stream(
@@ -197,31 +146,3 @@ def _select_policy(
         return policy
     # request.headers looks names up case-insensitively, as policies' header matches expect.
     return config.select_policy(alias, key.name if key else None, headers)
-
-
-def proxy_headers(ex: Exchange) -> dict[str, str]:
-    headers = {
-        "x-agentproxy-model": ex.alias,
-        "x-agentproxy-policy": ex.policy.name,
-        "x-agentproxy-session": ex.session_name,
-    }
-    if ex.prompt is not None:  # the prompt size its decisions took: counted, calibrated
-        headers["x-agentproxy-prompt-tokens"] = str(ex.prompt.estimate)
-    if ex.notes:
-        headers["x-agentproxy-applied"] = applied_header(ex)
-    if ex.dry_run:
-        headers["x-agentproxy-dry-run"] = "true"
-    return headers
-
-
-def applied_header(ex: Exchange) -> str:
-    """What the proxy did, compactly: `stage.action;count=2;tokens=9000>1500, ...`."""
-    parts = []
-    for note in ex.notes:
-        part = f"{note.stage}.{note.action}"
-        if "count" in note.fields:
-            part += f";count={note.fields['count']}"
-        if "tokens_before" in note.fields and "tokens_after" in note.fields:
-            part += f";tokens={note.fields['tokens_before']}>{note.fields['tokens_after']}"
-        parts.append(part)
-    return ", ".join(parts)

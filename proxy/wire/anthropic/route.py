@@ -13,23 +13,22 @@ from aiohttp import web
 
 from proxy.exchange import Exchange
 from proxy.flow import Flow
-from proxy.http.auth import authenticate
+from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import CONFIG, VIEWS
+from proxy.state import VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.anthropic import replies as anthropic
 from proxy.wire.anthropic.request import parse_messages_request
 from proxy.wire.anthropic.stream import Relay, message_stream
 from proxy.wire.anthropic.upstream import DEFAULT_VERSION
 from proxy.wire.anthropic.view import AnthropicView
-from proxy.wire.body import read_body
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.serve import (
     events_answer,
     json_answer,
     open_exchange,
-    proxy_headers,
+    read_request,
     relay_stream,
     serve,
     upstream_error,
@@ -57,9 +56,7 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 
 async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange:
-    config = request.app[CONFIG].current
-    key = authenticate(request, config.keys)
-    raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    config, key, raw = await read_request(request)
     body = parse_messages_request(raw, counting=counting)
     identity = {"metadata": body.get("metadata")}
     opening = lambda: AnthropicView.opening(body)  # noqa: E731 - only if no session id came

@@ -10,10 +10,10 @@ from aiohttp import web
 from proxy.exchange import Exchange
 from proxy.flow import Flow
 from proxy.http.auth import authenticate
+from proxy.http.headers import proxy_headers
 from proxy.sessions.identity import session_id
 from proxy.state import CONFIG
 from proxy.upstream.base import UpstreamHTTPError
-from proxy.wire.body import read_body
 from proxy.wire.chat import degraded as chat_degraded
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.request import parse_chat_request
@@ -21,7 +21,7 @@ from proxy.wire.chat.stream import Relay
 from proxy.wire.serve import (
     json_answer,
     open_exchange,
-    proxy_headers,
+    read_request,
     relay_stream,
     serve,
     upstream_error,
@@ -33,9 +33,7 @@ CHAT_ROUTE = "/v1/chat/completions"  # also the `route` label of its metrics
 
 @routes.post(CHAT_ROUTE)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    config = request.app[CONFIG].current
-    key = authenticate(request, config.keys)
-    raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    config, key, raw = await read_request(request)
     body = parse_chat_request(raw)
     stream = body.get("stream") is True
     options = body.get("stream_options") or {}

@@ -22,7 +22,6 @@ from proxy.http.auth import authenticate
 from proxy.sessions.identity import owner_of, scoped, session_id
 from proxy.state import CONFIG, STORE, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
-from proxy.wire.body import read_body
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.responses import replies as responses
@@ -34,6 +33,7 @@ from proxy.wire.serve import (
     events_answer,
     json_answer,
     open_exchange,
+    read_request,
     relay_stream,
     serve,
     upstream_error,
@@ -45,9 +45,7 @@ RESPONSES_ROUTE = "/v1/responses"  # also the `route` label of its metrics
 
 @routes.post(RESPONSES_ROUTE)
 async def create_response(request: web.Request) -> web.StreamResponse:
-    config = request.app[CONFIG].current
-    key = authenticate(request, config.keys)
-    raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    config, key, raw = await read_request(request)
     body = parse_responses_request(raw)
     owner = owner_of(key, config.keys)
     # Tenants share the provider's account: each may name only responses it created.
