@@ -142,6 +142,12 @@ class BudgetStage:
             record(ex, ctx, self.name, "unchecked", budget=spec.name, error=str(exc))
             return None
 
+    async def after_call(
+        self, ex: Exchange, ctx: StageContext, usage: Usage | None, cost: float | None, calls: int
+    ) -> None:
+        """The after-call hook: what the request used is charged to its budgets."""
+        await self.charge(ex, ctx, usage, cost, calls)
+
     async def charge(
         self,
         ex: Exchange,
