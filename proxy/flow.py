@@ -33,7 +33,7 @@ from aiohttp import web
 
 from proxy import eager, tracing
 from proxy.control.control import Control
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, status_of
 from proxy.exchange import Exchange, Usage
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS
@@ -98,7 +98,7 @@ class Answers(Protocol):
     def degraded(self, ex: Exchange, error: Exception) -> web.Response: ...
 
 
-Failure = ProxyError | UpstreamHTTPError
+StreamFailure = ProxyError | UpstreamHTTPError
 
 
 class Flow:
@@ -249,7 +249,7 @@ class Flow:
             self.stream_failed(ex, error)
             await relay.fail(error)
 
-    def stream_failed(self, ex: Exchange, error: Failure) -> None:
+    def stream_failed(self, ex: Exchange, error: StreamFailure) -> None:
         """A stream that began and then failed is a failed request, everywhere."""
         ex.failure = error
         if isinstance(error, UpstreamHTTPError):
@@ -354,10 +354,3 @@ def _degradable(error: Exception) -> bool:
     if isinstance(error, UpstreamHTTPError):
         return error.status >= 500 or error.status == 429
     return isinstance(error, ProxyError) and error.status in (502, 503, 504)
-
-
-def status_of(error: Exception) -> int:
-    """The HTTP status a failure stands for."""
-    if isinstance(error, UpstreamHTTPError):
-        return error.status
-    return error.status if isinstance(error, ProxyError) else 500
