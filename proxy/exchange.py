@@ -83,6 +83,30 @@ class PromptMeasure:
         self.total, self.messages = total, messages
 
 
+@dataclass(slots=True)
+class Timing:
+    """Where a request's time went: waiting on the upstream and on the client; the rest is
+    the proxy's own overhead."""
+
+    started: float = field(default_factory=time.perf_counter)
+    upstream_wait: float = 0.0
+    client_wait: float = 0.0
+    # When a streamed answer's first piece came from the upstream (perf_counter), if it did.
+    first_token: float | None = None
+
+
+@dataclass(slots=True)
+class Accounting:
+    """What a request used and cost: its own calls' usage (what its client is told), its
+    side calls (summaries, each at its own model), and the cost of it all once charged."""
+
+    usage: Usage | None = None
+    cost_usd: float | None = None
+    usage_reports: int = 0  # upstream calls whose usage was added (recall rounds: several)
+    usage_estimated: bool = False  # some of it never reported: estimated instead
+    side_calls: list[Charge] = field(default_factory=list)
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What the proxy's own calls for a request (a summary) used, on the deployment that
@@ -192,20 +216,10 @@ class Exchange:
     failure: Exception | None = None
     deployment: Deployment | None = None
     notes: list[Note] = field(default_factory=list)
-    usage: Usage | None = None  # of the request's own calls: what its client is told
-    cost_usd: float | None = None  # what the request cost in all (summaries too), once charged
-    usage_reports: int = 0  # upstream calls whose usage was added (recall rounds: several)
-    usage_estimated: bool = False  # some of it never reported: estimated instead
+    accounting: Accounting = field(default_factory=lambda: Accounting())
     # The prompt as the proxy measured it for its decisions (compaction, budgets), if it did.
     prompt: PromptMeasure | None = None
-    # The proxy's own calls for this request (summaries), each charged at its own model.
-    side_calls: list[Charge] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
-    # Time spent awaiting the upstream and the client; the rest is the proxy's own overhead.
-    upstream_wait: float = 0.0
-    client_wait: float = 0.0
-    # When a streamed answer's first piece came from the upstream (perf_counter), if it did.
-    first_token: float | None = None
+    timing: Timing = field(default_factory=Timing)
     recovery: Recovery = field(default_factory=Recovery)
     # The guards' per-session record (store/guard_record.py), once a guard has read it.
     guard_record: dict[str, Any] | None = None
@@ -225,18 +239,20 @@ class Exchange:
         """Usage over every upstream call this request made (recall rounds, retries)."""
         if usage is None:
             return
-        if self.usage is None:
-            self.usage = Usage()
-        self.usage.add(usage)
-        self.usage_reports += 1
+        accounting = self.accounting
+        if accounting.usage is None:
+            accounting.usage = Usage()
+        accounting.usage.add(usage)
+        accounting.usage_reports += 1
 
     def add_side_call(self, child: Exchange) -> None:
         """`child` was a call made for this request (a summary): what it used is charged here,
         its wait on the upstream is not the proxy's own time, and what control did for it
         (retries, fallbacks) shows with this request's notes."""
-        if child.usage is not None:
-            self.side_calls.append(Charge(child.alias, child.deployment, child.usage))
-        self.upstream_wait += child.upstream_wait
+        used = child.accounting.usage
+        if used is not None:
+            self.accounting.side_calls.append(Charge(child.alias, child.deployment, used))
+        self.timing.upstream_wait += child.timing.upstream_wait
         self.notes.extend(child.notes)
 
     def add_unreported_usage(self, completion_tokens: int = 0) -> None:
@@ -246,7 +262,7 @@ class Exchange:
         (one token per streamed event)."""
         prompt = self.estimated_prompt()
         self.add_usage(Usage(prompt, completion_tokens))
-        self.usage_estimated = True
+        self.accounting.usage_estimated = True
         self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
 
     @property
@@ -286,9 +302,10 @@ class Exchange:
 
     def server_timing(self) -> str:
         """The `server-timing` header: the proxy's own time and the upstream's, in ms."""
-        proxy, upstream = self.overhead() * 1000, self.upstream_wait * 1000
+        proxy, upstream = self.overhead() * 1000, self.timing.upstream_wait * 1000
         return f"proxy;dur={proxy:.3f}, upstream;dur={upstream:.3f}"
 
     def overhead(self, now: float | None = None) -> float:
-        elapsed = (now or time.perf_counter()) - self.started
-        return max(0.0, elapsed - self.upstream_wait - self.client_wait)
+        timing = self.timing
+        elapsed = (now or time.perf_counter()) - timing.started
+        return max(0.0, elapsed - timing.upstream_wait - timing.client_wait)

@@ -283,14 +283,15 @@ class Flow:
             self.rewriter.accepted(ex)
         metrics = self.metrics
         metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
-        metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
-        if ex.first_token is not None:
-            first = ex.first_token - ex.started
+        metrics.child(metrics.upstream_duration, ex.alias).observe(ex.timing.upstream_wait)
+        if ex.timing.first_token is not None:
+            first = ex.timing.first_token - ex.timing.started
             metrics.child(metrics.time_to_first_token, ex.alias).observe(first)
-        usage = ex.usage
+        usage = ex.accounting.usage
         self.rewriter.ctx.meter.learn(ex, usage)  # the provider's count of what was measured
         cost = self._count(ex.alias, ex.deployment, usage)
-        for side in ex.side_calls:  # the proxy's own calls for it (summaries), at their model
+        # The proxy's own calls for it (summaries), at their model.
+        for side in ex.accounting.side_calls:
             side_cost = self._count(side.alias, side.deployment, side.usage)
             if side_cost:
                 metrics.child(metrics.summarizer_cost, side.alias).inc(side_cost)
@@ -298,7 +299,7 @@ class Flow:
             cost = side_cost if cost is None else cost + (side_cost or 0.0)
         # Every call to the request's model counts for `calls` budgets: retries, fallbacks and
         # recall rounds included; summaries count in tokens and cost, not as the agent's calls.
-        ex.cost_usd = cost
+        ex.accounting.cost_usd = cost
         await self.rewriter.after_call(ex, usage, cost, calls=ex.recovery.calls)
 
     def _count(

@@ -124,7 +124,7 @@ class Control:
         recovery = ex.recovery
         deadline_s = ex.policy.retry.deadline_s
         if deadline_s is not None and recovery.deadline is None:
-            spent = time.perf_counter() - ex.started  # the deadline covers the whole request
+            spent = time.perf_counter() - ex.timing.started  # the deadline covers the whole request
             recovery.deadline = self.timing.clock() + deadline_s - spent
         switched: list[tuple[str, str, ErrorClass]] = []  # the fallback in force, if any
 
@@ -159,7 +159,7 @@ class Control:
             nonlocal retried
             retried += 1
             self.metrics.child(self.metrics.retries, alias, kind).inc()
-            ex.upstream_wait += delay  # waiting for the upstream, not the proxy's own time
+            ex.timing.upstream_wait += delay  # waiting for the upstream, not the proxy's own time
 
         try:
             return await with_retries(
@@ -278,7 +278,7 @@ class Control:
                 self._failed(ex, error.code or error.type, None)
                 raise
             finally:
-                ex.upstream_wait += time.perf_counter() - waited
+                ex.timing.upstream_wait += time.perf_counter() - waited
 
     @staticmethod
     async def _send(

@@ -170,7 +170,7 @@ def access_fields(
     ex = request.get(EXCHANGE)
     if ex is None:
         return fields
-    usage = ex.usage
+    usage = ex.accounting.usage
     fields.update(
         session=ex.session_name,
         key=ex.key.name if ex.key is not None else None,
@@ -183,8 +183,8 @@ def access_fields(
         rewrites=[f"{note.stage}.{note.action}" for note in ex.notes],
         prompt_tokens=usage.prompt_tokens if usage is not None else None,
         completion_tokens=usage.completion_tokens if usage is not None else None,
-        cost_usd=ex.cost_usd,
-        upstream_ms=round(ex.upstream_wait * 1000, 3),
+        cost_usd=ex.accounting.cost_usd,
+        upstream_ms=round(ex.timing.upstream_wait * 1000, 3),
         proxy_ms=round(ex.overhead() * 1000, 3),
     )
     return fields

@@ -156,7 +156,12 @@ class PromptMeter:
         calibration keeps is the ratio of the text (and tool schemas): the few tokens framing
         each message are the same in both counts, whatever the tokenizer."""
         measured = ex.prompt
-        if measured is None or usage is None or ex.usage_reports != 1 or ex.usage_estimated:
+        if (
+            measured is None
+            or usage is None
+            or ex.accounting.usage_reports != 1
+            or ex.accounting.usage_estimated
+        ):
             return
         if ex.deployment is None or ex.deployment.model != measured.model:
             return

@@ -48,7 +48,7 @@ class StreamRelay:
             await self.response.prepare(self.request)
         waited = time.perf_counter()
         await self.response.write(data)
-        self.ex.client_wait += time.perf_counter() - waited
+        self.ex.timing.client_wait += time.perf_counter() - waited
 
     async def run(self, source: UpstreamStream) -> Any:
         """Forward one upstream stream; what was held back for a recall round, if anything."""
@@ -102,9 +102,9 @@ class StreamRelay:
             except StopAsyncIteration:
                 return
             finally:
-                self.ex.upstream_wait += time.perf_counter() - waited
-            if self.ex.first_token is None and self._has_token(batch):
-                self.ex.first_token = time.perf_counter()
+                self.ex.timing.upstream_wait += time.perf_counter() - waited
+            if self.ex.timing.first_token is None and self._has_token(batch):
+                self.ex.timing.first_token = time.perf_counter()
             self.relayed += len(batch)
             yield batch
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.exchange import Exchange
+from proxy.exchange import Exchange, Timing
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import messages as msgs
@@ -159,7 +159,7 @@ def summary_exchange(ex: Exchange) -> Exchange:
         parent_session=ex.parent_session,
         route=ex.route,
         deployment=deployment,
-        started=ex.started,  # the request's deadline covers its summaries
+        timing=Timing(started=ex.timing.started),  # the request's deadline covers its summaries
     )
     child.recovery.deadline = ex.recovery.deadline
     return child
