@@ -293,7 +293,7 @@ def _request_attributes(ex: Exchange, operation: str) -> dict[str, Any]:
         "agentproxy.request_id": ex.request_id,
         "agentproxy.session": ex.session_name,
         "agentproxy.policy": ex.policy.name,
-        "agentproxy.dialects": ex.wire,
+        "agentproxy.wire": ex.wire,
         "agentproxy.stream": ex.stream,
         "agentproxy.rewrites": [f"{note.stage}.{note.action}" for note in ex.notes],
         "agentproxy.upstream_calls": ex.recovery.calls,
