@@ -88,7 +88,7 @@ async def serve(app: web.Application, *, proxy: bool = False) -> tuple[web.AppRu
     """The proxy as `serve` runs it (its head deadline too); the bare forwarder with the same
     server options."""
     from proxy.app import SERVER_OPTIONS
-    from proxy.head_deadline import ProxyRunner
+    from proxy.runtime.head_deadline import ProxyRunner
 
     runner = (
         ProxyRunner(app, handle_signals=False)
@@ -208,8 +208,8 @@ async def measure(
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], list[float]]:
-    from proxy import server
     from proxy.app import build_app
+    from proxy.runtime import server
 
     cells = [Cell.parse(name) for name in args.cells.split(",")]
     procs = Processes()

@@ -57,8 +57,8 @@ from aiohttp import web  # noqa: E402
 
 from proxy.app import SERVER_OPTIONS, build_app  # noqa: E402
 from proxy.policies.spec import CompactionSpec  # noqa: E402
-from proxy.testing.sim_model import Tokenizer  # noqa: E402
-from proxy.testing.simulator import Simulator, run_simulator  # noqa: E402
+from proxy.sim.model import Tokenizer  # noqa: E402
+from proxy.sim.simulator import Simulator, run_simulator  # noqa: E402
 from proxy.tokens.meter import NEAR  # noqa: E402
 from proxy.tokens.tokenizers import load  # noqa: E402
 

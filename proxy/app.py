@@ -17,7 +17,7 @@ from proxy.control.control import Control
 from proxy.flow import Flow
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
-from proxy.logs import log_lines, shorten_protocol_errors
+from proxy.logs.lines import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
@@ -30,6 +30,7 @@ from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.routes import admin, archive, health
+from proxy.runtime.handover import Handover
 from proxy.sessions.lineage import Lineage
 from proxy.state import (
     CATALOG,
@@ -47,7 +48,6 @@ from proxy.state import (
 from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
-from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
@@ -81,7 +81,7 @@ def build_app(
     and is the whole configuration when there is no `config_path` (`serve --model`); `host` is
     the address served when the CLI overrides server.host (for the warnings); `handover`: a
     worker that a parent replaces when it is recycled, taking over its predecessor's guard
-    state and leaving its own for its successor (proxy/store/handover.py)."""
+    state and leaving its own for its successor (proxy/runtime/handover.py)."""
     shorten_protocol_errors()
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
@@ -106,7 +106,8 @@ def build_app(
     leaving = app[HANDOVER] = Handover(enabled=handover)
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
-    store, state, retention = open_backends(settings, metrics, holder.current.keys)
+    store, backend_state, retention = open_backends(settings, metrics, holder.current.keys)
+    state = leaving.around(backend_state)  # a replaced worker's: shared with its successor
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = app[EVENTS] = EventLog(
@@ -149,14 +150,14 @@ def build_app(
         activity,
         lineage,
         tracing,
-        settles_inline=isinstance(state, MemoryState),  # its operations never wait
+        settles_inline=isinstance(backend_state, MemoryState),  # its operations never wait
     )
     metrics.watch_memos(
         {
             **rewriter.memos(),
             "views": views.cache,
             **meter.memos(),
-            **(state.memos() if isinstance(state, MemoryState) else {}),
+            **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }
     )
     app[WIRES] = REGISTRY
@@ -177,10 +178,9 @@ def build_app(
             events.close()
             raise
         # Guard state kept in this process goes from worker to worker when they are recycled.
-        kept = state if leaving.enabled and isinstance(state, MemoryState) else None
         tending = None
-        if kept is not None:
-            if taken := leaving.attach(kept, settings.path):
+        if leaving.installed:
+            if taken := leaving.attach(settings.path):
                 log.info("took over %d guard state entries from the previous worker", taken)
             tending = asyncio.create_task(leaving.tend())
         holder.on_change(upstreams.prepare)

@@ -135,15 +135,15 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     import socket
 
-    from proxy import heap, workers
     from proxy.app import build_app
-    from proxy.logs import use_format
+    from proxy.logs.lines import use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
-    from proxy.recycle import RECYCLE_EXIT
-    from proxy.server import loop_unavailable, run, serve
+    from proxy.runtime import heap, workers
+    from proxy.runtime.handover import discard
+    from proxy.runtime.recycle import RECYCLE_EXIT
+    from proxy.runtime.server import loop_unavailable, run, serve
     from proxy.store.base import StoreError
-    from proxy.store.handover import discard
     from proxy.tracing import unavailable
 
     if args.api_base is not None and args.model is None:
@@ -264,7 +264,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from proxy.testing.simulator import Simulator, serve_simulator
+    from proxy.sim.simulator import Simulator, serve_simulator
 
     sim = Simulator(
         context_window=args.context_window, api_key=args.api_key, chunk_delay_s=args.chunk_delay
@@ -275,7 +275,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from proxy.demo import run_against, run_demo
+    from proxy.sim.demo import run_against, run_demo
 
     # The demo narrates what happens; per-request log lines would only interleave with it.
     for name in ("agentproxy.access", "httpx", "httpx2"):

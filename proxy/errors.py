@@ -31,6 +31,9 @@ class ProxyError(Failure):
     type = "internal_error"
     code: str | None = None
     closes_connection = False  # answer, then hang up: what the client sends next is not read
+    # Raised before the request left for the provider (refused or untranslatable): the
+    # upstream did not fail, so agentproxy_upstream_errors_total does not count it.
+    unsent = False
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from proxy import eager, tracing
+from proxy import tracing
 from proxy.control.control import Control
 from proxy.errors import ProxyError, status_of
 from proxy.exchange import Exchange, Usage
@@ -44,6 +44,7 @@ from proxy.pipeline.messages import Message
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder
+from proxy.runtime import eager
 from proxy.sessions.lineage import Lineage
 from proxy.store.activity import Activity
 from proxy.store.base import Store
@@ -118,7 +119,7 @@ class Flow:
     ) -> None:
         self.control = control
         # `finish` waits on nothing (the guards' and budgets' state is in-process): a route
-        # may run it in its own task, at once (proxy/eager.py).
+        # may run it in its own task, at once (proxy/runtime/eager.py).
         self.settles_inline = settles_inline
         self.tracing = tracing  # None: tracing is off
         self.lineage = lineage
@@ -176,7 +177,7 @@ class Flow:
                 request[OUTCOME_STATUS] = status_of(ex.failure)
             # A client that leaves cancels this handler, maybe in the middle of charging it:
             # the charging runs to its end regardless (what was used is always charged).
-            # Against in-process state it never waits: run at once, no task (proxy/eager.py).
+            # Against in-process state it never waits: run at once, no task (runtime/eager.py).
             finishing = self.finish(ex, ok)
             rest = eager.start(finishing) if self.settles_inline else finishing
             if rest is not None:
@@ -261,7 +262,8 @@ class Flow:
 
     def count_failure(self, ex: Exchange, error: ProxyError) -> None:
         """A failure outside control's calls (in the relay): counted like control's own."""
-        if not error.extra:  # control counts (and marks) its own
+        # Control counts (and marks) its own; one raised before any call is no upstream's.
+        if not error.extra and not error.unsent:
             reason = error.code or error.type
             self.metrics.child(self.metrics.upstream_errors, ex.alias, reason).inc()
 

@@ -10,8 +10,8 @@ from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
+from proxy.runtime.handover import Handover
 from proxy.store.base import Store
-from proxy.store.handover import Handover
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
 from proxy.wire.view_memo import ViewMemo

@@ -20,8 +20,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.app import build_app
-from proxy.head_deadline import ProxyRunner
-from proxy.testing.simulator import Simulator
+from proxy.runtime.head_deadline import ProxyRunner
+from proxy.sim.simulator import Simulator
 
 ProxyFactory = Callable[..., Awaitable[TestServer]]
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from proxy import cli
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import free_port, sim_config
 from tests.routes.test_client_gone import stalled_stream
 from tests.upstream.hostile import COMPLETION_HEAD, endless, hostile_app

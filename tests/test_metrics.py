@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import Metrics
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, sim_config
 from tests.deploy.prometheus import binary
 

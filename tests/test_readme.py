@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 ROOT = Path(__file__).resolve().parent.parent

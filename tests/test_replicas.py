@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import REDIS_URL, free_port, sim_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from proxy.policies.spec import TracingSettings
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from proxy.tracing import EXTRA_MISSING, finish_reasons, open_tracing, unavailable
 from tests.conftest import ProxyFactory
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Deployment
 from proxy.store.base import StoreError

@@ -275,7 +275,10 @@ class Control:
                 self._failed(ex, f"http_{error.status}", error.status)
                 raise
             except ProxyError as error:
-                self._failed(ex, error.code or error.type, None)
+                if error.unsent:  # refused before any call: no upstream failed
+                    ex.recovery.last_status = None
+                else:
+                    self._failed(ex, error.code or error.type, None)
                 raise
             finally:
                 ex.timing.upstream_wait += time.perf_counter() - waited

@@ -21,7 +21,7 @@ import xxhash
 
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.exchange import Exchange
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.recording.recorder import Recorder
 from proxy.store import guard_record
 from proxy.store.base import StoreError

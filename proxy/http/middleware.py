@@ -51,7 +51,7 @@ RETRY_AFTER_S = 1
 class Handling:
     """How many requests are being handled now, against server.max_in_flight: each one holds
     its body, so the cap bounds memory; past it a client is told to come back shortly. And,
-    for the drain (proxy/server.py), when the last request began and whether the server is
+    for the drain (proxy/runtime/server.py), when the last request began and whether the server is
     draining: then every answer closes its connection."""
 
     __slots__ = ("count", "draining", "last_started", "memory_full")

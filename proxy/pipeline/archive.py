@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import Exchange
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.recording.recorder import Recorder
 from proxy.store.base import BlobInfo, Store, content_ref
 

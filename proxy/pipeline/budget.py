@@ -16,7 +16,7 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.messages import Message
 from proxy.policies.spec import BudgetSpec, Policy

@@ -143,7 +143,7 @@ class ServerSettings:
     # back from the store), so memory follows the sessions active lately, not all ever seen.
     memo_idle_s: float = 60.0
     # A block of this many KiB or more gets a mapping of its own rather than grow the main heap
-    # (None: glibc's default, which rises to 32 MiB): proxy/heap.py. Read at start.
+    # (None: glibc's default, which rises to 32 MiB): proxy/runtime/heap.py. Read at start.
     mmap_threshold_kb: int | None = 32
     body_timeout_s: float = 60.0  # longest silence while a request body is read (nginx's)
     # A request's whole head (request line and headers), from the connection's opening or the
@@ -391,5 +391,15 @@ class Config:
                 return policy
         return self.default_policy
 
-    def policy_named(self, name: str) -> Policy | None:
-        return next((p for p in self.policies if p.name == name), None)
+    def policy_named(self, name: str, key_name: str | None = None) -> Policy | None:
+        """The policy `name`, if the caller (`key_name`) may choose it by name: a header may
+        choose a policy, never escape one. A policy whose `match.keys` is set is open only to
+        those keys, and a key some policy is bound to may choose only among its own."""
+        policy = next((p for p in self.policies if p.name == name), None)
+        if policy is None or key_name is None:
+            return policy
+        bound_to = policy.match.keys
+        if bound_to is not None:
+            return policy if key_name in bound_to else None
+        bound = any(p.match.keys is not None and key_name in p.match.keys for p in self.policies)
+        return None if bound else policy

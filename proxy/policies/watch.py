@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.logs import log_lines
+from proxy.logs.lines import log_lines
 from proxy.metrics import Metrics
 from proxy.policies.loader import (
     ConfigError,

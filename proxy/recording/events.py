@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 
 if TYPE_CHECKING:
     from proxy.exchange import Exchange

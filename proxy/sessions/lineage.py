@@ -32,7 +32,7 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.sessions.history_memo import Checked, Digest, HistoryMemo
 from proxy.sessions.identity import scoped
 from proxy.store.base import StoreError

@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from proxy import heap
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
+from proxy.runtime import heap
 from proxy.store.activity import Activity
 from proxy.store.base import StoreError
 from proxy.store.retention import Collected, Retention
@@ -29,7 +29,7 @@ MAX_FLUSH_EVERY_S = 10.0
 # or failed: each write would kick another at once.
 MIN_GAP_S = 1.0
 # A heap trim waits until no request has been under way for this long: under load one costs
-# 3-8 ms (~430 MB process) and what it returns is soon taken again (proxy/heap.py).
+# 3-8 ms (~430 MB process) and what it returns is soon taken again (proxy/runtime/heap.py).
 QUIET_BEFORE_TRIM_S = 10.0
 
 

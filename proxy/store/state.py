@@ -157,34 +157,21 @@ class MemoryState:
         self._values: Entries[bytes] = Entries(max_bytes // 2, _value_bytes)
         self._counters: Entries[dict[str, float]] = Entries(max_bytes // 2, _counters_bytes)
         self._published: dict[str, dict[str, tuple[float, float]]] = {}
-        # While a recycled worker and its successor both serve, each tells the other its
-        # changes (proxy/store/handover.py): `changed` hears every change made here, and
-        # `catch_up` applies the other's before any read or write.
-        self.changed: Callable[[list[Any]], None] | None = None
-        self.catch_up: Callable[[], None] | None = None
 
     def memos(self) -> dict[str, Entries[Any]]:
         """Its two halves, shown beside the memos (agentproxy_memo_bytes)."""
         return {"state_values": self._values, "state_counters": self._counters}
 
     async def get(self, space: str, key: str) -> bytes | None:
-        self._sync()
         return self._values.get((space, key))
 
     async def set(self, space: str, key: str, value: bytes, ttl_s: float | None = None) -> None:
-        self._sync()
-        self._set(space, key, value, ttl_s)
-        if self.changed is not None:  # built only while it is heard
-            self.changed(["set", space, key, base64.b64encode(value).decode(), ttl_s])
+        self.set_now(space, key, value, ttl_s)
 
     async def delete(self, space: str, key: str) -> None:
-        self._sync()
-        self._values.pop((space, key))
-        if self.changed is not None:  # built only while it is heard
-            self.changed(["delete", space, key])
+        self.delete_now(space, key)
 
     async def counters(self, space: str, key: str) -> dict[str, float]:
-        self._sync()
         found = self._counters.get((space, key))
         return {} if found is None else dict(found)
 
@@ -197,49 +184,28 @@ class MemoryState:
         first: Mapping[str, float] | None = None,
         ttl_s: float | None = None,
     ) -> dict[str, float]:
-        self._sync()
-        values = self._add(space, key, amounts, first, ttl_s)
-        if self.changed is not None:  # built only while it is heard
-            self.changed(["add", space, key, dict(amounts), dict(first or {}), ttl_s])
-        return dict(values)
+        return dict(self.add_now(space, key, amounts, first, ttl_s))
 
     async def publish(self, space: str, field: str, value: float, ttl_s: float) -> None:
-        self._sync()
-        self._published.setdefault(space, {})[field] = (_expiry(ttl_s), value)
-        if self.changed is not None:  # built only while it is heard
-            self.changed(["publish", space, field, value, ttl_s])
+        self.publish_now(space, field, value, ttl_s)
 
     async def published(self, space: str) -> dict[str, float]:
-        self._sync()
         now = time.time()
         facts = self._published.get(space, {})
         for field in [f for f, (expiry, _) in facts.items() if expiry < now]:
             del facts[field]
         return {field: value for field, (_, value) in facts.items()}
 
-    def apply(self, change: list[Any]) -> None:
-        """Make a change another process's MemoryState reported through `changed` (counters
-        are added, so both processes' additions count); not reported again."""
-        match change:
-            case ["set", str(space), str(key), str(value), ttl_s]:
-                self._set(space, key, base64.b64decode(value), ttl_s)
-            case ["delete", str(space), str(key)]:
-                self._values.pop((space, key))
-            case ["add", str(space), str(key), dict(amounts), dict(first), ttl_s]:
-                self._add(space, key, amounts, first, ttl_s)
-            case ["publish", str(space), str(field), value, ttl_s]:
-                self._published.setdefault(space, {})[field] = (_expiry(ttl_s), value)
-            case _:
-                raise ValueError(f"not a state change: {change!r:.200}")
+    # The writes, made at once: nothing here waits, so a caller outside a coroutine (one that
+    # replays changes another process made) writes exactly as the methods above do.
 
-    def _sync(self) -> None:
-        if self.catch_up is not None:
-            self.catch_up()
-
-    def _set(self, space: str, key: str, value: bytes, ttl_s: float | None) -> None:
+    def set_now(self, space: str, key: str, value: bytes, ttl_s: float | None) -> None:
         self._values.put((space, key), value, self.default_ttl_s if ttl_s is None else ttl_s)
 
-    def _add(
+    def delete_now(self, space: str, key: str) -> None:
+        self._values.pop((space, key))
+
+    def add_now(
         self,
         space: str,
         key: str,
@@ -247,6 +213,7 @@ class MemoryState:
         first: Mapping[str, float] | None,
         ttl_s: float | None,
     ) -> dict[str, float]:
+        """The counters after the addition (the stored dict itself: copy it to hand it out)."""
         found = self._counters.get((space, key))
         values = dict(found) if found is not None else {}
         for name, amount in amounts.items():
@@ -256,12 +223,15 @@ class MemoryState:
         self._counters.put((space, key), values, self.default_ttl_s if ttl_s is None else ttl_s)
         return values
 
+    def publish_now(self, space: str, field: str, value: float, ttl_s: float | None) -> None:
+        self._published.setdefault(space, {})[field] = (_expiry(ttl_s), value)
+
     async def close(self) -> None:
         pass
 
     def export(self) -> dict[str, Any]:
-        """Every entry and published fact still valid, as JSON-ready data: what a successor
-        process restores to go on exactly where this one stopped (proxy/store/handover.py)."""
+        """Every entry and published fact still valid, as JSON-ready data: what another
+        process restores to go on exactly where this one stopped."""
         return {
             "values": [
                 [*key, base64.b64encode(value).decode(), _finite(expiry), _finite(ttl)]

@@ -171,11 +171,13 @@ class LiteLLMUpstream:
             # provider was never called, so this is no upstream failure to retry or to count
             # against the deployment's circuit.
             log.info("litellm failed before calling '%s'", name, exc_info=exc)
-            return InternalError(
+            failed = InternalError(
                 f"the request for '{name}' could not be translated to its provider: "
                 f"{_first_line(message)}",
                 code="translation_failed",
             )
+            failed.unsent = True
+            return failed
         if isinstance(exc, litellm.APIConnectionError):
             return UpstreamUnreachable(f"the upstream for '{name}' is unreachable: {message}")
         status = getattr(exc, "status_code", None)

@@ -99,4 +99,6 @@ def _check_function(function: Any, where: str, *, schema: bool = True) -> None:
 
 def _expect(value: Any, expected: type, where: str, what: str) -> None:
     if not isinstance(value, expected):
-        raise BadRequest(f"'{where}' must be {what}, not {kind(value)}", param=where)
+        error = BadRequest(f"'{where}' must be {what}, not {kind(value)}", param=where)
+        error.unsent = True  # the provider never saw it
+        raise error

@@ -137,7 +137,7 @@ def _select_policy(
 ) -> Policy:
     named = headers.get(POLICY_HEADER)
     if named:
-        policy = config.policy_named(named)
+        policy = config.policy_named(named, key.name if key else None)
         if policy is None:
             raise BadRequest(
                 f"policy '{named}' named by the {POLICY_HEADER} header is not configured",

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from proxy.testing import RecordedRequest, Simulator, run_simulator
-from proxy.testing.sim_model import text_of
-from proxy.testing.sim_responders import ToolRoundTrip
+from proxy.sim import RecordedRequest, Simulator, run_simulator
+from proxy.sim.model import text_of
+from tests.support.sim_responders import ToolRoundTrip
 
 from .conftest import SCRATCH_FILES, ClaudeCode, pinned_version, strace_works
 

@@ -13,10 +13,10 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim import Simulator, run_simulator
 from proxy.state import EVENTS
-from proxy.testing import Simulator, run_simulator
-from proxy.testing.sim_responders import ToolRounds, ToolRoundTrip
 from tests.conftest import ProxyFactory
+from tests.support.sim_responders import ToolRounds, ToolRoundTrip
 
 from .conftest import SCRATCH_FILES, ClaudeCode
 from .test_claude_code import bash_round_trip

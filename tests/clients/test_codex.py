@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.testing import RecordedRequest, Simulator, run_simulator
-from proxy.testing.sim_model import text_of
-from proxy.testing.sim_responders import CODEX_SHELL_TOOL, codex_shell_round_trip
+from proxy.sim import RecordedRequest, Simulator, run_simulator
+from proxy.sim.model import text_of
+from tests.support.sim_responders import CODEX_SHELL_TOOL, codex_shell_round_trip
 
 from .conftest import CODEX_MODEL, SCRATCH_FILES, Codex, pinned_version, strace_works
 

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 from aiohttp.test_utils import TestServer
 
+from proxy.sim import Simulator, run_simulator
 from proxy.state import EVENTS
-from proxy.testing import Simulator, run_simulator
-from proxy.testing.sim_responders import ToolRounds, codex_shell_round_trip
 from tests.conftest import ProxyFactory
+from tests.support.sim_responders import ToolRounds, codex_shell_round_trip
 
 from .conftest import CODEX_MODEL, SCRATCH_FILES, Codex
 from .test_codex import output_text, shell_round_trip

@@ -11,7 +11,7 @@ import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 from .test_codex_proxy import PROXY_KEY, UPSTREAM_KEY, proxy_for

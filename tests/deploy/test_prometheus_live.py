@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory
 from tests.deploy.prometheus import Prometheus
 

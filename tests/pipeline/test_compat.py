@@ -10,8 +10,8 @@ from proxy.pipeline.compat import (
     complains_of_null_content,
     empty_null_contents,
 )
-from proxy.testing.sim_llama import validation_error
 from tests.pipeline.factories import context, deployment, exchange
+from tests.support.sim_llama import validation_error
 
 CALL = {
     "role": "assistant",

@@ -14,8 +14,8 @@ from proxy.exchange import Exchange
 from proxy.pipeline.messages import Message, pairing_problems
 from proxy.pipeline.repair import ACTIONS, RepairStage
 from proxy.policies.spec import Policy, RepairSpec
-from proxy.testing import Simulator
-from proxy.testing.sim_openai import MISSING_TOOL_RESULTS, ORPHAN_TOOL, check_tool_pairing
+from proxy.sim import Simulator
+from proxy.sim.chat import MISSING_TOOL_RESULTS, ORPHAN_TOOL, check_tool_pairing
 from tests.pipeline.factories import context, exchange
 
 HISTORIES = 400

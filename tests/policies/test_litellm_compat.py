@@ -13,7 +13,7 @@ import pytest
 
 from proxy.policies.loader import ConfigError, load_config, validate_paths
 from proxy.policies.spec import FallbackSpec
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url
 from tests.test_cli import start_serve
 

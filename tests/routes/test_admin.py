@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 ADMIN = {"Authorization": "Bearer admin-secret"}

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 KEY = "sk-proxy-anthropic-1"
@@ -466,7 +466,7 @@ async def test_prompt_cache_reads_are_counted_and_priced_at_their_rate(
 async def test_a_degraded_answer_is_a_message_the_client_reads(
     start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator, stream: bool
 ) -> None:
-    from proxy.testing.simulator import Fault
+    from proxy.sim.simulator import Fault
 
     policy = "policies:\n  - name: calm\n    degraded: true\n    retry: {attempts: 1}\n"
     proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), policies=policy)

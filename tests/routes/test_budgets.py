@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import SimProxyFactory, base_url
 
 BUDGETS = """
@@ -63,7 +63,7 @@ async def test_subagents_spend_from_their_parent_and_soft_limits_warn(
 
 
 async def test_retries_count_as_model_calls(proxy_for: SimProxyFactory) -> None:
-    from proxy.testing.simulator import Fault
+    from proxy.sim.simulator import Fault
 
     sim = Simulator()
     proxy = await proxy_for(

@@ -15,8 +15,8 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.sim_llama import LlamaCppSimulator
 from tests.conftest import ProxyFactory, base_url
+from tests.support.sim_llama import LlamaCppSimulator
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import SimProxyFactory, base_url
 
 POLICY = """

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 DELAY_S = 0.05  # between the simulator's events: the first piece comes after one or more

@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.http.middleware import HANDLING
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from proxy.wire.json_depth import MAX_JSON_DEPTH, nested_too_deep
 from tests.conftest import ProxyFactory, sim_config
 

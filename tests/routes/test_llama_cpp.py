@@ -1,5 +1,5 @@
 """A local llama-cpp-python server behind the proxy, over real sockets, driven by the openai SDK:
-its upstream is the simulator with llama-cpp-python's quirks (proxy/testing/sim_llama.py), so
+its upstream is the simulator with llama-cpp-python's quirks (tests/support/sim_llama.py), so
 these tests fail the way the real server made the proxy fail (issue 15)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.http.request_id import is_uuid
-from proxy.testing.sim_llama import LlamaCppSimulator
-from proxy.testing.simulator import Fault
+from proxy.sim.simulator import Fault
 from tests.conftest import ProxyFactory, base_url
+from tests.support.sim_llama import LlamaCppSimulator
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
 TOOLS: Any = [

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.http.request_id import is_uuid
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import SimProxyFactory, base_url
 
 TOOLS = [

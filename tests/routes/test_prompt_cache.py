@@ -23,8 +23,8 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.simulator import Simulator
 from proxy.state import CATALOG
-from proxy.testing.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 UPSTREAM_KEY = "sk-sim-upstream-secret"

@@ -14,8 +14,8 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.sim_model import Tokenizer, chars_per_token
-from proxy.testing.simulator import Simulator
+from proxy.sim.model import Tokenizer, chars_per_token
+from proxy.sim.simulator import Simulator
 from proxy.tokens.tokenizers import load
 from tests.conftest import ProxyFactory, base_url
 

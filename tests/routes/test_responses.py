@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 KEY = "sk-proxy-responses-1"
@@ -307,7 +307,7 @@ async def test_a_websocket_probe_is_told_to_use_http_at_once(proxy: TestServer) 
 async def test_a_degraded_answer_is_a_response_the_client_reads(
     start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator, stream: bool
 ) -> None:
-    from proxy.testing.simulator import Fault
+    from proxy.sim.simulator import Fault
 
     policy = "policies:\n  - name: calm\n    degraded: true\n    retry: {attempts: 1}\n"
     proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), policies=policy)

@@ -16,7 +16,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import REDIS_URL, OwnRedis, ProxyFactory, start_redis
 
 ALICE, BOB, CAROL = "sk-alice-0001", "sk-bob-0002", "sk-carol-0003"
@@ -280,29 +280,38 @@ async def test_an_unreadable_store_refuses_continuations(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_stored_item_named_by_id_is_refused(
+async def test_a_stored_item_named_by_id_goes_only_to_its_owner(
     start_proxy: ProxyFactory,
     tmp_path: Path,
     upstream: TestServer,
     sim: Simulator,
     stream: bool,
 ) -> None:
-    """`item_reference` (or an item that is only an id) pulls a stored item into the input:
-    items are not recorded, so with keys none is let through, whoever's it is."""
+    """`item_reference` pulls a stored item into the input: an item of a response the caller's
+    own owner made goes on; anyone else's, or one never seen, is the provider's unknown item."""
     proxy = await start(start_proxy, tmp_path, upstream, f"store: {{path: {tmp_path}}}")
     first = await create(proxy, ALICE, False, input="my secret: plum-vault")
     [said] = [item.id for item in first.output if item.type == "message"]
     heard = sim.request_count
-    for key in (BOB, ALICE):
-        ask = [{"role": "user", "content": "repeat this:"}, {"type": "item_reference", "id": said}]
-        error = await refused(proxy, key, stream, input=ask)
+    for item_id in (said, "msg_never_made"):
+        ask = [
+            {"role": "user", "content": "repeat this:"},
+            {"type": "item_reference", "id": item_id},
+        ]
+        error = await refused(proxy, BOB, stream, input=ask)
         assert error.status_code == 404 and isinstance(error.body, dict)
-        assert error.body["message"] == f"Item with id '{said}' not found."
+        assert error.body["message"] == f"Item with id '{item_id}' not found."
         assert error.body["param"] == "input"
     # Without its type (OpenAI reads it as a reference) it is not a valid message here.
     ask = [{"role": "user", "content": "repeat this:"}, {"id": said}]
     assert (await refused(proxy, BOB, stream, input=ask)).status_code == 400
     assert sim.request_count == heard
+    # Its owner (and the owner's team) may name it.
+    for key in (ALICE, CAROL):
+        ask = [{"role": "user", "content": "repeat this:"}, {"type": "item_reference", "id": said}]
+        await create(proxy, key, stream, input=ask)
+        assert sim.requests[-1].body["input"][-1] == {"type": "item_reference", "id": said}
+    heard = sim.request_count
     # The next turn of the same session (its earlier view lent) is checked as well.
     ask = [{"role": "user", "content": "hi"}]
     headers = {"session-id": "s1"}
@@ -310,6 +319,30 @@ async def test_a_stored_item_named_by_id_is_refused(
     ask += [{"role": "assistant", "content": "hello"}, {"type": "item_reference", "id": said}]
     error = await refused(proxy, BOB, stream, input=ask, extra_headers=headers)
     assert error.status_code == 404 and sim.request_count == heard + 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_reasoning_item_sent_back_by_id_goes_only_to_its_owner(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    sim: Simulator,
+    stream: bool,
+) -> None:
+    """openai-agents sends a stored response's reasoning items back by id (no encrypted
+    content): the provider looks them up, so only the owner's own go."""
+    proxy = await start(start_proxy, tmp_path, upstream, f"store: {{path: {tmp_path}}}")
+    first = await create(proxy, ALICE, stream, input="think", reasoning={"effort": "low"})
+    [thought] = [item.id for item in first.output if item.type == "reasoning"]
+    echo = {"type": "reasoning", "id": thought, "summary": []}
+    ask = [{"role": "user", "content": "think"}, echo, {"role": "user", "content": "more"}]
+    heard = sim.request_count
+    error = await refused(proxy, BOB, stream, input=ask)
+    assert error.status_code == 400 and isinstance(error.body, dict)
+    assert error.body["code"] == "stored_object_refused" and error.body["param"] == "input[1]"
+    assert sim.request_count == heard
+    await create(proxy, ALICE, stream, input=ask)
+    assert sim.requests[-1].body["input"][1]["id"] == thought
 
 
 async def test_another_replica_finds_the_record_at_once(

@@ -12,7 +12,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory, SimProxyFactory, base_url, sim_config
 
 TOOLS = [

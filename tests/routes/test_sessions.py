@@ -15,7 +15,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Fault, Simulator
+from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 KEY = "sk-team-0001"

@@ -15,10 +15,10 @@ import openai
 import orjson
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.sim_model import is_summary_request
-from proxy.testing.sim_responders import ForgetfulSummarizer
-from proxy.testing.simulator import Simulator
+from proxy.sim.model import is_summary_request
+from proxy.sim.simulator import Simulator
 from tests.conftest import SimProxyFactory, base_url
+from tests.support.sim_responders import ForgetfulSummarizer
 
 WINDOW = 32_768
 TURNS = 40

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import OwnRedis, ProxyFactory, sim_config, start_redis
 
 BIG = "".join(f"row {n}: value {n * 7}\n" for n in range(2_000))  # ~10k tokens: offloaded

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.simulator import Simulator
 from proxy.store.base import StoreError
-from proxy.testing.simulator import Simulator
 from tests.conftest import OwnRedis, ProxyFactory, free_port, sim_config, start_redis
 
 BIG = "".join(f"row {n}: value {n * 7}\n" for n in range(2_000))  # ~10k tokens

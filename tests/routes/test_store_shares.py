@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import REDIS_URL, ProxyFactory, sim_config
 
 ALICE = {"Authorization": "Bearer sk-alice-0001"}

@@ -18,8 +18,8 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.simulator import Fault, Simulator
 from proxy.state import VIEWS
-from proxy.testing.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 ALICE, BOB, CAROL = "sk-alice-0001", "sk-bob-0002", "sk-carol-0003"

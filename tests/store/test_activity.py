@@ -11,11 +11,11 @@ from typing import Any
 
 import aiohttp
 
+from proxy.sim.simulator import Simulator
 from proxy.store.activity import Activity
 from proxy.store.base import BlobInfo, StoreError, content_ref
 from proxy.store.local import LocalStore
 from proxy.store.retention import Collected, Pressure, StoreStats
-from proxy.testing.simulator import Simulator
 
 
 class Clock:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy import heap
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
+from proxy.runtime import heap
 from proxy.store.activity import Activity
 from proxy.store.base import BlobInfo, StoreError, content_ref
 from proxy.store.collector import Collector

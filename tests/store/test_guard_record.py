@@ -11,9 +11,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.simulator import Fault, Simulator
 from proxy.state import CONTROL
 from proxy.store import guard_record
-from proxy.testing.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory
 from tests.routes.test_loops import Agent, client, start, stubborn_model
 

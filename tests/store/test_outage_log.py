@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.log_limit import forget, warn_limited
-from proxy.testing.simulator import Simulator
+from proxy.logs.limit import forget, warn_limited
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 REDIS_PORT = 6379

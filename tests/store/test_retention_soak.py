@@ -20,8 +20,8 @@ import aiohttp
 import openai
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.simulator import Simulator
 from proxy.state import METRICS, STORE
-from proxy.testing.simulator import Simulator
 from tests.conftest import ProxyFactory, sim_config
 
 MB = 1024 * 1024

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 KEY = "sk-ant-sim-secret-key"
@@ -80,6 +80,14 @@ async def circuit_state(proxy: Any) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+async def upstream_errors(proxy: Any) -> float:
+    """agentproxy_upstream_errors_total over every model and reason."""
+    async with aiohttp.ClientSession() as http, http.get(str(proxy.make_url("/metrics"))) as r:
+        text = await r.text()
+    found = re.findall(r"^agentproxy_upstream_errors_total\{[^}]*\} (\S+)$", text, re.M)
+    return sum(float(value) for value in found)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_string_tool_schema_is_a_400_naming_the_field(
     aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, stream: bool
@@ -93,6 +101,7 @@ async def test_a_string_tool_schema_is_a_400_naming_the_field(
         assert error["param"] == "tools[0].function.parameters"
         assert "must be an object, not a string" in error["message"]
     assert sim.requests == []
+    assert await upstream_errors(proxy) == 0  # the proxy refused it: no upstream failed
     status, raw = await chat(proxy, "sk-alice", stream=stream)
     assert status == 200, raw
     assert await circuit_state(proxy) == 0
@@ -115,6 +124,7 @@ async def test_a_crash_inside_litellm_is_the_proxys_500_and_opens_no_circuit(
         assert_clean(raw)
         assert orjson.loads(raw)["error"]["code"] != "upstream_unreachable"
     assert sim.requests == []
+    assert await upstream_errors(proxy) == 0  # litellm failed before any call
     status, raw = await chat(proxy, "sk-alice")
     assert status == 200, raw
     assert await circuit_state(proxy) == 0
@@ -166,3 +176,4 @@ policies:
         assert orjson.loads(raw)["error"]["code"] == "upstream_unreachable"
     assert calls == 2
     assert await circuit_state(proxy) == 2  # open: the provider is what failed
+    assert await upstream_errors(proxy) == 2  # and counted as the upstream's failures

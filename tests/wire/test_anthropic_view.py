@@ -12,7 +12,7 @@ import orjson
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy
-from proxy.testing.sim_anthropic import check_tool_pairing
+from proxy.sim.anthropic import check_tool_pairing
 from proxy.wire.anthropic.view import AnthropicView
 from tests.pipeline.factories import context, exchange
 

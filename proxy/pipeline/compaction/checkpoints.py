@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.pipeline.messages import Message, estimate_tokens
 from proxy.store.base import Store
 

@@ -24,6 +24,7 @@ from proxy.wire.anthropic.stream import Relay, message_stream
 from proxy.wire.anthropic.upstream import DEFAULT_VERSION
 from proxy.wire.anthropic.view import AnthropicView
 from proxy.wire.chat.degraded import degraded_text
+from proxy.wire.provider_objects import refuse_messages_objects
 from proxy.wire.serve import (
     events_answer,
     json_answer,
@@ -63,6 +64,8 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
     view = AnthropicView.of(body, views.last(own))
+    if key is not None:  # tenants share the provider's account: its stored objects too
+        refuse_messages_objects(body, view.fresh)
     if not counting:
         views.keep(own, view, len(raw))
     chat = view.chat_body()

@@ -63,6 +63,9 @@ class AnthropicView:
     # The view as built, before any stage saw it: _ends[i] is its length after client message i.
     _built: list[Message] = field(default_factory=list)
     _ends: list[int] = field(default_factory=list)
+    # The first message mapped here: those before it were lent by the session's last view,
+    # whose turn checked them (proxy/wire/provider_objects.py walks only the rest).
+    fresh: int = 0
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
@@ -78,6 +81,7 @@ class AnthropicView:
             view._add({"role": "system", "content": text_of_content(system)}, -1, None)
         messages = body["messages"]
         start = view._reuse(previous) if previous is not None else 0
+        view.fresh = start
         for index in range(start, len(messages)):
             view._map(index, messages[index])
             view._ends.append(len(view.messages))

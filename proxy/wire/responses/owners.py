@@ -24,11 +24,12 @@ flight here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, TypeGuard
 
 from proxy.errors import BadRequest, NotFound, ServiceUnavailable
-from proxy.log_limit import warn_limited
+from proxy.logs.limit import warn_limited
 from proxy.sessions.identity import scoped
 from proxy.store.base import Store, StoreError
 
@@ -37,6 +38,7 @@ log = logging.getLogger("agentproxy")
 SESSION_PREFIX = "responses:"
 RECORD_KEY = "response-owner"  # never a compaction checkpoint's key (hex digits, or its index)
 MAX_ID_CHARS = 256  # longer is no provider's id: refused as unknown, never stored
+MAX_ITEMS_RECORDED = 64  # output items of one response recorded as its caller's
 
 
 def _session(owner: str, response_id: str) -> str:
@@ -67,18 +69,24 @@ class ResponseOwners:
         self.owner = owner
 
     async def record(self, response: Any) -> None:
-        """Note that the caller owns the response the upstream answered with. A lost write is
-        logged: that response cannot be continued through the proxy."""
-        response_id = response.get("id") if isinstance(response, dict) else None
-        if not _recordable(response_id):
+        """Note that the caller owns the response the upstream answered with, and its output
+        items (a later turn may name them by id: an `item_reference`, a reasoning item sent
+        back without its `encrypted_content`). A lost write is logged: those ids cannot be
+        named through the proxy."""
+        sessions = [_session(self.owner, found) for found in _owned_ids(response)]
+        if not sessions:
             return
-        session = _session(self.owner, response_id)
         if self.store.shared:
-            await self._write(session)
+            await asyncio.gather(*(self._write(session) for session in sessions))
             return
-        task = asyncio.ensure_future(self._write(session))
-        _writing[session] = task
-        task.add_done_callback(lambda done: _written(session, done))
+        task = asyncio.ensure_future(self._write_all(sessions))
+        for session in sessions:
+            _writing[session] = task
+            task.add_done_callback(functools.partial(_written, session))
+
+    async def _write_all(self, sessions: list[str]) -> None:
+        for session in sessions:
+            await self._write(session)
 
     async def _write(self, session: str) -> None:
         try:
@@ -108,6 +116,17 @@ class ResponseOwners:
         if conversation is not None:
             raise conversation_not_found(conversation)
 
+    async def check_items(self, references: list[Any], reasoning: list[tuple[str, Any]]) -> None:
+        """Refuse input items that name a stored item by id (`item_reference`; a reasoning item
+        without its `encrypted_content`, at `where`) unless an earlier response of the caller's
+        own owner made it: the provider would look it up in the account every tenant shares."""
+        for item_id in references:
+            if not (isinstance(item_id, str) and await self._owns(item_id)):
+                raise item_not_found(item_id)
+        for where, item_id in reasoning:
+            if not (isinstance(item_id, str) and await self._owns(item_id)):
+                raise reasoning_not_found(where)
+
     async def _owns(self, response_id: str) -> bool:
         if not _recordable(response_id):
             return False
@@ -123,6 +142,20 @@ class ResponseOwners:
                 code="store_unavailable",
             ) from exc
         return found is not None
+
+
+def _owned_ids(response: Any) -> list[str]:
+    """The ids a reply makes its caller's: the response's, and its output items' (at most
+    MAX_ITEMS_RECORDED: no real reply has more)."""
+    if not isinstance(response, dict) or not _recordable(response.get("id")):
+        return []
+    ids = [response["id"]]
+    output = response.get("output")
+    if isinstance(output, list):
+        for item in output[:MAX_ITEMS_RECORDED]:
+            if isinstance(item, dict) and _recordable(item_id := item.get("id")):
+                ids.append(item_id)
+    return ids
 
 
 def continues(body: dict[str, Any]) -> bool:
@@ -146,7 +179,18 @@ def conversation_not_found(conversation: Any) -> NotFound:
 
 
 def item_not_found(item_id: Any) -> NotFound:
-    """An input item naming a stored item by id (`item_reference`): the proxy keeps no record
-    of items, so with keys configured none is let through, whoever's it is."""
+    """An input item naming a stored item by id (`item_reference`) that no response of the
+    caller's owner made."""
     shown = item_id[:MAX_ID_CHARS] if isinstance(item_id, str) else ""
     return NotFound(f"Item with id '{shown}' not found.", param="input")
+
+
+def reasoning_not_found(where: str) -> BadRequest:
+    return BadRequest(
+        f"'{where}' is a reasoning item without its 'encrypted_content', and no response made "
+        "through this proxy for this key has its id: the provider would look it up by id in an "
+        "account every key shares. Send it with the 'encrypted_content' the reply carried "
+        '(include: ["reasoning.encrypted_content"]), or continue with previous_response_id',
+        param=where,
+        code="stored_object_refused",
+    )

@@ -24,8 +24,9 @@ from proxy.state import CONFIG, STORE, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.degraded import degraded_text
+from proxy.wire.provider_objects import reasoning_by_id, refuse_responses_objects
 from proxy.wire.responses import replies as responses
-from proxy.wire.responses.owners import ResponseOwners, continues, item_not_found
+from proxy.wire.responses.owners import ResponseOwners, continues
 from proxy.wire.responses.request import parse_responses_request
 from proxy.wire.responses.stream import Relay
 from proxy.wire.responses.view import ResponsesView
@@ -58,8 +59,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner, session.name)
     view = ResponsesView.of(body, views.last(own))
-    if owners is not None and view.references:  # a stored item could be anyone's
-        raise item_not_found(view.references[0])
+    if owners is not None:  # stored items, files, containers named by id could be anyone's
+        refuse_responses_objects(body, view.fresh)
+        reasoning = reasoning_by_id(body, view.fresh)
+        if view.references or reasoning:
+            await owners.check_items(view.references, reasoning)
     views.keep(own, view, len(raw))
     ex = open_exchange(
         request,

@@ -59,6 +59,9 @@ class ResponsesView:
     # Ids of stored items the input names instead of sending (`item_reference`), among the
     # items mapped here: a lent prefix was checked on its own turn.
     references: list[Any] = field(default_factory=list)
+    # The first input item mapped here: those before it were lent by the session's last view,
+    # whose turn checked them (proxy/wire/provider_objects.py walks only the rest).
+    fresh: int = 0
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
@@ -78,7 +81,8 @@ class ResponsesView:
         view._items = (
             [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
         )
-        view._map(view._reuse(previous) if previous is not None else 0)
+        view.fresh = view._reuse(previous) if previous is not None else 0
+        view._map(view.fresh)
         view._built = list(view.messages)
         return view
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.policies.spec import Deployment, ServerSettings
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from proxy.upstream.pool import Upstreams
 from tests.pipeline.compaction.factories import SIM_KEY, target
 

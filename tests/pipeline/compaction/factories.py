@@ -18,9 +18,9 @@ from proxy.pipeline.messages import Message
 from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
+from proxy.sim.model import summary_sections
 from proxy.store.memory import MemoryStore
 from proxy.store.state import MemoryState
-from proxy.testing.sim_model import summary_sections
 from proxy.tokens.meter import PromptMeter
 from proxy.tokens.tokenizers import Tokenizers
 from proxy.upstream.pool import Upstreams

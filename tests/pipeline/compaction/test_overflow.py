@@ -13,7 +13,7 @@ from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
 from proxy.pipeline.messages import Message, pairing_problems
 from proxy.policies.spec import CompactionSpec, Policy
-from proxy.testing.simulator import Simulator
+from proxy.sim.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.upstream.pool import Upstreams
 from tests.pipeline.compaction.factories import (

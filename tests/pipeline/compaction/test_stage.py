@@ -20,10 +20,10 @@ from proxy.pipeline.compaction import CompactionStage, memo
 from proxy.pipeline.compaction.budget import message_tokens, tokens_of
 from proxy.pipeline.messages import Message, estimate_tokens, pairing_problems
 from proxy.policies.spec import CompactionSpec, Deployment, Policy
+from proxy.sim.model import summary_sections
+from proxy.sim.simulator import Simulator
 from proxy.store.base import BlobInfo
 from proxy.store.memory import MemoryStore
-from proxy.testing.sim_model import summary_sections
-from proxy.testing.simulator import Simulator
 from proxy.upstream.pool import Upstreams
 from tests.pipeline.compaction.factories import (
     GOAL,

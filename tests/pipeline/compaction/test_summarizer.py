@@ -17,8 +17,8 @@ from proxy.pipeline.compaction.summarizer import (
 )
 from proxy.pipeline.messages import estimate_tokens
 from proxy.policies.spec import CompactionSpec, Policy
-from proxy.testing.sim_model import summary_sections
-from proxy.testing.simulator import Simulator
+from proxy.sim.model import summary_sections
+from proxy.sim.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.upstream.pool import Upstreams
 from tests.pipeline.compaction.factories import (

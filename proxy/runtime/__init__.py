@@ -1,0 +1,1 @@
+"""The process: serving a port, draining, workers, recycling, the C heap."""
