@@ -216,7 +216,7 @@ class Exchange:
     failure: Exception | None = None
     deployment: Deployment | None = None
     notes: list[Note] = field(default_factory=list)
-    accounting: Accounting = field(default_factory=lambda: Accounting())
+    accounting: Accounting = field(default_factory=Accounting)
     # The prompt as the proxy measured it for its decisions (compaction, budgets), if it did.
     prompt: PromptMeasure | None = None
     timing: Timing = field(default_factory=Timing)
