@@ -297,7 +297,7 @@ async def test_a_stream_cut_after_it_began_counts_as_a_failed_request(
     assert await proxy.metric("agentproxy_requests_total", **route, status="502") == 2
     status, _, body = await proxy.chat(True, messages=words, **session)
     assert status == 429 and body["error"]["code"] == "session_circuit_open"
-    proxy.runtime.server.app[EVENTS].flush()
+    proxy.server.app[EVENTS].flush()
     events = [orjson.loads(line) for line in (tmp_path / "state" / "events.jsonl").open()]
     failed = [e for e in events if (e["stage"], e["action"]) == ("stream", "failed")]
     assert len(failed) == 2 and failed[0]["status"] == 502 and failed[0]["session"] == "cut-twice"
