@@ -46,7 +46,7 @@ PARTS: dict[str, list[tuple[str, str | None, str, Callable[..., Any]]]] = {
         ("proxy.metrics", "Metrics", "child", _no_labels),
         ("prometheus_client.values", "MutexValue", "inc", _nothing),
     ],
-    "lineage": [("proxy.lineage", "Lineage", "resolve", _nothing_async)],  # which branch
+    "lineage": [("proxy.sessions.lineage", "Lineage", "resolve", _nothing_async)],  # which branch
     "rewrites": [  # the history chain: repair, offload, compaction, loops, budgets
         ("proxy.pipeline.rewriter", "Rewriter", "before_call", _nothing_async),
         ("proxy.pipeline.rewriter", "Rewriter", "after_call", _nothing_async),
@@ -61,7 +61,7 @@ PARTS: dict[str, list[tuple[str, str | None, str, Callable[..., Any]]]] = {
         ("proxy.store.activity", "Activity", "leave", _nothing),
     ],
     "charging": [("proxy.flow", "Flow", "finish", _nothing_async)],  # usage, cost, budgets
-    "accounting": [("proxy.middleware", None, "_account", _nothing)],  # per-request counters
+    "accounting": [("proxy.http.middleware", None, "_account", _nothing)],  # per-request counters
 }
 
 

@@ -42,15 +42,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as `python bench/rewrite.py` from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from proxy.events import EventLog  # noqa: E402
 from proxy.exchange import Exchange  # noqa: E402
-from proxy.messages import Message  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.model_catalog import ModelCatalog  # noqa: E402
 from proxy.pipeline.base import Stage, StageContext  # noqa: E402
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of  # noqa: E402
+from proxy.pipeline.messages import Message  # noqa: E402
 from proxy.pipeline.rewriter import Rewriter  # noqa: E402
 from proxy.policies.spec import Config, Deployment, OffloadSpec, Policy  # noqa: E402
+from proxy.recording.events import EventLog  # noqa: E402
 from proxy.store.local import LocalStore  # noqa: E402
 
 SIZES = (10, 100, 1_000)

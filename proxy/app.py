@@ -13,26 +13,25 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.body_budget import BODY_BUDGET, BodyBudget
 from proxy.control.control import Control
-from proxy.dialects.view_memo import ViewMemo
-from proxy.events import EventLog
-from proxy.exposure import exposure_warnings
 from proxy.flow import Flow
-from proxy.lineage import Lineage
+from proxy.http.body_budget import BODY_BUDGET, BodyBudget
+from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.logs.lines import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
-from proxy.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
+from proxy.policies.exposure import exposure_warnings
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
-from proxy.recorder import Recorder
-from proxy.routes import admin, anthropic, archive, health, openai, responses
+from proxy.recording.events import EventLog
+from proxy.recording.recorder import Recorder
+from proxy.routes import admin, archive, health
 from proxy.runtime.handover import Handover
+from proxy.sessions.lineage import Lineage
 from proxy.state import (
     CATALOG,
     CONFIG,
@@ -54,6 +53,9 @@ from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.pool import Upstreams
+from proxy.wire.base import WIRES
+from proxy.wire.registry import WIRES as REGISTRY
+from proxy.wire.view_memo import ViewMemo
 
 log = logging.getLogger("agentproxy")
 
@@ -89,7 +91,8 @@ def build_app(
         assert config_path is not None, "build_app needs a config path or a config"
         config = load_config(config_path)
     holder = ConfigHolder(config_path, config, metrics)
-    upstreams = Upstreams(lambda: holder.current.server)
+    natives = [wire.native for wire in REGISTRY if wire.native is not None]
+    upstreams = Upstreams(lambda: holder.current.server, natives)
     app[METRICS] = metrics
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
@@ -157,9 +160,9 @@ def build_app(
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }
     )
-    app.add_routes(openai.routes)
-    app.add_routes(anthropic.routes)
-    app.add_routes(responses.routes)
+    app[WIRES] = REGISTRY
+    for wire in REGISTRY:
+        app.add_routes(wire.routes)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)

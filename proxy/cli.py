@@ -248,7 +248,7 @@ def _store(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from proxy.exposure import exposure_warnings
+    from proxy.policies.exposure import exposure_warnings
     from proxy.policies.loader import validate_paths
 
     errors, warnings = validate_paths(args.paths, also_warn=exposure_warnings)

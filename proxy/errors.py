@@ -1,5 +1,11 @@
-"""The proxy's error tree. Each error maps to exactly one HTTP status and OpenAI error type;
-`error_response` is the single place that turns any error into a response body."""
+"""The proxy's error tree, under one base (`Failure`): each error class maps to exactly one HTTP
+status and error type (`status_of` reads it); each wire renders the shape (proxy/wire/base.py:
+Wire.error_body, OpenAI's envelope by default), and `error_response` is the single place that
+turns a proxy error into a response.
+
+Two branches: `ProxyError`, what the proxy itself refuses or fails with (its body is the
+proxy's), and the provider's own error answer (proxy/upstream/base.py: UpstreamHTTPError,
+whose status and body are the provider's and pass through)."""
 
 from __future__ import annotations
 
@@ -9,7 +15,18 @@ import orjson
 from aiohttp import web
 
 
-class ProxyError(Exception):
+class Failure(Exception):
+    """Every error a client is answered with."""
+
+    status = 500
+
+
+def status_of(error: BaseException) -> int:
+    """The HTTP status a failure stands for (500: anything that is not one, a bug)."""
+    return error.status if isinstance(error, Failure) else 500
+
+
+class ProxyError(Failure):
     status = 500
     type = "internal_error"
     code: str | None = None
@@ -189,7 +206,15 @@ def from_http_exception(exc: web.HTTPException) -> ProxyError:
     kind = _HTTP_ERRORS.get(exc.status)
     if kind is not None:
         return kind(exc.reason or exc.text or "request rejected")
-    error = ProxyError(exc.reason or "request rejected")
-    error.status = exc.status
-    error.type = "invalid_request_error" if exc.status < 500 else "internal_error"
-    return error
+    return _refusal(exc.status)(exc.reason or "request rejected")
+
+
+def _refusal(status: int) -> type[ProxyError]:
+    """One error class per other status aiohttp answers with (made once each), so an error
+    still maps to exactly one status."""
+    kind = _HTTP_ERRORS.get(status)
+    if kind is None:
+        error_type = "invalid_request_error" if status < 500 else "internal_error"
+        attributes = {"status": status, "type": error_type}
+        kind = _HTTP_ERRORS[status] = type(f"HTTP{status}", (ProxyError,), attributes)
+    return kind

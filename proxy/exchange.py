@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.messages import TOKENS_PER_MESSAGE
+from proxy.pipeline.messages import TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
-    from proxy.dialects.anthropic_view import AnthropicView
-    from proxy.dialects.responses_view import ResponsesView
-    from proxy.history_memo import Checked
+    from proxy.sessions.history_memo import Checked
 
 
 @dataclass(slots=True)
@@ -27,25 +25,15 @@ class Usage:
 
     @classmethod
     def of(cls, usage: Any) -> Usage | None:
-        """A reply's usage in any of the three wire formats: Chat Completions (prompt_tokens,
-        prompt_tokens_details.cached_tokens), Responses (input_tokens, which include
-        input_tokens_details.cached_tokens) or Anthropic (input_tokens beside
-        cache_read_input_tokens and cache_creation_input_tokens)."""
+        """A Chat Completions reply's usage (prompt_tokens, prompt_tokens_details.cached_tokens),
+        the shape every shared transport answers in; each other wire reads its own
+        (proxy/wire/<format>/upstream.py)."""
         if not isinstance(usage, dict):
             return None
-        if "input_tokens" not in usage:
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if not isinstance(prompt, int) or not isinstance(completion, int):
-                return None
-            return cls(prompt, completion, _cached(usage.get("prompt_tokens_details")))
-        counts = [usage.get(name) for name in ("input_tokens", *ANTHROPIC_CACHE_FIELDS)]
-        output = usage.get("output_tokens", 0)
-        if not all(isinstance(c, int) or c is None for c in counts) or not isinstance(output, int):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
             return None
-        uncached, read, written = (c or 0 for c in counts)
-        if "input_tokens_details" in usage:  # Responses: cached tokens are within input_tokens
-            return cls(uncached, output, _cached(usage.get("input_tokens_details")))
-        return cls(uncached + read + written, output, read, written)
+        return cls(prompt, completion, cached_tokens(usage.get("prompt_tokens_details")))
 
     @property
     def uncached(self) -> int:
@@ -58,10 +46,8 @@ class Usage:
         self.cache_write += other.cache_write
 
 
-ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
-
-
-def _cached(details: Any) -> int:
+def cached_tokens(details: Any) -> int:
+    """`cached_tokens` of a usage's details object, when it holds a count."""
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return cached if isinstance(cached, int) and cached > 0 else 0
 
@@ -95,6 +81,30 @@ class PromptMeasure:
     def sent(self, total: int, messages: int) -> None:
         """Compaction changed what is sent: measure that."""
         self.total, self.messages = total, messages
+
+
+@dataclass(slots=True)
+class Timing:
+    """Where a request's time went: waiting on the upstream and on the client; the rest is
+    the proxy's own overhead."""
+
+    started: float = field(default_factory=time.perf_counter)
+    upstream_wait: float = 0.0
+    client_wait: float = 0.0
+    # When a streamed answer's first piece came from the upstream (perf_counter), if it did.
+    first_token: float | None = None
+
+
+@dataclass(slots=True)
+class Accounting:
+    """What a request used and cost: its own calls' usage (what its client is told), its
+    side calls (summaries, each at its own model), and the cost of it all once charged."""
+
+    usage: Usage | None = None
+    cost_usd: float | None = None
+    usage_reports: int = 0  # upstream calls whose usage was added (recall rounds: several)
+    usage_estimated: bool = False  # some of it never reported: estimated instead
+    side_calls: list[Charge] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +155,18 @@ class Recovery:
         return out
 
 
+class RequestView(Protocol):
+    """A client's request in a wire format other than chat, as the exchange needs it: `body`
+    is then its chat-shaped view (what the stages rewrite), and this renders the native
+    request back from it, or the chat request for a deployment that does not speak it."""
+
+    def native_for(self, deployment: Deployment) -> bool: ...
+
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+
+    def translated(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+
+
 @dataclass(slots=True)
 class Exchange:
     request_id: str
@@ -153,12 +175,12 @@ class Exchange:
     body: dict[str, Any]  # the parsed request; stages rewrite it in place
     alias: str
     policy: Policy
-    # The key of the session's state, scoped by its owner (proxy/session.py): never the bare
-    # name a client sent, so one tenant's id cannot reach another's state.
+    # The key of the session's state, scoped by its owner (proxy/sessions/identity.py): never
+    # the bare name a client sent, so one tenant's id cannot reach another's state.
     session: str = ""
     session_name: str = ""  # the session id as the client knows it, for headers and logs
     # The client sent the id; else it is a fingerprint, narrowed to one conversation on
-    # admission (proxy/lineage.py).
+    # admission (proxy/sessions/lineage.py).
     session_given: bool = True
     owner: str = ""  # the tenant: "key:<name>", "team:<team>" or "open:"
     # The alias the client asked for; `alias` becomes the fallback's when one answers.
@@ -185,7 +207,7 @@ class Exchange:
     wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
     # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
     # the stages rewrite), and this renders the native request back from it.
-    view: AnthropicView | ResponsesView | None = None
+    view: RequestView | None = None
     # The history lives at the provider (previous_response_id): nothing of it is rewritten.
     opaque_history: bool = False
     # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
@@ -194,20 +216,10 @@ class Exchange:
     failure: Exception | None = None
     deployment: Deployment | None = None
     notes: list[Note] = field(default_factory=list)
-    usage: Usage | None = None  # of the request's own calls: what its client is told
-    cost_usd: float | None = None  # what the request cost in all (summaries too), once charged
-    usage_reports: int = 0  # upstream calls whose usage was added (recall rounds: several)
-    usage_estimated: bool = False  # some of it never reported: estimated instead
+    accounting: Accounting = field(default_factory=Accounting)
     # The prompt as the proxy measured it for its decisions (compaction, budgets), if it did.
     prompt: PromptMeasure | None = None
-    # The proxy's own calls for this request (summaries), each charged at its own model.
-    side_calls: list[Charge] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
-    # Time spent awaiting the upstream and the client; the rest is the proxy's own overhead.
-    upstream_wait: float = 0.0
-    client_wait: float = 0.0
-    # When a streamed answer's first piece came from the upstream (perf_counter), if it did.
-    first_token: float | None = None
+    timing: Timing = field(default_factory=Timing)
     recovery: Recovery = field(default_factory=Recovery)
     # The guards' per-session record (store/guard_record.py), once a guard has read it.
     guard_record: dict[str, Any] | None = None
@@ -227,18 +239,20 @@ class Exchange:
         """Usage over every upstream call this request made (recall rounds, retries)."""
         if usage is None:
             return
-        if self.usage is None:
-            self.usage = Usage()
-        self.usage.add(usage)
-        self.usage_reports += 1
+        accounting = self.accounting
+        if accounting.usage is None:
+            accounting.usage = Usage()
+        accounting.usage.add(usage)
+        accounting.usage_reports += 1
 
     def add_side_call(self, child: Exchange) -> None:
         """`child` was a call made for this request (a summary): what it used is charged here,
         its wait on the upstream is not the proxy's own time, and what control did for it
         (retries, fallbacks) shows with this request's notes."""
-        if child.usage is not None:
-            self.side_calls.append(Charge(child.alias, child.deployment, child.usage))
-        self.upstream_wait += child.upstream_wait
+        used = child.accounting.usage
+        if used is not None:
+            self.accounting.side_calls.append(Charge(child.alias, child.deployment, used))
+        self.timing.upstream_wait += child.timing.upstream_wait
         self.notes.extend(child.notes)
 
     def add_unreported_usage(self, completion_tokens: int = 0) -> None:
@@ -248,7 +262,7 @@ class Exchange:
         (one token per streamed event)."""
         prompt = self.estimated_prompt()
         self.add_usage(Usage(prompt, completion_tokens))
-        self.usage_estimated = True
+        self.accounting.usage_estimated = True
         self.note("usage", "estimated", prompt_tokens=prompt, completion_tokens=completion_tokens)
 
     @property
@@ -288,9 +302,10 @@ class Exchange:
 
     def server_timing(self) -> str:
         """The `server-timing` header: the proxy's own time and the upstream's, in ms."""
-        proxy, upstream = self.overhead() * 1000, self.upstream_wait * 1000
+        proxy, upstream = self.overhead() * 1000, self.timing.upstream_wait * 1000
         return f"proxy;dur={proxy:.3f}, upstream;dur={upstream:.3f}"
 
     def overhead(self, now: float | None = None) -> float:
-        elapsed = (now or time.perf_counter()) - self.started
-        return max(0.0, elapsed - self.upstream_wait - self.client_wait)
+        timing = self.timing
+        elapsed = (now or time.perf_counter()) - timing.started
+        return max(0.0, elapsed - timing.upstream_wait - timing.client_wait)

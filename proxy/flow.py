@@ -1,34 +1,51 @@
-"""One exchange from admission to charge; knows no wire format.
+"""One exchange from admission to charge, in one place; knows no wire format.
 
+A route (proxy/wire/<format>/route.py) parses its request into the Exchange and hands it to
+`Flow.serve` with its `Answers`; from there the path is, in order:
+
+    trace     a request span around all of it, when tracing is on
     admit     which conversation (a fingerprinted one: its branch), then the guards (session
-              circuit; loops and budgets run with the rewrites), may refuse
+              circuit; loops and budgets run with the rewrites), may refuse: with our headers
     route     the deployment to fit the history to and call
-    rewrite   repair, offload, fit to the window; offer recall when something left the context
+    rewrite   the rewrite chain's before_call hooks: repair, offload, fit to the window, offer
+              recall when something left the context (proxy/pipeline)
     call      control: fallback ⊃ retry ⊃ fit-to-context ⊃ upstream call (proxy/control)
     recall    the model called the proxy's own tool: answer it and call again, bounded rounds
+    relay     the answer in the client's wire (its Answers: a reply, or a stream relayed)
+    errors    a provider's error in the client's envelope; the proxy's own raised for the HTTP
+              shell to frame (proxy/http/middleware.py); an upstream failure the policy
+              degrades answered with the wire's degraded answer instead
     settle    the session circuit learns the outcome
-    charge    usage, cost and time to metrics and budgets, whatever happened
+    charge    usage, cost and time to metrics and budgets, whatever happened (the client gone
+              included: shielded from its cancellation)
 
-A route parses its wire format into the Exchange, hands it here, and renders what comes back.
 What differs between formats comes in as small readers: where a reply's message is, how to take
 the proxy's calls out of it, and (streaming) a relay that writes the client's events.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
+from aiohttp import web
+
+from proxy import tracing
 from proxy.control.control import Control
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, status_of
 from proxy.exchange import Exchange, Usage
-from proxy.lineage import Lineage
-from proxy.messages import Message
+from proxy.http.headers import proxy_headers
+from proxy.http.keys import OUTCOME_STATUS
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
+from proxy.pipeline.messages import Message
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
-from proxy.recorder import Recorder
+from proxy.recording.recorder import Recorder
+from proxy.runtime import eager
+from proxy.sessions.lineage import Lineage
 from proxy.store.activity import Activity
 from proxy.store.base import Store
 from proxy.tracing import Tracing
@@ -67,7 +84,22 @@ class Replies(Protocol):
     ) -> UpstreamReply: ...
 
 
-Failure = ProxyError | UpstreamHTTPError
+class Answers(Protocol):
+    """How one wire format answers a request: a reply, a stream, a provider's error, a
+    degraded answer (each route's, e.g. proxy/wire/chat/route.py: ChatWire)."""
+
+    async def complete(self, ex: Exchange, flow: Flow) -> web.Response: ...
+
+    async def stream(
+        self, request: web.Request, ex: Exchange, flow: Flow
+    ) -> web.StreamResponse: ...
+
+    def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response: ...
+
+    def degraded(self, ex: Exchange, error: Exception) -> web.Response: ...
+
+
+StreamFailure = ProxyError | UpstreamHTTPError
 
 
 class Flow:
@@ -87,7 +119,7 @@ class Flow:
     ) -> None:
         self.control = control
         # `finish` waits on nothing (the guards' and budgets' state is in-process): a route
-        # may run it in its own task, at once (proxy/eager.py).
+        # may run it in its own task, at once (proxy/runtime/eager.py).
         self.settles_inline = settles_inline
         self.tracing = tracing  # None: tracing is off
         self.lineage = lineage
@@ -97,6 +129,59 @@ class Flow:
         self.metrics = metrics
         self.recorder = recorder
         self.activity = activity  # sessions' activity, for the store's retention
+
+    def serve(
+        self, request: web.Request, ex: Exchange, answers: Answers
+    ) -> Awaitable[web.StreamResponse]:
+        """The request, end to end: the order above."""
+        if self.tracing is None:  # no coroutine more than untraced serving needs
+            return self._serve(request, ex, answers)
+        return self._traced(request, ex, answers, self.tracing)
+
+    async def _traced(
+        self, request: web.Request, ex: Exchange, answers: Answers, tracer: Tracing
+    ) -> web.StreamResponse:
+        with tracer.request(ex, request.headers) as span:
+            response = await self._serve(request, ex, answers)
+            tracing.responded(span, request.get(OUTCOME_STATUS, response.status))
+            return response
+
+    async def _serve(
+        self, request: web.Request, ex: Exchange, answers: Answers
+    ) -> web.StreamResponse:
+        try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
+            await self.admit(ex)
+        except ProxyError as error:
+            error.headers.update(proxy_headers(ex))
+            raise
+        ok = False
+        try:
+            if ex.stream:
+                response: web.StreamResponse = await answers.stream(request, ex, self)
+            else:
+                response = await answers.complete(ex, self)
+            ok = True
+            return response
+        except UpstreamHTTPError as error:  # what control gave up on: counted there
+            if self.degrades(ex, error):
+                return answers.degraded(ex, error)
+            return answers.upstream_error(ex, error)
+        except ProxyError as error:
+            self.count_failure(ex, error)
+            if self.degrades(ex, error):
+                return answers.degraded(ex, error)
+            error.headers.update(proxy_headers(ex))
+            raise
+        finally:
+            if ex.failure is not None:  # a stream that began, then failed: the request failed
+                request[OUTCOME_STATUS] = status_of(ex.failure)
+            # A client that leaves cancels this handler, maybe in the middle of charging it:
+            # the charging runs to its end regardless (what was used is always charged).
+            # Against in-process state it never waits: run at once, no task (runtime/eager.py).
+            finishing = self.finish(ex, ok)
+            rest = eager.start(finishing) if self.settles_inline else finishing
+            if rest is not None:
+                await asyncio.shield(rest)
 
     async def admit(self, ex: Exchange) -> None:
         """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""
@@ -165,7 +250,7 @@ class Flow:
             self.stream_failed(ex, error)
             await relay.fail(error)
 
-    def stream_failed(self, ex: Exchange, error: Failure) -> None:
+    def stream_failed(self, ex: Exchange, error: StreamFailure) -> None:
         """A stream that began and then failed is a failed request, everywhere."""
         ex.failure = error
         if isinstance(error, UpstreamHTTPError):
@@ -200,14 +285,15 @@ class Flow:
             self.rewriter.accepted(ex)
         metrics = self.metrics
         metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
-        metrics.child(metrics.upstream_duration, ex.alias).observe(ex.upstream_wait)
-        if ex.first_token is not None:
-            first = ex.first_token - ex.started
+        metrics.child(metrics.upstream_duration, ex.alias).observe(ex.timing.upstream_wait)
+        if ex.timing.first_token is not None:
+            first = ex.timing.first_token - ex.timing.started
             metrics.child(metrics.time_to_first_token, ex.alias).observe(first)
-        usage = ex.usage
+        usage = ex.accounting.usage
         self.rewriter.ctx.meter.learn(ex, usage)  # the provider's count of what was measured
         cost = self._count(ex.alias, ex.deployment, usage)
-        for side in ex.side_calls:  # the proxy's own calls for it (summaries), at their model
+        # The proxy's own calls for it (summaries), at their model.
+        for side in ex.accounting.side_calls:
             side_cost = self._count(side.alias, side.deployment, side.usage)
             if side_cost:
                 metrics.child(metrics.summarizer_cost, side.alias).inc(side_cost)
@@ -215,7 +301,7 @@ class Flow:
             cost = side_cost if cost is None else cost + (side_cost or 0.0)
         # Every call to the request's model counts for `calls` budgets: retries, fallbacks and
         # recall rounds included; summaries count in tokens and cost, not as the agent's calls.
-        ex.cost_usd = cost
+        ex.accounting.cost_usd = cost
         await self.rewriter.after_call(ex, usage, cost, calls=ex.recovery.calls)
 
     def _count(
@@ -271,10 +357,3 @@ def _degradable(error: Exception) -> bool:
     if isinstance(error, UpstreamHTTPError):
         return error.status >= 500 or error.status == 429
     return isinstance(error, ProxyError) and error.status in (502, 503, 504)
-
-
-def status_of(error: Exception) -> int:
-    """The HTTP status a failure stands for."""
-    if isinstance(error, UpstreamHTTPError):
-        return error.status
-    return error.status if isinstance(error, ProxyError) else 500

@@ -5,16 +5,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.control.control import Control
-from proxy.dialects.view_memo import ViewMemo
-from proxy.events import EventLog
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
+from proxy.recording.events import EventLog
 from proxy.runtime.handover import Handover
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
+from proxy.wire.view_memo import ViewMemo
 
 CONFIG = web.AppKey("config", ConfigHolder)
 METRICS = web.AppKey("metrics", Metrics)

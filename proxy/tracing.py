@@ -297,12 +297,12 @@ def _request_attributes(ex: Exchange, operation: str) -> dict[str, Any]:
         "agentproxy.stream": ex.stream,
         "agentproxy.rewrites": [f"{note.stage}.{note.action}" for note in ex.notes],
         "agentproxy.upstream_calls": ex.recovery.calls,
-        **_usage_attributes(ex.usage),
+        **_usage_attributes(ex.accounting.usage),
     }
     if ex.deployment is not None:
         attributes["gen_ai.provider.name"] = ex.deployment.provider
     if ex.key is not None:
         attributes["agentproxy.key"] = ex.key.name  # the key's name, never its secret
-    if ex.cost_usd is not None:
-        attributes["agentproxy.cost_usd"] = ex.cost_usd
+    if ex.accounting.cost_usd is not None:
+        attributes["agentproxy.cost_usd"] = ex.accounting.cost_usd
     return attributes

@@ -12,8 +12,8 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy import events as events_module
-from proxy.events import EventLog
+from proxy.recording import events as events_module
+from proxy.recording.events import EventLog
 from proxy.state import EVENTS
 from tests.conftest import ProxyFactory, base_url, sim_config
 from tests.pipeline.factories import exchange

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.exposure import NO_ADMIN_KEY, NO_API_KEYS, exposure_warnings, is_loopback_host
+from proxy.policies.exposure import NO_ADMIN_KEY, NO_API_KEYS, exposure_warnings, is_loopback_host
 from proxy.policies.spec import ApiKey, Config, Keys, ServerSettings
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from proxy import lineage as lineage_module
 from proxy.exchange import Exchange
-from proxy.history_memo import Digest, HistoryMemo
-from proxy.lineage import Lineage, digest
 from proxy.pipeline.chain import Chain
-from proxy.session import scoped
+from proxy.sessions import lineage as lineage_module
+from proxy.sessions.history_memo import Digest, HistoryMemo
+from proxy.sessions.identity import scoped
+from proxy.sessions.lineage import Lineage, digest
 from proxy.store.state import MemoryState
 from tests.pipeline.factories import context, exchange
 
@@ -82,8 +82,8 @@ async def test_a_continued_branch_costs_one_comparison_and_no_serialization_of_t
             hashed.append(len(value))
         return real_dumps(value, *args)
 
-    monkeypatch.setattr("proxy.history_memo.orjson.dumps", dumps)
-    monkeypatch.setattr("proxy.lineage.orjson.dumps", dumps)
+    monkeypatch.setattr("proxy.sessions.history_memo.orjson.dumps", dumps)
+    monkeypatch.setattr("proxy.sessions.lineage.orjson.dumps", dumps)
     grown = turn(START, "next")
     ex = await one_turn(lineage, chain, grown, "key:a")
     assert ex.session_name == FAMILY  # the same conversation
@@ -131,7 +131,7 @@ async def test_a_memo_that_is_not_the_tip_any_more_is_not_trusted() -> None:
 
 
 def test_the_memo_is_bounded_by_request_bytes() -> None:
-    from proxy.history_memo import Seen
+    from proxy.sessions.history_memo import Seen
 
     memo = HistoryMemo(100)
     memo.remember("key:a/s1", Seen(60, list(START)))

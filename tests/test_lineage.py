@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from proxy.exchange import Exchange
-from proxy.lineage import MAX_BRANCHES, Lineage
 from proxy.policies.spec import StoreSettings
-from proxy.session import scoped
+from proxy.sessions.identity import scoped
+from proxy.sessions.lineage import MAX_BRANCHES, Lineage
 from proxy.store.base import StoreError
 from proxy.store.redis import RedisConnection, RedisState
 from proxy.store.state import MemoryState, StateStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.session import session_id
+from proxy.sessions.identity import session_id
 
 OPENING = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 

@@ -6,6 +6,7 @@ import pytest
 
 from proxy.exchange import Usage
 from proxy.model_catalog import ModelCatalog
+from proxy.wire.registry import WIRES
 from tests.pipeline.factories import deployment
 
 CASES = {
@@ -35,9 +36,21 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("reported, expected", CASES.values(), ids=list(CASES))
-def test_usage_is_read_from_every_wire(reported: dict[str, object], expected: Usage | None) -> None:
-    assert Usage.of(reported) == expected
+WIRE_OF = {"chat": "chat", "chat without details": "chat", "garbage": "chat"}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_usage_is_read_from_every_wire(case: str) -> None:
+    reported, expected = CASES[case]
+    wire = next(w for w in WIRES if w.name == WIRE_OF.get(case, case))
+    assert wire.usage(reported) == expected
+
+
+@pytest.mark.parametrize("wire", WIRES, ids=lambda wire: wire.name)
+def test_every_wire_reads_a_chat_usage(wire: object) -> None:
+    """A translated call answers in chat's shape, whatever the client's wire."""
+    reported, expected = CASES["chat"]
+    assert wire.usage(reported) == expected  # type: ignore[attr-defined]
 
 
 def test_cached_reads_and_cache_writes_are_priced_at_their_own_rates() -> None:

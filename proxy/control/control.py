@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
@@ -30,15 +30,15 @@ from proxy.control.outcome import CircuitOpen, decorate
 from proxy.control.retry import with_retries
 from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
-from proxy.exchange import Exchange, Usage
+from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.policies.spec import Deployment, ErrorClass, Keys
-from proxy.recorder import Recorder
-from proxy.session import owner_of
+from proxy.recording.recorder import Recorder
+from proxy.sessions.identity import owner_of
 from proxy.store.state import StateStore
 from proxy.tracing import call_span, replied
 from proxy.tracing import span as trace_span
-from proxy.upstream.base import Upstream, UpstreamHTTPError
+from proxy.upstream.base import Upstream, UpstreamHTTPError, UpstreamReply, UpstreamStream
 from proxy.upstream.priming import prime
 
 if TYPE_CHECKING:
@@ -105,14 +105,26 @@ class Control:
 
     # --- one model call -----------------------------------------------------------------------
 
-    async def call(self, ex: Exchange, *, stream: bool, fitter: Fitter | None = None) -> Any:
+    @overload
+    async def call(
+        self, ex: Exchange, *, stream: Literal[False], fitter: Fitter | None = None
+    ) -> UpstreamReply: ...
+
+    @overload
+    async def call(
+        self, ex: Exchange, *, stream: Literal[True], fitter: Fitter | None = None
+    ) -> UpstreamStream: ...
+
+    async def call(
+        self, ex: Exchange, *, stream: bool, fitter: Fitter | None = None
+    ) -> UpstreamReply | UpstreamStream:
         """An UpstreamReply (or, with `stream`, an opened UpstreamStream) from `ex.alias` or one
         of its fallbacks; a failure comes out marked for the client (outcome.decorate).
         Without a `fitter` the body goes out as it is, to every alias tried."""
         recovery = ex.recovery
         deadline_s = ex.policy.retry.deadline_s
         if deadline_s is not None and recovery.deadline is None:
-            spent = time.perf_counter() - ex.started  # the deadline covers the whole request
+            spent = time.perf_counter() - ex.timing.started  # the deadline covers the whole request
             recovery.deadline = self.timing.clock() + deadline_s - spent
         switched: list[tuple[str, str, ErrorClass]] = []  # the fallback in force, if any
 
@@ -147,7 +159,7 @@ class Control:
             nonlocal retried
             retried += 1
             self.metrics.child(self.metrics.retries, alias, kind).inc()
-            ex.upstream_wait += delay  # waiting for the upstream, not the proxy's own time
+            ex.timing.upstream_wait += delay  # waiting for the upstream, not the proxy's own time
 
         try:
             return await with_retries(
@@ -269,7 +281,7 @@ class Control:
                     self._failed(ex, error.code or error.type, None)
                 raise
             finally:
-                ex.upstream_wait += time.perf_counter() - waited
+                ex.timing.upstream_wait += time.perf_counter() - waited
 
     @staticmethod
     async def _send(
@@ -284,7 +296,7 @@ class Control:
         except asyncio.CancelledError:  # the client left (or a time limit cut the call) mid-call
             ex.add_unreported_usage()
             raise
-        usage = Usage.of(reply.data.get("usage"))
+        usage = upstream.usage(reply.data)
         ex.add_usage(usage)
         if span is not None:
             replied(span, ex, reply.data, usage)

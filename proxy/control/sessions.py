@@ -22,7 +22,7 @@ import xxhash
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
-from proxy.recorder import Recorder
+from proxy.recording.recorder import Recorder
 from proxy.store import guard_record
 from proxy.store.base import StoreError
 from proxy.store.state import StateStore

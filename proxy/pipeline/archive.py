@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
-from proxy.recorder import Recorder
+from proxy.recording.recorder import Recorder
 from proxy.store.base import BlobInfo, Store, content_ref
 
 log = logging.getLogger("agentproxy.archive")

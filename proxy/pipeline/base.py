@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
 
-from proxy.events import EventLog
-from proxy.exchange import Exchange
-from proxy.messages import Message
+from cachetools import LRUCache
+
+from proxy.exchange import Exchange, Usage
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.archive import Archive
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import Policy
-from proxy.recorder import Recorder
+from proxy.recording.events import EventLog
+from proxy.recording.recorder import Recorder
 from proxy.store.base import Store
 from proxy.store.state import MemoryState, StateStore
 from proxy.tokens.meter import PromptMeter
@@ -61,9 +63,14 @@ class StageContext:
 
 
 class Stage(Protocol):
-    """A stage may also set `preserves_pairing = True` when it only ever rewrites contents
+    """A rewrite stage: one file, registered by one line in the rewriter's chain
+    (proxy/pipeline/rewriter.py). `run` is its before-call hook; it implements whichever of
+    the other named hooks (`Hooks`) it cares about, and the chain calls those in order.
+
+    A stage may also set `preserves_pairing = True` when it only ever rewrites contents
     (keeping every role, tool_call_id and tool call id in place); the chain then skips the
-    pairing check after it. Its tests must prove that."""
+    pairing check after it. Its tests must prove that. A `guard = True` stage runs even on an
+    opaque history (one kept at the provider)."""
 
     name: str
 
@@ -72,6 +79,31 @@ class Stage(Protocol):
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None: ...
+
+
+class Hooks(Protocol):
+    """The optional hooks, by name; each runs only on the stages enabled for the policy.
+
+    after_overflow  the provider said the context overflowed: the history to retry with
+    accepted        the model took the request as sent
+    after_call      the request is over: what it used (usage, cost, calls) is known
+    memos           the stage's byte-bounded in-process memos, by name
+    forget          drop what the stage remembers of these (idle) sessions
+    """
+
+    async def after_overflow(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message] | None: ...
+
+    def accepted(self, ex: Exchange) -> None: ...
+
+    async def after_call(
+        self, ex: Exchange, ctx: StageContext, usage: Usage | None, cost: float | None, calls: int
+    ) -> None: ...
+
+    def memos(self) -> dict[str, LRUCache[Any, Any]]: ...
+
+    def forget(self, sessions: set[str]) -> None: ...
 
 
 def reusable(ex: Exchange, messages: list[Message], basis: object | None) -> int:

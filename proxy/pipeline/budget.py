@@ -17,10 +17,10 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
 from proxy.logs.limit import warn_limited
-from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import BudgetSpec, Policy
-from proxy.session import name_in_scope
+from proxy.sessions.identity import name_in_scope
 from proxy.store.base import StoreError
 
 log = logging.getLogger("agentproxy.pipeline")
@@ -141,6 +141,12 @@ class BudgetStage:
                 ) from exc
             record(ex, ctx, self.name, "unchecked", budget=spec.name, error=str(exc))
             return None
+
+    async def after_call(
+        self, ex: Exchange, ctx: StageContext, usage: Usage | None, cost: float | None, calls: int
+    ) -> None:
+        """The after-call hook: what the request used is charged to its budgets."""
+        await self.charge(ex, ctx, usage, cost, calls)
 
     async def charge(
         self,

@@ -15,25 +15,55 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.errors import ProxyError
-from proxy.exchange import Exchange
-from proxy.history_memo import HistoryMemo, Seen
-from proxy.messages import Message, pairing_problems, tool_call_ids
+from proxy.exchange import Exchange, Usage
 from proxy.pipeline.base import Stage, StageContext, forget_sessions, record
+from proxy.pipeline.messages import Message, pairing_problems, tool_call_ids
+from proxy.sessions.history_memo import HistoryMemo, Seen
 
 log = logging.getLogger("agentproxy.pipeline")
 
 
 class Chain:
+    """The stages in order; each named hook (pipeline/base.py: Hooks) is called on the stages
+    that implement it, in the same order."""
+
     def __init__(self, stages: Sequence[Stage], memo_bytes: int = 128 * 1024 * 1024) -> None:
         self.stages = tuple(stages)
         # Each session's last input, bounded by the request bytes held (the lineage reads it).
         self.histories = HistoryMemo(memo_bytes)
+        self._hooked = {name: _having(self.stages, name) for name in HOOKS}
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
-        return {"histories": self.histories.cache}
+        memos = {"histories": self.histories.cache}
+        for stage in self._hooked["memos"]:
+            memos.update(stage.memos())
+        return memos
 
     def forget(self, sessions: set[str]) -> None:
         forget_sessions(sessions, named=[self.histories.cache])
+        for stage in self._hooked["forget"]:
+            stage.forget(sessions)
+
+    async def after_overflow(self, ex: Exchange, ctx: StageContext) -> list[Message] | None:
+        """The first history an enabled stage offers to retry an overflowed request with."""
+        for stage in self._hooked["after_overflow"]:
+            if stage.enabled(ex.policy):
+                compacted: list[Message] | None = await stage.after_overflow(ex, ex.messages, ctx)
+                if compacted is not None:
+                    return compacted
+        return None
+
+    def accepted(self, ex: Exchange) -> None:
+        for stage in self._hooked["accepted"]:
+            if stage.enabled(ex.policy):
+                stage.accepted(ex)
+
+    async def after_call(
+        self, ex: Exchange, ctx: StageContext, usage: Usage | None, cost: float | None, calls: int
+    ) -> None:
+        for stage in self._hooked["after_call"]:
+            if stage.enabled(ex.policy):
+                await stage.after_call(ex, ctx, usage, cost, calls)
 
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""
@@ -90,6 +120,14 @@ class Chain:
             record(ex, ctx, stage.name, "rejected_invalid", problems=[str(p) for p in problems[:5]])
             return messages
         return result
+
+
+HOOKS = ("after_overflow", "accepted", "after_call", "memos", "forget")
+
+
+def _having(stages: tuple[Stage, ...], hook: str) -> tuple[Any, ...]:
+    """The stages that implement `hook`, in order (found once, not per request)."""
+    return tuple(stage for stage in stages if callable(getattr(stage, hook, None)))
 
 
 def _same_outline(before: list[Message], after: list[Message]) -> bool:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
-from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment, Policy
 
 STAGE = "compat"

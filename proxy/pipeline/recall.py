@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange
-from proxy.messages import Message
-from proxy.session import may_read
+from proxy.pipeline.messages import Message
+from proxy.sessions.identity import may_read
 from proxy.store.base import BlobInfo, Store, StoreError
 
 TOOL_NAME = "agentproxy_recall"

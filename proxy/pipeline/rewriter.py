@@ -54,6 +54,7 @@ class Rewriter:
         self.repair = RepairStage()
         self.loops = LoopStage(size["loop_calls"])
         self.quirks = Quirks()
+        # The stages, one registration line each, in the order the chain calls their hooks.
         self.chain = Chain(
             [
                 self.repair,
@@ -68,21 +69,12 @@ class Rewriter:
 
     def memos(self) -> dict[str, LRUCache[Any, Any]]:
         """The byte-bounded in-process memos that make warm turns cheap, by name."""
-        return {
-            **self.chain.memos(),
-            **self.offload.memos(),
-            **self.compaction.memos(),
-            **self.loops.memos(),
-        }
+        return self.chain.memos()
 
     def forget(self, sessions: set[str]) -> None:
         """Drop everything remembered about these sessions (idle: the store may evict their
         data next, and no memo may then name what it no longer holds)."""
         self.chain.forget(sessions)
-        self.repair.forget(sessions)
-        self.offload.forget(sessions)
-        self.compaction.forget(sessions)
-        self.loops.forget(sessions)
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""
@@ -105,15 +97,15 @@ class Rewriter:
 
     def accepted(self, ex: Exchange) -> None:
         """The model took the request as sent (compaction learns what the window holds)."""
-        if not ex.opaque_history and ex.policy.compaction.enabled:
-            self.compaction.accepted(ex)
+        if not ex.opaque_history:
+            self.chain.accepted(ex)
 
     async def after_call(
         self, ex: Exchange, usage: Usage | None, cost: float | None, calls: int
     ) -> None:
         """Charge what the request really used (its summaries included) to its budgets."""
-        if ex.policy.budgets and not ex.dry_run:
-            await self.budgets.charge(ex, self.ctx, usage, cost, calls)
+        if not ex.dry_run:
+            await self.chain.after_call(ex, self.ctx, usage, cost, calls)
 
     async def refit(self, ex: Exchange) -> None:
         """A fallback took over: the client's own history again, rewritten for the new
@@ -152,9 +144,7 @@ class Rewriter:
         """The provider said the context is exceeded: compact tighter. False = give up."""
         if ex.dry_run or ex.opaque_history:
             return False
-        if not ex.policy.compaction.enabled or not ex.policy.compaction.reactive:
-            return False
-        compacted = await self.compaction.after_overflow(ex, ex.messages, self.ctx)
+        compacted = await self.chain.after_overflow(ex, self.ctx)
         if compacted is None:
             return False
         ex.body["messages"] = compacted

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.auth import authenticate_admin
+from proxy.http.auth import authenticate_admin
 from proxy.policies.spec import Config, Policy
 from proxy.redaction import redact_url
 from proxy.state import CONFIG, CONTROL

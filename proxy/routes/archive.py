@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.auth import authenticate
 from proxy.errors import NotFound, ServiceUnavailable
-from proxy.session import may_read, name_in_scope, owner_of, scoped
+from proxy.http.auth import authenticate
+from proxy.sessions.identity import may_read, name_in_scope, owner_of, scoped
 from proxy.state import CONFIG, STORE
 from proxy.store.base import BlobInfo, StoreError
 

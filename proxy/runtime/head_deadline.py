@@ -22,10 +22,10 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.app import SERVER_OPTIONS
-from proxy.dialects import anthropic
 from proxy.errors import RequestTimeout
-from proxy.middleware import ANTHROPIC_PATHS
 from proxy.state import CONFIG, METRICS
+from proxy.wire.base import error_body_for
+from proxy.wire.registry import WIRES
 
 HEAD_START_BYTES = 64  # enough of a head to see which route it names
 
@@ -96,8 +96,7 @@ def _answer(head: bytes, timeout_s: float) -> bytes:
         "(server.head_timeout_s)"
     )
     path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
-    anthropic_route = path.decode("latin-1").startswith(ANTHROPIC_PATHS)
-    body = orjson.dumps(anthropic.error_body(error, None) if anthropic_route else error.body(None))
+    body = orjson.dumps(error_body_for(WIRES, path.decode("latin-1"), error, None))
     return (
         b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from proxy.middleware import HANDLING, Handling
+from proxy.http.middleware import HANDLING, Handling
 from proxy.runtime.head_deadline import ProxyRunner
 from proxy.runtime.recycle import refuse_past_hard_ceiling, watch_rss
 from proxy.state import HANDOVER

@@ -16,7 +16,7 @@ write: no scan per write, and replicas sharing a Redis see one count.
 from __future__ import annotations
 
 from proxy.policies.spec import Keys, StoreSettings
-from proxy.session import OPEN_OWNER, owner_of
+from proxy.sessions.identity import OPEN_OWNER, owner_of
 from proxy.store.retention import StoreFull
 
 # With many owners an equal split would leave each too little; no share goes below this.
@@ -42,7 +42,7 @@ def owner_share(settings: StoreSettings, keys: Keys) -> float | None:
 
 
 def session_owner(session: str) -> str:
-    """The owner a scoped session key (proxy/session.py `scoped`) belongs to; "" for a key
+    """The owner a scoped session key (proxy/sessions/identity.py `scoped`) belongs to; "" for a key
     written before sessions were scoped, which no share limits."""
     owner, slash, _ = session.partition("/")
     return owner if slash else ""

@@ -30,7 +30,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
-from proxy.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
+from proxy.pipeline.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
 from proxy.tokens.tokenizers import Tokenizer, Tokenizers, family
 
 NEAR = 0.7  # exact counting starts at this share of the decision's limit
@@ -156,7 +156,12 @@ class PromptMeter:
         calibration keeps is the ratio of the text (and tool schemas): the few tokens framing
         each message are the same in both counts, whatever the tokenizer."""
         measured = ex.prompt
-        if measured is None or usage is None or ex.usage_reports != 1 or ex.usage_estimated:
+        if (
+            measured is None
+            or usage is None
+            or ex.accounting.usage_reports != 1
+            or ex.accounting.usage_estimated
+        ):
             return
         if ex.deployment is None or ex.deployment.model != measured.model:
             return

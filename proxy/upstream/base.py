@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.errors import Failure
+from proxy.exchange import Usage
 from proxy.policies.spec import Deployment
 from proxy.redaction import redact_url
 
@@ -61,8 +63,9 @@ HINT_5XX = "it failed on its side (its own log says why)"
 HINT_OTHER = "its own log says why"
 
 
-class UpstreamHTTPError(Exception):
-    """The provider answered with an error status; `body` is what it said."""
+class UpstreamHTTPError(Failure):
+    """The provider answered with an error status; `body` is what it said (both pass through
+    to the client, in its wire's envelope)."""
 
     def __init__(
         self, status: int, body: bytes, headers: Mapping[str, str], upstream: str = ""
@@ -110,5 +113,9 @@ class Upstream(Protocol):
         request_id: str,
         headers: Mapping[str, str] | None = None,
     ) -> UpstreamStream: ...
+
+    def usage(self, data: dict[str, Any]) -> Usage | None:
+        """What a reply of this upstream says it used (each wire reports it its own way)."""
+        ...
 
     async def close(self) -> None: ...

@@ -24,6 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from proxy.exchange import Usage
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in, without_traceback
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, forwarded_headers
@@ -61,6 +62,10 @@ class LiteLLMUpstream:
     caps cannot reach those reads. What is bounded here: a non-streaming call's total time
     (server.response_timeout_s), and a client that leaves cancels the call (the connection
     closes)."""
+
+    @staticmethod
+    def usage(data: dict[str, Any]) -> Usage | None:
+        return Usage.of(data.get("usage"))  # litellm answers in Chat Completions' shape
 
     def __init__(self, settings_source: Callable[[], ServerSettings] | None = None) -> None:
         self._settings = settings_source or ServerSettings

@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.errors import BadRequest
 from proxy.policies.spec import Deployment
-from proxy.routes.body import kind
+from proxy.wire.body import kind
 
 log = logging.getLogger("agentproxy.litellm")
 

@@ -16,9 +16,10 @@ from proxy.errors import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
+from proxy.exchange import Usage
+from proxy.http.request_id import is_uuid
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
-from proxy.request_id import is_uuid
 from proxy.upstream.base import (
     UpstreamHTTPError,
     UpstreamReply,
@@ -52,11 +53,17 @@ def redact_events(batch: list[bytes], secret: bytes) -> list[bytes]:
 
 
 class OpenAICompatUpstream:
-    """Chat Completions over aiohttp. Subclasses speak another wire (proxy/upstream/anthropic.py)
-    by saying where to post, how to authenticate and what a reply looks like."""
+    """Chat Completions over aiohttp. Subclasses speak another wire (each format's native
+    upstream, proxy/wire/<format>/upstream.py) by saying where to post, how to authenticate
+    and what a reply looks like."""
 
     path = "/chat/completions"
     reply_kind = "chat completion"
+    wire = "chat"  # the wire format its replies are in
+
+    @staticmethod
+    def usage(data: dict[str, Any]) -> Usage | None:
+        return Usage.of(data.get("usage"))
 
     def __init__(self, settings_source: Any) -> None:
         # `settings_source()` returns the live ServerSettings, so timeouts follow reloads.

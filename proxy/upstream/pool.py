@@ -3,22 +3,38 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from proxy.policies.spec import Config, Deployment, ServerSettings
-from proxy.upstream.anthropic import AnthropicUpstream, speaks_anthropic
 from proxy.upstream.base import Upstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai_compat import OpenAICompatUpstream
-from proxy.upstream.responses import ResponsesUpstream, speaks_responses
+
+
+class NativeUpstream(Upstream, Protocol):
+    """A wire format's own upstream (proxy/wire/<format>/upstream.py): it serves that wire's
+    clients natively on the deployments it speaks to."""
+
+    wire: str
+
+    def speaks(self, deployment: Deployment) -> bool: ...
+
+
+NativeFactory = Callable[[Callable[[], ServerSettings]], NativeUpstream]
 
 
 class Upstreams:
-    def __init__(self, settings: Callable[[], ServerSettings]) -> None:
+    def __init__(
+        self, settings: Callable[[], ServerSettings], natives: Iterable[NativeFactory] = ()
+    ) -> None:
         self.fast = OpenAICompatUpstream(settings)
-        self.anthropic = AnthropicUpstream(settings)
-        self.responses = ResponsesUpstream(settings)
         self.litellm = LiteLLMUpstream(settings)
+        # Each wire's native upstream (the registry's, proxy/wire/registry.py), by wire name.
+        self.natives: dict[str, NativeUpstream] = {}
+        for make in natives:
+            native = make(settings)
+            self.natives[native.wire] = native
         self._turns: dict[str, itertools.count[int]] = {}
 
     def pick(
@@ -40,32 +56,33 @@ class Upstreams:
         return deployments[start % len(deployments)]
 
     def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream:
-        """The client's own wire where the deployment speaks it; else OpenAI chat (the fast
-        path, or litellm's translation to the provider)."""
-        if wire == "anthropic" and speaks_anthropic(deployment):
-            return self.anthropic
-        if wire == "responses" and speaks_responses(deployment):
-            return self.responses
+        """The client's own wire where its native upstream speaks to the deployment; else
+        OpenAI chat (the fast path, or litellm's translation to the provider)."""
+        native = self.natives.get(wire)
+        if native is not None and native.speaks(deployment):
+            return native
         return self.fast if deployment.fast_path else self.litellm
 
     def prepare(self, config: Config) -> None:
         """Start importing litellm in the background if any deployment will need it."""
-        if any(_warms_litellm(d) for group in config.deployments.values() for d in group):
+        if any(self._warms_litellm(d) for group in config.deployments.values() for d in group):
             self.litellm.warm_up()
 
     def ready(self, config: Config) -> bool:
-        needs_litellm = any(_warms_litellm(d) for g in config.deployments.values() for d in g)
-        return self.litellm.loaded or not needs_litellm
+        needs = any(self._warms_litellm(d) for g in config.deployments.values() for d in g)
+        return self.litellm.loaded or not needs
 
     async def close(self) -> None:
         await self.fast.close()
-        await self.anthropic.close()
-        await self.responses.close()
+        for native in self.natives.values():
+            await native.close()
         await self.litellm.close()
 
-
-def _warms_litellm(deployment: Deployment) -> bool:
-    """Whether litellm is imported at start for this deployment (seconds, ~150 MB). An
-    Anthropic deployment is mostly called natively by Anthropic clients: litellm is then
-    imported on first need (an OpenAI client of it, its summaries), not at start."""
-    return not deployment.fast_path and not speaks_anthropic(deployment)
+    def _warms_litellm(self, deployment: Deployment) -> bool:
+        """Whether litellm is imported at start for this deployment (seconds, ~150 MB). A
+        deployment a wire's native upstream speaks to (Anthropic's) is mostly called natively
+        by that wire's clients: litellm is then imported on first need (a chat client of it,
+        its summaries), not at start."""
+        if deployment.fast_path:
+            return False
+        return not any(native.speaks(deployment) for native in self.natives.values())

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from proxy.control.backoff import Timing
-from proxy.exchange import Exchange
+from proxy.exchange import Exchange, Usage
 from proxy.policies.spec import Config, Deployment, Policy
 from proxy.upstream.base import Upstream, UpstreamReply
 from tests.pipeline.factories import deployment
@@ -66,6 +66,10 @@ class Script:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         return await self.complete(deployment, body, request_id)
+
+    @staticmethod
+    def usage(data: dict[str, Any]) -> Usage | None:
+        return Usage.of(data.get("usage"))
 
     async def close(self) -> None:
         return None

@@ -7,11 +7,11 @@ import pytest
 
 from proxy.control.outcome import SessionCircuitOpen
 from proxy.control.sessions import SessionCircuits
-from proxy.events import EventLog
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.policies.spec import CircuitSpec, Policy
-from proxy.recorder import Recorder
+from proxy.recording.events import EventLog
+from proxy.recording.recorder import Recorder
 from proxy.store import guard_record
 from proxy.store.base import StoreError
 from proxy.store.state import MemoryState

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 from aiohttp.test_utils import TestServer
 
-from proxy.body_budget import BODY_BUDGET
+from proxy.http.body_budget import BODY_BUDGET
 from tests.conftest import ProxyFactory
 from tests.routes.test_hostile_clients import AUTH, exchange, read_answer, start
 

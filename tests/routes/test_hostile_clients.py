@@ -14,9 +14,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.json_depth import MAX_JSON_DEPTH, nested_too_deep
-from proxy.middleware import HANDLING
+from proxy.http.middleware import HANDLING
 from proxy.sim.simulator import Fault, Simulator
+from proxy.wire.json_depth import MAX_JSON_DEPTH, nested_too_deep
 from tests.conftest import ProxyFactory, sim_config
 
 KEY = "sk-hostile-good"

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
-from proxy.messages import TOKENS_PER_MESSAGE, text_of
 from proxy.pipeline.compaction.budget import message_tokens
 from proxy.pipeline.compaction.memo import Seen, SeenHistories
+from proxy.pipeline.messages import TOKENS_PER_MESSAGE, text_of
 from proxy.tokens.meter import PromptMeter
 from proxy.tokens.tokenizers import Tokenizer, Tokenizers, load
 from tests.pipeline.factories import deployment, exchange
@@ -126,7 +126,7 @@ async def test_the_calibration_is_learned_per_session_and_model() -> None:
     ex = exchange(messages, session="key:a/s1")
     await meter.measure(ex, seen, 0, limit=1_000_000)
     ex.add_usage(Usage(1305, 10))  # the provider counts 30% more
-    meter.learn(ex, ex.usage)
+    meter.learn(ex, ex.accounting.usage)
     again = exchange(messages, session="key:a/s1")
     measure = await meter.measure(again, seen, 0, limit=1_000_000)
     assert abs(measure.factor - 1305 / 1004) < 1e-9 and again.prompt is not None
@@ -145,13 +145,15 @@ async def test_what_was_not_one_reported_call_of_the_measured_model_teaches_noth
         await meter.measure(ex, seen, 0, limit=1_000_000)
         ex.add_usage(Usage(2000, 1))
         change(ex)
-        meter.learn(ex, ex.usage)
+        meter.learn(ex, ex.accounting.usage)
         return meter.ratio("key:a/new", "openai/sim") is not None
 
     assert not await taught(lambda ex: ex.add_usage(Usage(2000, 1)))  # two calls (recall)
-    assert not await taught(lambda ex: setattr(ex, "usage_estimated", True))  # cut short
+    assert not await taught(lambda ex: setattr(ex.accounting, "usage_estimated", True))  # cut short
     assert not await taught(lambda ex: setattr(ex, "deployment", deployment(alias="other")))
-    assert not await taught(lambda ex: setattr(ex.usage, "prompt_tokens", 10**6))  # 1,000x off
+    assert not await taught(
+        lambda ex: setattr(ex.accounting.usage, "prompt_tokens", 10**6)
+    )  # 1,000x off
     assert await taught(lambda ex: None)
 
 
@@ -170,7 +172,7 @@ async def test_a_ratio_learned_on_estimates_and_exact_counts(model: str, tokeniz
     await meter.measure(ex, seen, 0, limit=1_000_000)  # far: estimates
     reported = int(sum(seen.costs) * 1.5)
     ex.add_usage(Usage(reported, 1))
-    meter.learn(ex, ex.usage)
+    meter.learn(ex, ex.accounting.usage)
     learned = meter.ratio("key:a/s", model)
     assert learned is not None and not learned.exact
     grown = history(3)

@@ -9,19 +9,30 @@ through instead of looping.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import MutableMapping
+from typing import Protocol
 
 import orjson
 import xxhash
 
 from proxy.exchange import Exchange
-from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.summarize import STAGE
+from proxy.pipeline.messages import Message
 
-if TYPE_CHECKING:  # the stage calls in here (its on-overflow hook)
-    from proxy.pipeline.compaction.stage import CompactionStage
+
+class Compactor(Protocol):
+    """What reactive compaction needs of the compaction stage (which calls in here from its
+    on-overflow hook): compacting to a fraction, and the recovery last sent per session."""
+
+    @property
+    def recoveries(self) -> MutableMapping[str, int]: ...
+
+    async def compact_to(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext, fraction: float
+    ) -> list[Message] | None: ...
+
 
 # Lower-case fragments of the providers' "context exceeded" errors. litellm's
 # ContextWindowExceededError reaches the client with code "context_length_exceeded".
@@ -45,7 +56,7 @@ def is_context_overflow(status: int, body: bytes) -> bool:
 
 
 async def compact_after_overflow(
-    ex: Exchange, messages: list[Message], ctx: StageContext, stage: CompactionStage
+    ex: Exchange, messages: list[Message], ctx: StageContext, stage: Compactor
 ) -> list[Message] | None:
     """The history to retry with, compacted to `reactive_target` of what overflowed (or of
     the window, if that is smaller); None when there is nothing smaller to try (the caller

@@ -30,7 +30,6 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
-from proxy.messages import Message
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.compaction.budget import (
     Budget,
@@ -60,6 +59,7 @@ from proxy.pipeline.compaction.summarize import (
     summary_room,
 )
 from proxy.pipeline.compaction.truncate import Truncator
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import Policy
 
 # A stretch smaller than this share of the window is not worth a summarizer call.

@@ -9,15 +9,15 @@ from typing import Any
 import orjson
 
 from proxy.control.control import Control
-from proxy.events import EventLog
 from proxy.exchange import Exchange
-from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, Summarizer
 from proxy.pipeline.compaction.summarizer import SYSTEM_PROMPT, make_summarizer
+from proxy.pipeline.messages import Message
 from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy
-from proxy.recorder import Recorder
+from proxy.recording.events import EventLog
+from proxy.recording.recorder import Recorder
 from proxy.sim.model import summary_sections
 from proxy.store.memory import MemoryStore
 from proxy.store.state import MemoryState

@@ -8,10 +8,10 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.messages import Message, pairing_problems
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
+from proxy.pipeline.messages import Message, pairing_problems
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.sim.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from proxy.messages import estimate_tokens
 from proxy.pipeline.compaction.summarizer import (
     fit_to,
     output_limit,
@@ -16,6 +15,7 @@ from proxy.pipeline.compaction.summarizer import (
     summary_exchange,
     summary_request,
 )
+from proxy.pipeline.messages import estimate_tokens
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.sim.model import summary_sections
 from proxy.sim.simulator import Simulator
@@ -52,7 +52,11 @@ def test_a_summary_is_a_child_exchange_of_the_request() -> None:
     child = summary_exchange(ex)
     assert (child.session, child.owner) == (ex.session, "key:a")
     assert child.parent_session == "key:a/parent"
-    assert (child.request_id, child.key, child.started) == (ex.request_id, ex.key, ex.started)
+    assert (child.request_id, child.key, child.timing.started) == (
+        ex.request_id,
+        ex.key,
+        ex.timing.started,
+    )
     assert child.recovery.deadline == 123.0  # the request's deadline covers its summaries
     assert child.alias == "sim" and child.deployment is None  # control routes it
     assert child.policy.name == "p" and child.policy.retry == ex.policy.retry
@@ -114,7 +118,9 @@ async def test_an_overflowing_summary_request_is_retried_once_with_half_the_tran
     assert first["max_tokens"] == second["max_tokens"] == 300
     sizes = [len(b["messages"][1]["content"]) for b in (first, second)]
     assert 0.45 < sizes[1] / sizes[0] < 0.6
-    assert len(ex.side_calls) == 1 and ex.recovery.calls == 0  # the failed call charged nothing
+    assert (
+        len(ex.accounting.side_calls) == 1 and ex.recovery.calls == 0
+    )  # the failed call charged nothing
 
 
 async def test_a_second_overflow_gives_up(aiohttp_server: Any, upstreams: Upstreams) -> None:

@@ -1,0 +1,1 @@
+"""What the proxy did, made visible: notes, counters and the append-only event log."""

@@ -1,0 +1,1 @@
+"""Anthropic Messages: its route, request view, replies, stream relay and native upstream."""

@@ -1,0 +1,118 @@
+"""Anthropic surface: POST /v1/messages (JSON and SSE; Claude Code's `?beta=true` too) and
+POST /v1/messages/count_tokens.
+
+The stages rewrite the request's chat-shaped view (proxy/wire/anthropic/view.py); an
+Anthropic deployment gets the client's body back with only what they changed, any other
+deployment the view as a Chat Completions request, its answer translated back.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from proxy.exchange import Exchange
+from proxy.flow import Flow
+from proxy.http.headers import proxy_headers
+from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
+from proxy.sessions.identity import owner_of, scoped, session_id
+from proxy.state import VIEWS
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.anthropic import replies as anthropic
+from proxy.wire.anthropic.request import parse_messages_request
+from proxy.wire.anthropic.stream import Relay, message_stream
+from proxy.wire.anthropic.upstream import DEFAULT_VERSION
+from proxy.wire.anthropic.view import AnthropicView
+from proxy.wire.chat.degraded import degraded_text
+from proxy.wire.provider_objects import refuse_messages_objects
+from proxy.wire.serve import (
+    events_answer,
+    json_answer,
+    open_exchange,
+    read_request,
+    relay_stream,
+    serve,
+    upstream_error,
+)
+
+routes = web.RouteTableDef()
+MESSAGES_ROUTE = "/v1/messages"  # also the `route` label of its metrics
+# The client's protocol headers, passed on to an Anthropic upstream as they came.
+PASSED_HEADERS = ("anthropic-version", "anthropic-beta")
+
+
+@routes.post(MESSAGES_ROUTE)
+async def messages(request: web.Request) -> web.StreamResponse:
+    ex = await _exchange(request)
+    return await serve(request, ex, AnthropicWire(ex))
+
+
+@routes.post("/v1/messages/count_tokens")
+async def count_tokens(request: web.Request) -> web.Response:
+    """The proxy's estimate of the prompt as the client sent it (what the rewrites then do
+    depends on the session's state): enough for a client's own context bookkeeping."""
+    ex = await _exchange(request, counting=True)
+    tokens = tokens_of(ex.messages) + schema_tokens(ex.body.get("tools"))
+    return web.json_response({"input_tokens": tokens}, headers=proxy_headers(ex))
+
+
+async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange:
+    config, key, raw = await read_request(request)
+    body = parse_messages_request(raw, counting=counting)
+    identity = {"metadata": body.get("metadata")}
+    opening = lambda: AnthropicView.opening(body)  # noqa: E731 - only if no session id came
+    session = session_id(request.headers, identity, key.name if key else None, opening)
+    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
+    view = AnthropicView.of(body, views.last(own))
+    if key is not None:  # tenants share the provider's account: its stored objects too
+        refuse_messages_objects(body, view.fresh)
+    if not counting:
+        views.keep(own, view, len(raw))
+    chat = view.chat_body()
+    headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
+    headers.setdefault("anthropic-version", DEFAULT_VERSION)
+    return open_exchange(
+        request,
+        config,
+        key,
+        chat,
+        session,
+        stream=body.get("stream") is True,
+        client_wants_usage=True,
+        body_bytes=len(raw),
+        route=MESSAGES_ROUTE,
+        wire="anthropic",
+        view=view,
+        forward_headers=headers,
+    )
+
+
+class AnthropicWire:
+    """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
+
+    def __init__(self, ex: Exchange) -> None:
+        assert isinstance(ex.view, AnthropicView)
+        self.view = ex.view
+        self.replies = anthropic.Replies(ex.view)
+
+    async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
+        reply = await flow.complete(ex, self.replies)
+        return json_answer(ex, anthropic.client_body(reply, ex.alias, ex.request_id), reply.headers)
+
+    async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
+        if ex.translated:  # the chat reply is asked for whole, then sent as this wire's events
+            reply = await flow.complete(ex, self.replies)
+            message = anthropic.client_message(reply, ex.alias, ex.request_id)
+            return events_answer(ex, message_stream(message), reply.headers)
+        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
+
+    def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
+        return upstream_error(ex, error, anthropic.passthrough_body(error, ex.request_id))
+
+    def degraded(self, ex: Exchange, error: Exception) -> web.Response:
+        text = degraded_text(ex, error)
+        message = anthropic.degraded_message(ex.alias, ex.request_id, text)
+        headers = {"x-agentproxy-degraded": "true"}
+        if ex.stream:
+            return events_answer(ex, message_stream(message), headers)
+        return json_answer(ex, orjson.dumps(message), headers)

@@ -1,0 +1,495 @@
+"""An Anthropic Messages request as the rewrite stages see it, and back.
+
+The stages work on chat-shaped messages (roles, `tool_calls`, `tool` results). An Anthropic
+history maps onto that shape message by message: the system prompt becomes a leading system
+message; a user message's `tool_result` blocks become `tool` messages and its other blocks one
+user message after them; an assistant message's text becomes its content and its `tool_use`
+blocks its `tool_calls`. Each view message remembers the client's message it stands for.
+
+Going back is lossless for everything the stages left alone: a view message that is still the
+very object built here is replaced by the client's own blocks, byte for byte (thinking blocks
+and their signatures, `cache_control`, citations, images, fields this code has never heard of).
+Only what a stage changed or added is built anew, and even then each untouched block of the
+message it came from is kept as it was: an offloaded `tool_result` keeps its `is_error` and
+`cache_control`, a truncated `tool_use` keeps its id and every other block of its turn.
+
+Incremental: a turn re-sends the last one's history plus new messages, so the view of a
+session's previous turn lends this one its view messages for every leading message equal to
+the previous turn's (one `==` each); only the rest is mapped. A view message names its client
+message and blocks by position, so what goes back upstream is always this turn's own bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.pipeline.messages import Message
+from proxy.pipeline.repair import is_synthetic
+from proxy.policies.spec import Deployment
+from proxy.wire.anthropic.upstream import speaks_anthropic
+from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
+
+Block = dict[str, Any]
+CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoints per request
+
+
+@dataclass(slots=True, frozen=True)
+class _Origin:
+    """The client's message (its index, -1 for the system prompt) a view message stands for,
+    and which of its blocks (positions in its content): all when the view message is the whole
+    message."""
+
+    index: int
+    blocks: tuple[int, ...] | None  # None: a string content, or the system prompt as sent
+
+
+@dataclass(slots=True)
+class AnthropicView:
+    body: dict[str, Any]  # the client's request, never mutated
+    messages: list[Message] = field(default_factory=list)  # the view, in order
+    _origins: dict[int, _Origin] = field(default_factory=dict)  # by id() of a view message
+    # Replies the proxy continued itself (recall rounds), by their first tool_use id: a turn
+    # the proxy added goes back with all of its blocks (thinking and its signature first).
+    _turns: dict[str, list[Block]] = field(default_factory=dict)
+    # The client's tools by id() of their chat-shaped twins (kept out of the chat tools, whose
+    # JSON the stages count as the schemas' tokens).
+    _tools: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What chat_body() handed the stages (messages, tools, tool_choice), to see they left it.
+    _untouched: tuple[Any, Any, Any] = (None, None, None)
+    # The view as built, before any stage saw it: _ends[i] is its length after client message i.
+    _built: list[Message] = field(default_factory=list)
+    _ends: list[int] = field(default_factory=list)
+    # The first message mapped here: those before it were lent by the session's last view,
+    # whose turn checked them (proxy/wire/provider_objects.py walks only the rest).
+    fresh: int = 0
+
+    @classmethod
+    def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
+        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+        view messages of the history the two share."""
+        view = cls(body)
+        if not isinstance(previous, AnthropicView):
+            previous = None
+        system = body.get("system")
+        if previous is not None and system and system == previous.body.get("system"):
+            view._add(previous._built[0], -1, None)  # the same prompt: the same view message
+        elif system:
+            view._add({"role": "system", "content": text_of_content(system)}, -1, None)
+        messages = body["messages"]
+        start = view._reuse(previous) if previous is not None else 0
+        view.fresh = start
+        for index in range(start, len(messages)):
+            view._map(index, messages[index])
+            view._ends.append(len(view.messages))
+        view._built = list(view.messages)
+        return view
+
+    @classmethod
+    def opening(cls, body: dict[str, Any]) -> list[Message]:
+        """The system prompt and the history up to its first user message, as the view has
+        them: what names a session without an id (its beginning never changes)."""
+        view = cls(body)
+        if body.get("system"):
+            view._add({"role": "system", "content": text_of_content(body["system"])}, -1, None)
+        for index, message in enumerate(body["messages"]):
+            view._map(index, message)
+            if view.messages[-1].get("role") == "user":
+                break
+        return view.messages
+
+    def _reuse(self, previous: AnthropicView) -> int:
+        """Take the previous view's messages for the leading client messages both turns share;
+        how many those are."""
+        shared = shared_prefix(self.body["messages"], previous.body["messages"])
+        if not shared:
+            return 0
+        before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
+        lent = previous._built[before : previous._ends[shared - 1]]
+        offset = len(self.messages) - before  # a system prompt gained or lost shifts the ends
+        # The usual turn lends all of it, system prompt included: its origins copied in C.
+        same_system = len(self.messages) == before and (
+            not before or self.messages[0] is previous._built[0]
+        )
+        if same_system and len(lent) == len(previous._built) - before:
+            self._origins = dict(previous._origins)
+        else:
+            self._origins.update((id(m), previous._origins[id(m)]) for m in lent)
+        self.messages += lent
+        ends = previous._ends[:shared]
+        self._ends = ends if not offset else [end + offset for end in ends]
+        return shared
+
+    def chat_body(self) -> dict[str, Any]:
+        """The chat-shaped request the stages rewrite (its messages are the view)."""
+        chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
+        tools = chat_tools(self.body.get("tools"), _chat_tool, self._tools)
+        if tools:
+            chat["tools"] = tools
+        # No max_tokens: current Claude models do not count it against the window (Claude Code
+        # asks for 32-128k on a 200k window), so the stages keep no room for it; the provider's
+        # "input length and max_tokens exceed context limit" still triggers reactive compaction.
+        choice = _chat_tool_choice(self.body.get("tool_choice"))
+        if choice is not None:
+            chat["tool_choice"] = choice
+        self._untouched = (self.messages, chat.get("tools"), chat.get("tool_choice"))
+        return chat
+
+    @staticmethod
+    def native_for(deployment: Deployment) -> bool:
+        return speaks_anthropic(deployment)
+
+    def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The stages' output as a plain Chat Completions request, for a deployment that does
+        not speak Anthropic (what this loses: thinking blocks, cache_control, citations and
+        every other Anthropic-only field; images and documents pass as they are)."""
+        out = dict(chat)
+        for name in ("max_tokens", "temperature", "top_p", "stop_sequences"):
+            if name in self.body:
+                out["stop" if name == "stop_sequences" else name] = self.body[name]
+        return out  # never streamed: a translated reply comes back whole (routes/anthropic.py)
+
+    def remember_turn(self, content: list[Block]) -> None:
+        """An assistant turn whose blocks must go back as they came (the client's own, or a
+        reply the proxy continues itself), found again by its first tool_use id."""
+        first = next((b.get("id") for b in content if b.get("type") == "tool_use"), None)
+        if isinstance(first, str):
+            self._turns[first] = content
+
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The native request for `chat` (the stages' output): the client's body with its
+        system prompt, messages, tools and tool_choice as the stages left them."""
+        if (chat["messages"], chat.get("tools")) == self._untouched[:2] and chat.get(
+            "tool_choice"
+        ) == self._untouched[2]:
+            return self.body  # the common turn: nothing rewritten, the client's own body
+        out = dict(self.body)
+        messages: list[Message] = chat["messages"]
+        start = 0
+        if messages and messages[0].get("role") == "system":
+            origin = self._origins.get(id(messages[0]))
+            if origin is None or origin.index != -1:
+                out["system"] = messages[0].get("content")  # rewritten: as text
+            start = 1
+        elif "system" in out:
+            del out["system"]
+        out["messages"] = list(self._native_messages(messages[start:]))
+        _render_tools(out, chat, self._tools)
+        _cache_replacement(out, self.body["messages"])
+        return out
+
+    # --- to the view --------------------------------------------------------------------------
+
+    def _add(self, message: Message, index: int, blocks: tuple[int, ...] | None) -> None:
+        self.messages.append(message)
+        self._origins[id(message)] = _Origin(index, blocks)
+
+    def _map(self, index: int, message: Any) -> None:
+        role = message.get("role")
+        content = message.get("content")
+        if not isinstance(content, list):
+            self._add({"role": role, "content": content}, index, None)
+            return
+        at = [i for i, b in enumerate(content) if isinstance(b, dict)]
+        if role == "assistant":
+            self._add(assistant_message([content[i] for i in at]), index, tuple(at))
+            return
+        rest: list[int] = []
+        for i in at:
+            block = content[i]
+            if block.get("type") == "tool_result":
+                result = {
+                    "role": "tool",
+                    "tool_call_id": block.get("tool_use_id"),
+                    "content": _result_content(block.get("content")),
+                }
+                self._add(result, index, (i,))
+            else:
+                rest.append(i)
+        if rest or not at:
+            parts = [_part(content[i]) for i in rest]
+            self._add({"role": role, "content": parts}, index, tuple(rest))
+
+    def _blocks(self, origin: _Origin) -> list[Block]:
+        """The client's blocks a view message stands for, as this turn sent them."""
+        content = self.body["messages"][origin.index]["content"]
+        return [content[i] for i in origin.blocks or ()]
+
+    # --- back to native -----------------------------------------------------------------------
+
+    def _native_messages(self, view: list[Message]) -> Iterable[Message]:
+        """Tool results and the user blocks after them travel together, as one user message;
+        a view that is exactly one client message, untouched, is that message."""
+        group: list[Message] = []
+        for message in view:
+            role = message.get("role")
+            if role == "tool" or (role == "user" and group and group[-1].get("role") == "tool"):
+                group.append(message)
+                if role == "user":
+                    yield self._user(group)
+                    group = []
+                continue
+            if group:
+                yield self._user(group)
+                group = []
+            yield self._native(message)
+        if group:
+            yield self._user(group)
+
+    def _native(self, message: Message) -> Message:
+        origin = self._origins.get(id(message))
+        role = message.get("role")
+        if origin is not None and origin.index >= 0:
+            client: Message = self.body["messages"][origin.index]
+            if origin.blocks is None or len(origin.blocks) == _block_count(client):
+                return client  # the client's own message, as sent
+            return {**client, "content": self._blocks(origin)}
+        if role == "assistant":
+            return self._assistant_turn(message)
+        if role == "system":  # a system message of the client's, rewritten; or a new one
+            return {"role": "user", "content": text_of_content(message.get("content"))}
+        return {"role": role or "user", "content": _native_content(message.get("content"))}
+
+    def _user(self, group: list[Message]) -> Message:
+        """Tool results (and the user blocks after them) as one user message."""
+        origins = [self._origins.get(id(m)) for m in group]
+        indexes = {o.index for o in origins if o is not None}
+        if len(indexes) == 1 and all(o is not None for o in origins):
+            index = indexes.pop()
+            client: Message = self.body["messages"][index]
+            kept = sum(len(o.blocks or ()) for o in origins if o is not None)
+            if index >= 0 and kept == _block_count(client):
+                return client  # every block of one client message, untouched
+        blocks: list[Block] = []
+        for message, origin in zip(group, origins, strict=True):
+            if origin is not None and origin.blocks is not None:
+                blocks += self._blocks(origin)
+            elif message.get("role") == "tool":
+                blocks.append(self._tool_result(message))
+            else:
+                blocks += _native_blocks(message.get("content"))
+        return {"role": "user", "content": blocks}
+
+    def _tool_result(self, message: Message) -> Block:
+        """A tool result a stage rewrote (offloaded: the client's block with its new content)
+        or made (repair's stand-in for a result that never came, an error; a recall answer)."""
+        call_id = message.get("tool_call_id")
+        content = _native_content(message.get("content"))
+        original = self._client_result(call_id) if isinstance(call_id, str) else None
+        if original is not None:
+            return {**original, "content": content}
+        block: Block = {"type": "tool_result", "tool_use_id": call_id, "content": content}
+        if is_synthetic(message):
+            block["is_error"] = True
+        return block
+
+    def _client_turn(self, first_call: str) -> list[Block] | None:
+        """The blocks of the turn whose first tool_use is `first_call`: a reply the proxy
+        continued, else one of the client's (looked up only when a turn was rewritten)."""
+        if first_call in self._turns:
+            return self._turns[first_call]
+        for message in self.body["messages"]:
+            content = message.get("content")
+            if message.get("role") != "assistant" or not isinstance(content, list):
+                continue
+            first = next(
+                (
+                    b.get("id")
+                    for b in content
+                    if isinstance(b, dict) and b.get("type") == "tool_use"
+                ),
+                None,
+            )
+            if first == first_call:
+                return [b for b in content if isinstance(b, dict)]
+        return None
+
+    def _client_result(self, call_id: str) -> Block | None:
+        """The client's tool_result block for `call_id` (looked up only when one was rewritten)."""
+        for message in self.body["messages"]:
+            content = message.get("content")
+            if message.get("role") != "user" or not isinstance(content, list):
+                continue
+            for block in content:
+                if (
+                    isinstance(block, dict)
+                    and block.get("tool_use_id") == call_id
+                    and block.get("type") == "tool_result"
+                ):
+                    return block
+        return None
+
+    def _assistant_turn(self, message: Message) -> Message:
+        """An assistant message a stage rewrote (truncated arguments) or the proxy added (a
+        recall round): its blocks as they came, each tool_use with its call's input now."""
+        calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        first = calls[0].get("id") if calls else None
+        blocks = self._client_turn(first) if isinstance(first, str) else None
+        if blocks is None:
+            fresh: list[Block] = []
+            if message.get("content"):
+                fresh.append({"type": "text", "text": text_of_content(message["content"])})
+            fresh += [_tool_use(call, None) for call in calls]
+            return {"role": "assistant", "content": fresh}
+        by_id = {c.get("id"): c for c in calls}
+        out: list[Block] = []
+        for block in blocks:
+            if block.get("type") != "tool_use":
+                out.append(block)
+            elif (call := by_id.get(block.get("id"))) is not None:
+                out.append(_tool_use(call, block))
+            # else: a call the stages took out of the turn
+        return {"role": "assistant", "content": out}
+
+
+REPLACEMENT_MARK = "[agentproxy] "  # how compaction's summaries and markers begin
+
+
+def _cache_replacement(out: dict[str, Any], client: list[Message]) -> None:
+    """After a compaction, the summary (or middle-out marker) ends the prefix every later turn
+    shares: a cache breakpoint there lets the provider cache the compacted history. Only when
+    the request has a breakpoint to spare (Anthropic accepts four)."""
+    messages: list[Message] = out["messages"]
+    at = next(
+        (
+            i
+            for i, m in enumerate(messages[:3])
+            if not any(m is c for c in client)
+            and text_of_content(m.get("content")).startswith(REPLACEMENT_MARK)
+        ),
+        None,
+    )
+    if at is None or _breakpoints(out) >= CACHE_BREAKPOINTS:
+        return
+    blocks = _native_blocks(messages[at].get("content"))
+    if blocks:
+        blocks = [*blocks[:-1], {**blocks[-1], "cache_control": {"type": "ephemeral"}}]
+        messages[at] = {**messages[at], "content": blocks}
+
+
+def _breakpoints(out: dict[str, Any]) -> int:
+    def marked(blocks: Any) -> int:
+        if not isinstance(blocks, list):
+            return 0
+        return sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
+
+    count = marked(out.get("system")) + marked(out.get("tools"))
+    count += "cache_control" in out  # a request-level breakpoint takes a slot too
+    return count + sum(marked(m.get("content")) for m in out["messages"])
+
+
+def _block_count(client: Message) -> int:
+    content = client.get("content")
+    return len([b for b in content if isinstance(b, dict)]) if isinstance(content, list) else 0
+
+
+def assistant_message(blocks: list[Block]) -> Message:
+    """An assistant turn's blocks as a chat message: its text, and its tool_use blocks as calls."""
+    texts = [
+        b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
+    calls = [
+        {
+            "id": b.get("id"),
+            "type": "function",
+            "function": {
+                "name": b.get("name"),
+                "arguments": orjson.dumps(b.get("input", {})).decode(),
+            },
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    message: Message = {"role": "assistant", "content": "\n".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tool_use(call: dict[str, Any], original: Block | None) -> Block:
+    function = call.get("function") or {}
+    arguments = function.get("arguments") or "{}"
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        value = {"arguments": arguments}  # a rewrite left no JSON object: keep its text
+    if not isinstance(value, dict):
+        value = {"arguments": value}
+    block: Block = dict(original) if original is not None else {"type": "tool_use"}
+    block.update({"id": call.get("id"), "name": function.get("name"), "input": value})
+    return block
+
+
+def _result_content(content: Any) -> Any:
+    if isinstance(content, list):
+        return [_part(b) for b in content if isinstance(b, dict)]
+    return content
+
+
+def _part(block: Block) -> Block:
+    """A content block as a chat part: text stays text (the stages read it), the rest as is."""
+    if block.get("type") == "text":
+        return {"type": "text", "text": block.get("text", "")}
+    return block
+
+
+def _native_content(content: Any) -> Any:
+    if isinstance(content, list):
+        return _native_blocks(content)
+    return content if isinstance(content, str) else ""
+
+
+def _native_blocks(content: Any) -> list[Block]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict)]
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.get("name")}
+    if "description" in tool:
+        function["description"] = tool["description"]
+    if "input_schema" in tool:
+        function["parameters"] = tool["input_schema"]
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return {"any": "required", "none": "none", "auto": "auto"}.get(str(kind))
+
+
+def _render_tools(
+    out: dict[str, Any], chat: dict[str, Any], natives: dict[int, dict[str, Any]]
+) -> None:
+    """Tools and tool_choice as the stages left them: the client's own tools as sent, the
+    proxy's recall tool in Anthropic's form, "none" when a guard took tool use away."""
+    tools = chat.get("tools")
+    if tools:
+        native = []
+        for tool in tools:
+            if id(tool) in natives:
+                native.append(natives[id(tool)])
+            else:
+                function = tool.get("function") or {}
+                native.append(
+                    {
+                        "name": function.get("name"),
+                        "description": function.get("description", ""),
+                        "input_schema": function.get("parameters") or {"type": "object"},
+                    }
+                )
+        out["tools"] = native
+    elif "tools" in out:
+        del out["tools"]
+    if chat.get("tool_choice") == "none" and out.get("tools"):
+        out["tool_choice"] = {"type": "none"}

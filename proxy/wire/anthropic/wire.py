@@ -1,0 +1,14 @@
+"""Anthropic Messages as a `Wire`."""
+
+from proxy.wire.anthropic import replies, route
+from proxy.wire.anthropic.upstream import AnthropicUpstream, anthropic_usage
+from proxy.wire.base import WireFormat
+
+ANTHROPIC = WireFormat(
+    name="anthropic",
+    routes=route.routes,
+    native=AnthropicUpstream,
+    error_paths=(route.MESSAGES_ROUTE,),  # count_tokens too, and a path it does not serve
+    error_shape=replies.error_body,
+    usage_of=anthropic_usage,
+)

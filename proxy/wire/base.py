@@ -1,0 +1,89 @@
+"""The Wire interface: what the app, the HTTP shell and the upstream pool know of a wire format,
+without naming one. A format is a folder under proxy/wire/ (its route, request view, replies,
+stream relay, native upstream) whose wire.py offers one `Wire`, listed in proxy/wire/registry.py.
+
+Per request, a format's route gives the flow two more small objects: a `RequestView`
+(proxy/exchange.py: its native body, rendered from the rewritten chat view or translated) and
+its `Answers` (proxy/wire/serve.py: a reply, a stream, a provider's error, a degraded answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from proxy.errors import ProxyError
+from proxy.exchange import Usage
+from proxy.upstream.pool import NativeFactory
+
+ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
+
+
+class Wire(Protocol):
+    """One wire format."""
+
+    @property
+    def name(self) -> str:
+        """Its name: a metric label and the key of its native upstream."""
+        ...
+
+    @property
+    def routes(self) -> web.RouteTableDef:
+        """Its HTTP routes (parse, open the Exchange, hand it to the flow)."""
+        ...
+
+    @property
+    def native(self) -> NativeFactory | None:
+        """The upstream that serves its clients natively, on the deployments it speaks to
+        (any other deployment gets the request translated to chat)."""
+        ...
+
+    @property
+    def error_paths(self) -> tuple[str, ...]:
+        """Path prefixes whose clients read this wire's error envelope."""
+        ...
+
+    def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
+        """A proxy error in this wire's envelope."""
+        ...
+
+    def usage(self, usage: Any) -> Usage | None:
+        """A usage object as this wire's replies and events report it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WireFormat:
+    """A `Wire` from its parts (each format's wire.py makes one)."""
+
+    name: str
+    routes: web.RouteTableDef
+    native: NativeFactory | None = None
+    error_paths: tuple[str, ...] = ()
+    error_shape: ErrorBody | None = None  # None: OpenAI's envelope
+    usage_of: Callable[[Any], Usage | None] = Usage.of
+
+    def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
+        if self.error_shape is None:
+            return error.body(request_id)
+        return self.error_shape(error, request_id)
+
+    def usage(self, usage: Any) -> Usage | None:
+        return self.usage_of(usage)
+
+
+# The registry's wires, on the app: the HTTP shell frames an error in its route's wire.
+WIRES = web.AppKey("wires", tuple[Wire, ...])
+
+
+def error_body_for(
+    wires: tuple[Wire, ...], path: str, error: ProxyError, request_id: str | None
+) -> Mapping[str, Any]:
+    """`error` in the envelope of the wire whose route `path` names (OpenAI's by default)."""
+    for wire in wires:
+        if wire.error_paths and path.startswith(wire.error_paths):
+            return wire.error_body(error, request_id)
+    return error.body(request_id)

@@ -1,0 +1,91 @@
+"""OpenAI surface: POST /v1/chat/completions (JSON and SSE) and GET /v1/models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.exchange import Exchange
+from proxy.flow import Flow
+from proxy.http.auth import authenticate
+from proxy.http.headers import proxy_headers
+from proxy.sessions.identity import session_id
+from proxy.state import CONFIG
+from proxy.upstream.base import UpstreamHTTPError
+from proxy.wire.chat import degraded as chat_degraded
+from proxy.wire.chat import replies as chat
+from proxy.wire.chat.request import parse_chat_request
+from proxy.wire.chat.stream import Relay
+from proxy.wire.serve import (
+    json_answer,
+    open_exchange,
+    read_request,
+    relay_stream,
+    serve,
+    upstream_error,
+)
+
+routes = web.RouteTableDef()
+CHAT_ROUTE = "/v1/chat/completions"  # also the `route` label of its metrics
+
+
+@routes.post(CHAT_ROUTE)
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    config, key, raw = await read_request(request)
+    body = parse_chat_request(raw)
+    stream = body.get("stream") is True
+    options = body.get("stream_options") or {}
+    session = session_id(request.headers, body, key.name if key else None)
+    ex = open_exchange(
+        request,
+        config,
+        key,
+        body,
+        session,
+        stream=stream,
+        client_wants_usage=bool(options.get("include_usage")),
+        body_bytes=len(raw),
+    )
+    if stream and not ex.client_wants_usage:
+        # Ask for usage so every streamed call is accounted; that chunk is dropped on the way out.
+        body["stream_options"] = {**options, "include_usage": True}
+    return await serve(request, ex, ChatWire())
+
+
+class ChatWire:
+    """Chat Completions answers: JSON, SSE, provider errors and degraded answers."""
+
+    async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
+        reply = await flow.complete(ex, chat)
+        return json_answer(ex, reply.body, reply.headers)
+
+    async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
+        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r))
+
+    def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
+        """Provider errors pass through unchanged when they are JSON (anything else is
+        wrapped), plus what recovery tried when it tried anything."""
+        return upstream_error(ex, error, chat.passthrough_body(error, ex.request_id))
+
+    def degraded(self, ex: Exchange, error: Exception) -> web.Response:
+        return chat_degraded.answer(ex, error, proxy_headers(ex))
+
+
+@routes.get("/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG].current
+    key = authenticate(request, config.keys)
+    aliases = [
+        a for a in config.deployments if key is None or key.models is None or a in key.models
+    ]
+    data = [
+        {"id": alias, "object": "model", "created": 0, "owned_by": "agentproxy"}
+        for alias in aliases
+    ]
+    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()

@@ -1,0 +1,157 @@
+"""Relaying an upstream Chat Completions SSE stream to the client, event by event as the bytes
+arrive.
+
+Usage is captured for accounting, and the usage chunk the proxy asked for is hidden again. When
+the proxy offered its recall tool, tool-call chunks are held back until the stream ends: if the
+model only called `agentproxy_recall`, the proxy answers and streams the next round instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from proxy.errors import ProxyError, UpstreamBadResponse
+from proxy.exchange import Usage
+from proxy.pipeline import recall
+from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
+from proxy.upstream.priming import is_json_object
+from proxy.wire.chat.replies import passthrough_body
+from proxy.wire.relay import StreamRelay
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class HeldCalls:
+    """Tool-call chunks kept from the client, and the calls they spell out."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by tool-call index
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        self.events.append(chunk)
+        for choice in chunk.get("choices") or []:
+            for delta in (choice.get("delta") or {}).get("tool_calls") or []:
+                call = self.calls.setdefault(
+                    delta.get("index", 0),
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = delta.get("id") or call["id"]
+                function = delta.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [self.calls[i] for i in sorted(self.calls)],
+        }
+
+    def without_recall(self) -> list[bytes]:
+        """The held events with the recall calls taken out, ready to forward."""
+        ours = {i for i, c in self.calls.items() if c["function"]["name"] == recall.TOOL_NAME}
+        left = len(self.calls) - len(ours)
+        out = []
+        for chunk in self.events:
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if "tool_calls" in delta:
+                    kept = [d for d in delta["tool_calls"] if d.get("index", 0) not in ours]
+                    if kept:
+                        delta["tool_calls"] = kept
+                    else:
+                        del delta["tool_calls"]
+                if choice.get("finish_reason") == "tool_calls" and not left:
+                    choice["finish_reason"] = "stop"
+            out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        return out
+
+
+class Relay(StreamRelay):
+    """Writes one response stream to the client, over one or more upstream streams (the
+    recall rounds), and ends it: with [DONE], or with an error event once bytes went out
+    (the openai SDK raises it as an APIError)."""
+
+    error_prefix = b"data: "
+    # A content piece (the opening chunk's content is empty), tool call arguments, reasoning.
+    token_marks = (b'"content":"', b'"arguments":"', b'"reasoning')
+
+    def _has_token(self, batch: list[bytes]) -> bool:
+        return any(
+            mark in event and mark + b'"' not in event
+            for event in batch
+            for mark in self.token_marks
+        )
+
+    async def release(self, held: HeldCalls) -> None:
+        """The held events, without the proxy's own calls, and the end of the stream."""
+        await self.write(b"".join(held.without_recall()) + DONE)
+
+    def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
+        if isinstance(error, UpstreamHTTPError):
+            return passthrough_body(error, self.ex.request_id)
+        return super().error_data(error)
+
+    async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
+        ex, done, held = self.ex, False, None
+        async for batch in self.batches(source):
+            out = bytearray()
+            for event in batch:
+                if not event.startswith(b"data:"):
+                    out += event + b"\n\n"
+                    continue
+                payload = event[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    if held is None:
+                        out += event + b"\n\n"
+                    continue
+                chunk = self._inspect(payload)
+                if chunk is False:
+                    continue
+                if chunk is not None and (held is not None or _has_tool_calls(chunk)):
+                    held = held or HeldCalls()
+                    held.add(chunk)
+                    continue
+                out += event + b"\n\n"
+            if out:
+                await self.write(bytes(out))
+        if not done:
+            raise UpstreamBadResponse(
+                f"the upstream for '{ex.alias}' ended the stream before 'data: [DONE]'"
+            )
+        return held
+
+    def _inspect(self, payload: bytes) -> dict[str, Any] | Literal[False] | None:
+        """The parsed chunk when tool calls are watched for or it carries usage, None when it
+        needs no parsing, False to drop it. Every chunk gets a cheap shape check."""
+        if not is_json_object(payload):
+            raise UpstreamBadResponse(
+                f"the upstream for '{self.ex.alias}' sent a stream event that is not a JSON "
+                f"object: {payload[:60]!r}"
+            )
+        has_usage = b'"usage"' in payload and b'"usage":null' not in payload
+        if not has_usage and not self.hold_tool_calls:
+            return None
+        try:
+            chunk: dict[str, Any] = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise UpstreamBadResponse(
+                f"the upstream for '{self.ex.alias}' sent a stream event that is not JSON: "
+                f"{payload[:60]!r}"
+            ) from None
+        usage = Usage.of(chunk.get("usage"))
+        if usage is not None:
+            self.usage_reported = True
+            self.ex.add_usage(usage)
+            if not self.ex.client_wants_usage and not chunk.get("choices"):
+                return False
+        return chunk
+
+
+def _has_tool_calls(chunk: dict[str, Any]) -> bool:
+    return any((c.get("delta") or {}).get("tool_calls") for c in chunk.get("choices") or [])

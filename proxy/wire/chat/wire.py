@@ -1,0 +1,7 @@
+"""OpenAI Chat Completions as a `Wire`: the shared transports speak it, so it has no native
+upstream of its own, and its errors are OpenAI's envelope (the default)."""
+
+from proxy.wire.base import WireFormat
+from proxy.wire.chat import route
+
+CHAT = WireFormat(name="chat", routes=route.routes)

@@ -1,0 +1,119 @@
+"""What every wire's stream relay shares: writing to the client (its time kept apart from the
+proxy's own), charging a stream cut before its usage came, and ending a stream that already
+began with an error event in the wire's framing. A wire says how it relays one upstream stream
+(`_relay`), what it holds back for a recall round, and how its error events look."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.errors import ProxyError, UpstreamTimeout
+from proxy.exchange import Exchange
+from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
+
+
+class StreamRelay:
+    # How an error event starts on this wire: OpenAI chat's is a bare data line.
+    error_prefix = b"event: error\ndata: "
+    # Bytes only an event carrying a piece of the answer (text, tool arguments, reasoning) has
+    # on this wire: the first such event is the time to first token.
+    token_marks: tuple[bytes, ...] = ()
+
+    def __init__(self, request: web.Request, ex: Exchange, response: web.StreamResponse) -> None:
+        self.request = request
+        self.ex = ex
+        self.response = response
+        self.hold_tool_calls = False  # set when the recall tool was offered
+        self.usage_reported = False  # the stream being relayed carried its usage
+        self.relayed = 0  # events of that stream relayed (or held) so far
+        # server.stream_timeout_s: when the whole stream (every round) must have ended.
+        limit = ex.config.server.stream_timeout_s
+        self.deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+
+    @property
+    def started(self) -> bool:
+        """Bytes went out: a failure can only end the stream now, not replace it."""
+        return self.response.prepared
+
+    async def write(self, data: bytes) -> None:
+        if not self.response.prepared:
+            self.response.headers["server-timing"] = self.ex.server_timing()
+            await self.response.prepare(self.request)
+        waited = time.perf_counter()
+        await self.response.write(data)
+        self.ex.timing.client_wait += time.perf_counter() - waited
+
+    async def run(self, source: UpstreamStream) -> Any:
+        """Forward one upstream stream; what was held back for a recall round, if anything."""
+        self.usage_reported, self.relayed = False, 0
+        try:
+            if self.deadline is None:  # the common case: no timer to set
+                return await self._relay(source)
+            return await self._relay_until(self.deadline, source)
+        except BaseException:
+            # Cut short (the client left, the upstream broke) before the usage came: still
+            # charged, estimated from what was relayed.
+            if not self.usage_reported:
+                self.ex.add_unreported_usage(completion_tokens=self.relayed)
+            raise
+
+    async def _relay_until(self, deadline: float, source: UpstreamStream) -> Any:
+        """`_relay`, cut at the deadline: one timer for the round, not one per event."""
+        try:
+            async with asyncio.timeout_at(deadline) as scope:
+                return await self._relay(source)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            limit = self.ex.config.server.stream_timeout_s
+            raise UpstreamTimeout(
+                f"the stream from '{self.ex.alias}' ran longer than server.stream_timeout_s "
+                f"({limit:g}s) and was ended; raise it if answers this long are expected"
+            ) from None
+
+    async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
+        """Bytes already reached the client: end the stream with an error event it reads."""
+        with contextlib.suppress(ConnectionResetError):
+            await self.response.write(self.error_prefix + self.error_data(error) + b"\n\n")
+
+    def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
+        if isinstance(error, UpstreamHTTPError):
+            return error.body
+        return orjson.dumps(error.body(self.ex.request_id))
+
+    async def end(self) -> None:
+        await self.response.write_eof()
+
+    async def batches(self, source: UpstreamStream) -> AsyncIterator[list[bytes]]:
+        """The upstream's events in the batches they arrived in; the time spent waiting for
+        them is the upstream's, not the proxy's."""
+        events = source.events()
+        while True:
+            waited = time.perf_counter()
+            try:
+                batch = await anext(events)
+            except StopAsyncIteration:
+                return
+            finally:
+                self.ex.timing.upstream_wait += time.perf_counter() - waited
+            if self.ex.timing.first_token is None and self._has_token(batch):
+                self.ex.timing.first_token = time.perf_counter()
+            self.relayed += len(batch)
+            yield batch
+
+    def _has_token(self, batch: list[bytes]) -> bool:
+        return any(mark in event for event in batch for mark in self.token_marks)
+
+    async def release(self, held: Any) -> None:
+        """What `run` held back, without the proxy's own calls, and the stream's end."""
+        raise NotImplementedError
+
+    async def _relay(self, source: UpstreamStream) -> Any:
+        raise NotImplementedError

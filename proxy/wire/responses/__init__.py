@@ -1,0 +1,1 @@
+"""OpenAI Responses: its route, request view, replies, stream relay and native upstream."""

@@ -1,0 +1,44 @@
+"""OpenAI's Responses API, natively: the client's Responses body goes out as it came (what the
+policies rewrote aside), over the fast path's pooled client, caps and timeouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.exchange import Usage, cached_tokens
+from proxy.policies.spec import Deployment
+from proxy.upstream.openai_compat import OpenAICompatUpstream
+
+
+def responses_usage(usage: Any) -> Usage | None:
+    """A Responses usage: input_tokens, which include input_tokens_details.cached_tokens."""
+    if not isinstance(usage, dict) or "input_tokens" not in usage:
+        return Usage.of(usage)  # a chat-shaped one (a translated reply)
+    prompt, output = usage.get("input_tokens"), usage.get("output_tokens", 0)
+    if not isinstance(prompt, int | None) or not isinstance(output, int):
+        return None
+    return Usage(prompt or 0, output, cached_tokens(usage.get("input_tokens_details")))
+
+
+class ResponsesUpstream(OpenAICompatUpstream):
+    wire = "responses"
+    path = "/responses"
+    reply_kind = "Responses API response"
+
+    @staticmethod
+    def speaks(deployment: Deployment) -> bool:
+        return speaks_responses(deployment)
+
+    @staticmethod
+    def usage(data: dict[str, Any]) -> Usage | None:
+        return responses_usage(data.get("usage"))
+
+    @staticmethod
+    def is_reply(data: dict[str, Any]) -> bool:
+        return data.get("object") == "response" and isinstance(data.get("output"), list)
+
+
+def speaks_responses(deployment: Deployment) -> bool:
+    """Whether the deployment takes the Responses wire natively: OpenAI's own API (and its
+    twins). Other OpenAI-compatible servers mostly lack it."""
+    return deployment.provider == "openai" and deployment.base_url is not None
