@@ -114,6 +114,22 @@ def _check_blocks(blocks: list[Any], where: str) -> None:
             _check_blocks(nested, f"{where}[{index}].content")
 
 
+def refuse_chat_objects(body: dict[str, Any], raw: bytes) -> None:
+    """A Chat Completions request's files named by id (`{"type": "file", "file": {"file_id"}}`
+    parts). The chat route keeps no view of the last turn, so the whole history is walked, but
+    only when the bytes could hold such a part (the key, or JSON escapes that could spell it)."""
+    if b"file_id" not in raw and b"\\u" not in raw:
+        return
+    for index, message in enumerate(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for at, part in enumerate(content):
+            named = part.get("file") if isinstance(part, dict) else None
+            if isinstance(named, dict) and named.get("file_id") is not None:
+                _refuse(f"messages[{index}].content[{at}].file.file_id", "files")
+
+
 def _refuse(where: str, what: str) -> None:
     raise BadRequest(
         f"'{where}' names {what} stored at the provider by id, and {SHARED_ACCOUNT}; send the "

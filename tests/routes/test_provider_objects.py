@@ -142,7 +142,7 @@ async def test_responses_objects_named_by_id_are_refused(
 
 def escaped(raw: bytes) -> bytes:
     """The same request with every key the check looks for spelled in JSON escapes."""
-    for key in (b"file_id", b"container", b"vector_store_ids", b"reasoning"):
+    for key in (b"file_id", b"container", b"vector_store_ids", b"reasoning", b"file"):
         spelled = b"".join(b"\\u%04x" % c for c in key)
         raw = raw.replace(b'"' + key + b'"', b'"' + spelled + b'"')
     return raw
@@ -225,6 +225,49 @@ async def test_messages_objects_named_by_id_are_refused(
     assert sim.request_count == 0
 
 
+CHAT_ATTACKS = [
+    (
+        [user([{"type": "text", "text": "read"}, {"type": "file", "file": {"file_id": "f"}}])],
+        "messages[0].content[1].file.file_id",
+    ),
+    (
+        [
+            user("hi"),
+            {"role": "assistant", "content": "ok"},
+            user([{"type": "file", "file": {"file_id": "f", "filename": "a.pdf"}}]),
+        ],
+        "messages[2].content[0].file.file_id",
+    ),
+]
+
+
+@pytest.mark.parametrize(("messages", "field"), CHAT_ATTACKS)
+async def test_chat_files_named_by_id_are_refused(
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    sim: Simulator,
+    messages: list[dict[str, Any]],
+    field: str,
+) -> None:
+    proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, keys=True)
+    raw = orjson.dumps({"model": "gpt", "messages": messages})
+    for spelled in (raw, escaped(raw)):
+        status, answer = await post(proxy, "/v1/chat/completions", spelled)
+        assert status == 400, answer
+        assert answer["error"]["param"] == field
+        assert answer["error"]["code"] == "stored_object_refused"
+    # Inline file data goes on.
+    inline = {
+        "type": "file",
+        "file": {"file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"},
+    }
+    status, answer = await post(
+        proxy, "/v1/chat/completions", {"model": "gpt", "messages": [user([inline])]}
+    )
+    assert sim.request_count == 1, answer
+
+
 async def test_without_keys_everything_passes_through(
     aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, sim: Simulator
 ) -> None:
@@ -235,7 +278,9 @@ async def test_without_keys_everything_passes_through(
     for extra, _ in MESSAGES_ATTACKS:
         body = {"model": "claude", "max_tokens": 16, "messages": [user("hi")], **extra}
         await post(proxy, "/v1/messages", body)
-    assert sim.request_count == len(RESPONSES_ATTACKS) + len(MESSAGES_ATTACKS)
+    for messages, _ in CHAT_ATTACKS:
+        await post(proxy, "/v1/chat/completions", {"model": "gpt", "messages": messages})
+    assert sim.request_count == len(RESPONSES_ATTACKS) + len(MESSAGES_ATTACKS) + len(CHAT_ATTACKS)
 
 
 async def test_a_later_turn_of_a_session_is_checked_too(

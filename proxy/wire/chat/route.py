@@ -18,6 +18,7 @@ from proxy.wire.chat import degraded as chat_degraded
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.request import parse_chat_request
 from proxy.wire.chat.stream import Relay
+from proxy.wire.provider_objects import refuse_chat_objects
 from proxy.wire.serve import (
     json_answer,
     open_exchange,
@@ -35,6 +36,8 @@ CHAT_ROUTE = "/v1/chat/completions"  # also the `route` label of its metrics
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     config, key, raw = await read_request(request)
     body = parse_chat_request(raw)
+    if key is not None:  # tenants share the provider's account: none names its files by id
+        refuse_chat_objects(body, raw)
     stream = body.get("stream") is True
     options = body.get("stream_options") or {}
     session = session_id(request.headers, body, key.name if key else None)
