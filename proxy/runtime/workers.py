@@ -103,6 +103,9 @@ def run(
         child = context.Process(target=worker, args=(replacing,))
         child.start()
         children.append(child)
+        if stopping and child.pid is not None:  # the stop came while it was being forked
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
         return child
 
     children: list[BaseProcess] = []
