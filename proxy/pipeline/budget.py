@@ -176,7 +176,7 @@ class BudgetStage:
                     )
                 except StoreError as exc:
                     what = "budget %s not charged for %s: %s"
-                    warn_limited(log, "budget.charge", what, spec.name, ex.request_id, exc)
+                    warn_limited(log, "budget.charge", what, spec.name, ex.identity.request_id, exc)
                     continue
                 self._show(ctx, spec, Spend.of(counters, now), now)
 
@@ -234,11 +234,14 @@ class BudgetStage:
     @staticmethod
     def _scope_ids(ex: Exchange, spec: BudgetSpec) -> list[str]:
         if spec.scope == "session":
-            return [ex.session, *([ex.parent_session] if ex.parent_session else [])]
+            return [
+                ex.identity.session,
+                *([ex.identity.parent_session] if ex.identity.parent_session else []),
+            ]
         if spec.scope == "key":
-            return [ex.key.name if ex.key else "-"]
+            return [ex.identity.key.name if ex.identity.key else "-"]
         if spec.scope == "team":
-            return [ex.key.team or "-" if ex.key else "-"]
+            return [ex.identity.key.team or "-" if ex.identity.key else "-"]
         return ["*"]
 
     @staticmethod
