@@ -233,15 +233,15 @@ class BudgetStage:
 
     @staticmethod
     def _scope_ids(ex: Exchange, spec: BudgetSpec) -> list[str]:
+        identity = ex.identity
         if spec.scope == "session":
-            return [
-                ex.identity.session,
-                *([ex.identity.parent_session] if ex.identity.parent_session else []),
-            ]
+            parent = identity.parent_session
+            return [identity.session, *([parent] if parent else [])]
+        key = identity.key
         if spec.scope == "key":
-            return [ex.identity.key.name if ex.identity.key else "-"]
+            return [key.name if key else "-"]
         if spec.scope == "team":
-            return [ex.identity.key.team or "-" if ex.identity.key else "-"]
+            return [key.team or "-" if key else "-"]
         return ["*"]
 
     @staticmethod

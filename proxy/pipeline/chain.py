@@ -83,13 +83,12 @@ class Chain:
         """Turn N+1 is turn N plus new messages: one C-level `==` over the shared part tells
         every stage how much of the history it has already seen (the lineage's, when it made
         that very comparison for this request)."""
+        rewrite = ex.rewrite
         entry = self.histories.get(ex.identity.session)
         last = entry.messages if entry is not None else None
-        checked = (
-            ex.rewrite.checked
-            if ex.rewrite.checked is not None and ex.rewrite.checked.history is messages
-            else None
-        )
+        checked = rewrite.checked
+        if checked is not None and checked.history is not messages:
+            checked = None
         if last is None:
             shared = 0
         elif checked is not None and checked.seen is last:
@@ -99,8 +98,8 @@ class Chain:
         size = ex.client.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
         digest = checked.digest if checked is not None else None
         seen = Seen(size, list(messages), digest)
-        ex.rewrite.turn = seen.turn
-        ex.rewrite.stable_base = entry.turn if shared and entry is not None else None
+        rewrite.turn = seen.turn
+        rewrite.stable_base = entry.turn if shared and entry is not None else None
         self.histories.remember(ex.identity.session, seen)
         return shared
 

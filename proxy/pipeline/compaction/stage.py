@@ -169,15 +169,14 @@ class CompactionStage:
         sent = schema_tokens(ex.body.get("tools")) + tokens_of(messages)
         reserved = reserved_output(ex.body)
         needed = sent + reserved  # what overflowed: the window is smaller than this
-        seen = self.seen.remember(
-            ex.identity.session, self._as_input(ex.identity.session, messages)
-        )
+        session = ex.identity.session
+        seen = self.seen.remember(session, self._as_input(session, messages))
         budget = budget_for(ex, ctx)
         if budget is None:  # window unknown: what just overflowed is our best guess at it
             budget = budget_for(ex, ctx, window=needed)
         if budget is None:
             return None
-        state = await self.index.state(ctx.store, ex.identity.session)
+        state = await self.index.state(ctx.store, session)
         cap = state.cap_for(_model(ex))
         # Learn the window only when the prompt is to blame: an overflow caused mostly by the
         # answer's reservation (max_tokens) says little of what prompt fits, and learning
