@@ -42,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as `python bench/rewrite.py` from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from proxy.exchange import Exchange  # noqa: E402
+from proxy.exchange import Exchange, Identity  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.model_catalog import ModelCatalog  # noqa: E402
 from proxy.pipeline.base import Stage, StageContext  # noqa: E402
@@ -449,13 +449,11 @@ class Session:
         body = orjson.loads(data)
         parse_s = time.perf_counter() - started
         ex = Exchange(
-            request_id="bench",
+            identity=Identity("bench", session=SESSION),
             config=self.config,
-            key=None,
             body=body,
             alias=ALIAS,
             policy=self.variant.policy,
-            session=SESSION,
         )
         ex.deployment = self.deployment
         return ex, parse_s

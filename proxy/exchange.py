@@ -168,13 +168,13 @@ class RequestView(Protocol):
 
 
 @dataclass(slots=True)
-class Exchange:
+class Identity:
+    """Who sent the request and whose state it reaches: the same for every call made for it
+    (its summaries included)."""
+
     request_id: str
-    config: Config  # the snapshot this request runs under, even if a reload happens meanwhile
-    key: ApiKey | None
-    body: dict[str, Any]  # the parsed request; stages rewrite it in place
-    alias: str
-    policy: Policy
+    key: ApiKey | None = None
+    owner: str = ""  # the tenant: "key:<name>", "team:<team>" or "open:"
     # The key of the session's state, scoped by its owner (proxy/sessions/identity.py): never
     # the bare name a client sent, so one tenant's id cannot reach another's state.
     session: str = ""
@@ -182,14 +182,36 @@ class Exchange:
     # The client sent the id; else it is a fingerprint, narrowed to one conversation on
     # admission (proxy/sessions/lineage.py).
     session_given: bool = True
-    owner: str = ""  # the tenant: "key:<name>", "team:<team>" or "open:"
-    # The alias the client asked for; `alias` becomes the fallback's when one answers.
+    # A subagent's parent, scoped like `session` (so only the caller's own): spend rolls up there.
+    parent_session: str | None = None
+
+
+@dataclass(slots=True)
+class ClientRequest:
+    """What the client asked, and how: the surface and wire it came in on, as it was sent."""
+
+    route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
+    wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
+    # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
+    # the stages rewrite), and this renders the native request back from it.
+    view: RequestView | None = None
+    stream: bool = False
+    wants_usage: bool = False  # a chat client asked for the usage chunk (stream_options)
+    body_bytes: int = 0  # size of the request body as received
+    # The alias the client asked for; `Exchange.alias` becomes the fallback's when one answers.
     requested_alias: str = ""
     # The client's messages as received, before any rewrite: a fallback re-fits these.
     original_messages: list[dict[str, Any]] | None = None
-    # A subagent's parent, scoped like `session` (so only the caller's own): spend rolls up there.
-    parent_session: str | None = None
-    body_bytes: int = 0  # size of the request body as received
+    # The history lives at the provider (previous_response_id): nothing of it is rewritten.
+    opaque_history: bool = False
+    # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
+    forward_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Rewrite:
+    """What the rewrite chain learnt of this request's history, and what it saved."""
+
     # How many leading messages are equal to the previous turn's in this session (set by the
     # rewrite chain): stages redo work only past this point (pipeline/base.py:reusable).
     stable_prefix: int = 0
@@ -201,34 +223,35 @@ class Exchange:
     # What the lineage learnt of the history (its digest; a prefix it compared), for the chain.
     checked: Checked | None = None
     tokens_saved: int = 0  # estimated prompt tokens the stages removed from this request
-    stream: bool = False
-    client_wants_usage: bool = False
-    route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
-    wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
-    # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
-    # the stages rewrite), and this renders the native request back from it.
-    view: RequestView | None = None
-    # The history lives at the provider (previous_response_id): nothing of it is rewritten.
-    opaque_history: bool = False
-    # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
-    forward_headers: dict[str, str] = field(default_factory=dict)
-    # Why the request failed after its answer began (a stream cut midway): it counts as failed.
-    failure: Exception | None = None
+
+
+@dataclass(slots=True)
+class Exchange:
+    identity: Identity
+    config: Config  # the snapshot this request runs under, even if a reload happens meanwhile
+    body: dict[str, Any]  # the parsed request; stages rewrite it in place
+    alias: str  # the alias serving it: the requested one, or the fallback's once one answers
+    policy: Policy
+    client: ClientRequest = field(default_factory=ClientRequest)
     deployment: Deployment | None = None
-    notes: list[Note] = field(default_factory=list)
-    accounting: Accounting = field(default_factory=Accounting)
+    rewrite: Rewrite = field(default_factory=Rewrite)
     # The prompt as the proxy measured it for its decisions (compaction, budgets), if it did.
     prompt: PromptMeasure | None = None
+    notes: list[Note] = field(default_factory=list)
+    accounting: Accounting = field(default_factory=Accounting)
     timing: Timing = field(default_factory=Timing)
     recovery: Recovery = field(default_factory=Recovery)
+    # Why the request failed after its answer began (a stream cut midway): it counts as failed.
+    failure: Exception | None = None
     # The guards' per-session record (store/guard_record.py), once a guard has read it.
     guard_record: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if not self.requested_alias:
-            self.requested_alias = self.alias
-        if not self.session_name:
-            self.session_name = self.session.partition("/")[2] or self.session
+        client, identity = self.client, self.identity
+        if not client.requested_alias:
+            client.requested_alias = self.alias
+        if not identity.session_name:
+            identity.session_name = identity.session.partition("/")[2] or identity.session
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -268,20 +291,22 @@ class Exchange:
     @property
     def translated(self) -> bool:
         """A client whose wire the chosen deployment does not speak: its view goes as chat."""
+        view = self.client.view
         return (
-            self.view is not None
+            view is not None
             and self.deployment is not None
-            and not self.view.native_for(self.deployment)
+            and not view.native_for(self.deployment)
         )
 
     def outgoing(self, deployment: Deployment) -> tuple[dict[str, Any], dict[str, str] | None]:
         """The body (and protocol headers) to send to `deployment`: the client's own wire
         when the deployment speaks it, else the chat-shaped request."""
-        if self.view is None:
+        view = self.client.view
+        if view is None:
             return self.body, None
-        if self.view.native_for(deployment):
-            return self.view.render(self.body), self.forward_headers or None
-        return self.view.translated(self.body), None
+        if view.native_for(deployment):
+            return view.render(self.body), self.client.forward_headers or None
+        return view.translated(self.body), None
 
     def estimated_prompt(self) -> int:
         """The prompt the decisions were made on (compaction measured it: counted, calibrated)
@@ -289,7 +314,7 @@ class Exchange:
         the high side, as a guard (and a charge for usage never reported) should be."""
         if self.prompt is not None:
             return self.prompt.estimate
-        estimate = self.body_bytes // 4
+        estimate = self.client.body_bytes // 4
         window = self.deployment.max_input_tokens if self.deployment else None
         return min(estimate, window) if window else estimate
 

@@ -156,7 +156,7 @@ class Flow:
             raise
         ok = False
         try:
-            if ex.stream:
+            if ex.client.stream:
                 response: web.StreamResponse = await answers.stream(request, ex, self)
             else:
                 response = await answers.complete(ex, self)
@@ -190,7 +190,7 @@ class Flow:
         activity = self.activity
         try:
             if activity is not None:
-                cold = activity.arrive(ex.session)
+                cold = activity.arrive(ex.identity.session)
                 if cold is not None:  # its first request here: the store learns of it first
                     await cold
             await self.control.admit(ex)
@@ -198,7 +198,7 @@ class Flow:
             await self.rewriter.before_call(ex)
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:
-                activity.leave(ex.session)
+                activity.leave(ex.identity.session)
             raise
 
     async def complete(self, ex: Exchange, replies: Replies) -> UpstreamReply:
@@ -278,13 +278,13 @@ class Flow:
     async def finish(self, ex: Exchange, ok: bool) -> None:
         """Settle and charge: runs whatever happened, the client gone included."""
         if self.activity is not None:
-            self.activity.leave(ex.session)
+            self.activity.leave(ex.identity.session)
         succeeded = ok and ex.failure is None
         await self.control.settle(ex, succeeded)
         if succeeded:
             self.rewriter.accepted(ex)
         metrics = self.metrics
-        metrics.child(metrics.overhead, ex.route).observe(ex.overhead())
+        metrics.child(metrics.overhead, ex.client.route).observe(ex.overhead())
         metrics.child(metrics.upstream_duration, ex.alias).observe(ex.timing.upstream_wait)
         if ex.timing.first_token is not None:
             first = ex.timing.first_token - ex.timing.started

@@ -289,20 +289,20 @@ def _request_attributes(ex: Exchange, operation: str) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": operation,
         "gen_ai.request.model": ex.alias,
-        "gen_ai.conversation.id": ex.session_name,
-        "agentproxy.request_id": ex.request_id,
-        "agentproxy.session": ex.session_name,
+        "gen_ai.conversation.id": ex.identity.session_name,
+        "agentproxy.request_id": ex.identity.request_id,
+        "agentproxy.session": ex.identity.session_name,
         "agentproxy.policy": ex.policy.name,
-        "agentproxy.wire": ex.wire,
-        "agentproxy.stream": ex.stream,
+        "agentproxy.wire": ex.client.wire,
+        "agentproxy.stream": ex.client.stream,
         "agentproxy.rewrites": [f"{note.stage}.{note.action}" for note in ex.notes],
         "agentproxy.upstream_calls": ex.recovery.calls,
         **_usage_attributes(ex.accounting.usage),
     }
     if ex.deployment is not None:
         attributes["gen_ai.provider.name"] = ex.deployment.provider
-    if ex.key is not None:
-        attributes["agentproxy.key"] = ex.key.name  # the key's name, never its secret
+    if ex.identity.key is not None:
+        attributes["agentproxy.key"] = ex.identity.key.name  # the key's name, never its secret
     if ex.accounting.cost_usd is not None:
         attributes["agentproxy.cost_usd"] = ex.accounting.cost_usd
     return attributes

@@ -51,7 +51,7 @@ def test_a_running_digest_is_the_lineage_digest(cut: int) -> None:
 
 def request(messages: list[dict[str, Any]], owner: str) -> Exchange:
     ex = exchange(messages, session=scoped(owner, FAMILY))
-    ex.owner, ex.session_name, ex.session_given = owner, FAMILY, False
+    ex.identity.owner, ex.identity.session_name, ex.identity.session_given = owner, FAMILY, False
     return ex
 
 
@@ -70,7 +70,7 @@ async def test_a_continued_branch_costs_one_comparison_and_no_serialization_of_t
     chain = Chain([])
     lineage = Lineage(MemoryState(), chain.histories)
     first = await one_turn(lineage, chain, START, "key:a")
-    seen = chain.histories.get(first.session)
+    seen = chain.histories.get(first.identity.session)
     assert seen is not None and seen.digest is not None
     seen.messages = CountingList(seen.messages)
     CountingList.compared = 0
@@ -86,13 +86,13 @@ async def test_a_continued_branch_costs_one_comparison_and_no_serialization_of_t
     monkeypatch.setattr("proxy.sessions.lineage.orjson.dumps", dumps)
     grown = turn(START, "next")
     ex = await one_turn(lineage, chain, grown, "key:a")
-    assert ex.session_name == FAMILY  # the same conversation
-    assert ex.stable_prefix == len(START)  # the chain took the lineage's comparison
+    assert ex.identity.session_name == FAMILY  # the same conversation
+    assert ex.rewrite.stable_prefix == len(START)  # the chain took the lineage's comparison
     assert CountingList.compared == 1
     assert hashed == [2]  # only the two new messages were serialized
-    assert ex.checked is not None and ex.checked.digest.value == digest(grown)
-    remembered = chain.histories.get(ex.session)
-    assert remembered is not None and remembered.digest is ex.checked.digest
+    assert ex.rewrite.checked is not None and ex.rewrite.checked.digest.value == digest(grown)
+    remembered = chain.histories.get(ex.identity.session)
+    assert remembered is not None and remembered.digest is ex.rewrite.checked.digest
 
 
 async def test_another_key_with_the_same_session_never_reads_the_first_keys_memo() -> None:
@@ -103,14 +103,14 @@ async def test_another_key_with_the_same_session_never_reads_the_first_keys_memo
     # Key b sends the same conversation under the same fingerprint: its own family, its own
     # branch state, nothing learnt from key a's memo.
     ex = await one_turn(lineage, chain, turn(START, "a1"), "key:b")
-    assert ex.session == scoped("key:b", FAMILY)
-    assert ex.checked is not None and ex.checked.seen is None
-    assert ex.stable_prefix == 0
+    assert ex.identity.session == scoped("key:b", FAMILY)
+    assert ex.rewrite.checked is not None and ex.rewrite.checked.seen is None
+    assert ex.rewrite.stable_prefix == 0
     again = await one_turn(lineage, chain, turn(turn(START, "a1"), "b2"), "key:b")
-    assert again.checked is not None and again.checked.seen is not None
-    assert again.stable_prefix == 4  # key b's own previous turn
+    assert again.rewrite.checked is not None and again.rewrite.checked.seen is not None
+    assert again.rewrite.stable_prefix == 4  # key b's own previous turn
     a_seen = chain.histories.get(scoped("key:a", FAMILY))
-    assert a_seen is not None and again.checked.seen is not a_seen.messages
+    assert a_seen is not None and again.rewrite.checked.seen is not a_seen.messages
 
 
 async def test_a_memo_that_is_not_the_tip_any_more_is_not_trusted() -> None:
@@ -122,12 +122,12 @@ async def test_a_memo_that_is_not_the_tip_any_more_is_not_trusted() -> None:
     moved = turn(START, "elsewhere")
     elsewhere = request(moved, "key:a")
     await there.resolve(elsewhere)
-    assert elsewhere.session_name == FAMILY
+    assert elsewhere.identity.session_name == FAMILY
     # Back here, a request that continues the memo's history but not the tip: a new branch.
     ex = await one_turn(here, chain, turn(START, "here"), "key:a")
-    assert ex.session_name != FAMILY
-    assert ex.checked is not None and ex.checked.seen is None
-    assert ex.checked.digest.value == digest(turn(START, "here"))
+    assert ex.identity.session_name != FAMILY
+    assert ex.rewrite.checked is not None and ex.rewrite.checked.seen is None
+    assert ex.rewrite.checked.digest.value == digest(turn(START, "here"))
 
 
 def test_the_memo_is_bounded_by_request_bytes() -> None:

@@ -26,7 +26,7 @@ START: list[dict[str, Any]] = [
 
 def request(messages: list[dict[str, Any]], owner: str = "key:a", given: bool = False) -> Exchange:
     ex = exchange(messages, session=scoped(owner, FAMILY))
-    ex.owner, ex.session_name, ex.session_given = owner, FAMILY, given
+    ex.identity.owner, ex.identity.session_name, ex.identity.session_given = owner, FAMILY, given
     return ex
 
 
@@ -40,14 +40,14 @@ def grown(history: list[dict[str, Any]], *texts: str) -> list[dict[str, Any]]:
 async def branch(lineage: Lineage, messages: list[dict[str, Any]], owner: str = "key:a") -> str:
     ex = request(messages, owner)
     await lineage.resolve(ex)
-    assert ex.session == scoped(owner, ex.session_name)
-    return ex.session_name
+    assert ex.identity.session == scoped(owner, ex.identity.session_name)
+    return ex.identity.session_name
 
 
 async def test_a_given_session_is_left_alone() -> None:
     ex = request(START, given=True)
     await Lineage(MemoryState()).resolve(ex)
-    assert ex.session_name == FAMILY
+    assert ex.identity.session_name == FAMILY
 
 
 async def test_the_first_conversation_keeps_the_family_name_and_a_twin_gets_its_own() -> None:

@@ -257,7 +257,7 @@ class Control:
         limit, which = self._time_limit(ex)
         if limit is not None and limit <= 0:
             raise self._timed_out(ex, which)
-        upstream = self.router.for_deployment(deployment, ex.wire)
+        upstream = self.router.for_deployment(deployment, ex.client.wire)
         ex.recovery.calls += 1
         waited = time.perf_counter()
         with call_span(ex, ex.recovery.calls) as span:
@@ -290,9 +290,11 @@ class Control:
         body, headers = ex.outgoing(deployment)
         try:
             if stream:
-                opened = await upstream.open_stream(deployment, body, ex.request_id, headers)
+                opened = await upstream.open_stream(
+                    deployment, body, ex.identity.request_id, headers
+                )
                 return await prime(opened, deployment.alias)
-            reply = await upstream.complete(deployment, body, ex.request_id, headers)
+            reply = await upstream.complete(deployment, body, ex.identity.request_id, headers)
         except asyncio.CancelledError:  # the client left (or a time limit cut the call) mid-call
             ex.add_unreported_usage()
             raise
@@ -362,8 +364,8 @@ class Control:
             return None, None
         tenants = self._tenants(ex.config.keys)
         if tenants > 1:
-            return ex.owner, tenants
-        return (None, None) if is_slow(error) else (ex.session, None)
+            return ex.identity.owner, tenants
+        return (None, None) if is_slow(error) else (ex.identity.session, None)
 
     def _tenants(self, keys: Keys) -> int:
         """How many owners the configured keys make (1 without keys), cached per config."""

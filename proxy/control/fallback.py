@@ -57,7 +57,7 @@ async def with_fallbacks(
 
 
 def _allowed(ex: Exchange, alias: str) -> bool:
-    models = ex.key.models if ex.key is not None else None
+    models = ex.identity.key.models if ex.identity.key is not None else None
     return alias in ex.config.deployments and (models is None or alias in models)
 
 

@@ -80,7 +80,7 @@ def decorate(error: BaseException, ex: Exchange, kind: ErrorClass | None = None)
         error.headers.update(NO_RETRY)
         recovery = ex.recovery
         if recovery.calls > 1 or recovery.steps or recovery.guidance or store_failure:
-            error.extra.update(failure_fields(ex), request_id=ex.request_id)
+            error.extra.update(failure_fields(ex), request_id=ex.identity.request_id)
     if store_failure is not None and isinstance(error, ProxyError | UpstreamHTTPError):
         error.extra.update(store_failure)
 

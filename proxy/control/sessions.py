@@ -74,7 +74,7 @@ class SessionCircuits:
             self.recorder.record(ex, "session_circuit", "would_refuse", count=failing.failures)
             return
         self.recorder.record(ex, "session_circuit", "refused", count=failing.failures)
-        raise SessionCircuitOpen(ex.session_name, failing.failures, failing.last_status)
+        raise SessionCircuitOpen(ex.identity.session_name, failing.failures, failing.last_status)
 
     async def settle(self, ex: Exchange, ok: bool) -> None:
         """After the request: a success closes the session's circuit, a failure counts."""
@@ -84,14 +84,18 @@ class SessionCircuits:
             if ok:  # the usual success costs no write: the record has no failures to clear
                 await guard_record.write(self.state, ex, PART, None)
                 return
-            messages = ex.original_messages if ex.original_messages is not None else ex.messages
+            messages = (
+                ex.client.original_messages
+                if ex.client.original_messages is not None
+                else ex.messages
+            )
             failing = await self._read(ex)
             failures = failing.failures + 1 if failing is not None else 1
             streak = _Failing(failures, signature(messages), ex.recovery.last_status)
             await guard_record.write(self.state, ex, PART, streak.to_json())
         except StoreError as exc:
             warn_limited(log, "session_circuit.update", "session circuit of request %s not "
-                         "updated: %s", ex.request_id, exc)  # fmt: skip
+                         "updated: %s", ex.identity.request_id, exc)  # fmt: skip
 
     async def _read(self, ex: Exchange) -> _Failing | None:
         return _Failing.from_json((await guard_record.read(self.state, ex)).get(PART))

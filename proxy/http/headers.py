@@ -10,7 +10,7 @@ def proxy_headers(ex: Exchange) -> dict[str, str]:
     headers = {
         "x-agentproxy-model": ex.alias,
         "x-agentproxy-policy": ex.policy.name,
-        "x-agentproxy-session": ex.session_name,
+        "x-agentproxy-session": ex.identity.session_name,
     }
     if ex.prompt is not None:  # the prompt size its decisions took: counted, calibrated
         headers["x-agentproxy-prompt-tokens"] = str(ex.prompt.estimate)

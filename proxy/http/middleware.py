@@ -172,11 +172,11 @@ def access_fields(
         return fields
     usage = ex.accounting.usage
     fields.update(
-        session=ex.session_name,
-        key=ex.key.name if ex.key is not None else None,
+        session=ex.identity.session_name,
+        key=ex.identity.key.name if ex.identity.key is not None else None,
         policy=ex.policy.name,
-        wire=ex.wire,
-        stream=ex.stream,
+        wire=ex.client.wire,
+        stream=ex.client.stream,
         deployment=ex.deployment.model if ex.deployment is not None else None,
         upstream_calls=ex.recovery.calls,
         recoveries=ex.recovery.recoveries(),

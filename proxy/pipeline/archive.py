@@ -41,7 +41,7 @@ class Entry:
 
 def ref_of(ex: Exchange, kind: str, data: bytes) -> str:
     """The reference `data` gets in this exchange's session: the same bytes, the same ref."""
-    return content_ref(ex.session, kind, data)
+    return content_ref(ex.identity.session, kind, data)
 
 
 def entry(ex: Exchange, kind: str, data: bytes, **meta: Any) -> Entry:
@@ -77,13 +77,19 @@ class Archive:
                 log,
                 "archive.write",
                 "%s: %d archive write(s) failed in session %s, content kept: %s",
-                stage, len(errors), ex.session, errors[0],
+                stage, len(errors), ex.identity.session, errors[0],
             )  # fmt: skip
             self.recorder.record(ex, stage, "store_failed", count=len(errors), error=errors[0])
         return kept
 
     async def _put(self, ex: Exchange, entry: Entry, now: float) -> None:
         info = BlobInfo(
-            entry.ref, ex.session, entry.kind, len(entry.data), now, ex.owner, entry.meta
+            entry.ref,
+            ex.identity.session,
+            entry.kind,
+            len(entry.data),
+            now,
+            ex.identity.owner,
+            entry.meta,
         )
         await self.store.put(info, entry.data)

@@ -108,12 +108,12 @@ class Hooks(Protocol):
 
 def reusable(ex: Exchange, messages: list[Message], basis: object | None) -> int:
     """How many leading messages of a stage's input it may take from what it memoised on the
-    turn `basis` (the `ex.turn` it stored then): the chain's stable prefix, when that turn is
-    the one the chain compared this request with and no earlier stage changed the client's
-    list; else 0. Two requests of a session may be in flight at once, one of them an edit: a
-    memo from any other turn may describe a history this one does not extend."""
-    if basis is not None and basis is ex.stable_base and messages is ex.messages:
-        return ex.stable_prefix
+    turn `basis` (the `ex.rewrite.turn` it stored then): the chain's stable prefix, when that
+    turn is the one the chain compared this request with and no earlier stage changed the
+    client's list; else 0. Two requests of a session may be in flight at once, one of them an
+    edit: a memo from any other turn may describe a history this one does not extend."""
+    if basis is not None and basis is ex.rewrite.stable_base and messages is ex.messages:
+        return ex.rewrite.stable_prefix
     return 0
 
 

@@ -176,7 +176,7 @@ class BudgetStage:
                     )
                 except StoreError as exc:
                     what = "budget %s not charged for %s: %s"
-                    warn_limited(log, "budget.charge", what, spec.name, ex.request_id, exc)
+                    warn_limited(log, "budget.charge", what, spec.name, ex.identity.request_id, exc)
                     continue
                 self._show(ctx, spec, Spend.of(counters, now), now)
 
@@ -233,12 +233,15 @@ class BudgetStage:
 
     @staticmethod
     def _scope_ids(ex: Exchange, spec: BudgetSpec) -> list[str]:
+        identity = ex.identity
         if spec.scope == "session":
-            return [ex.session, *([ex.parent_session] if ex.parent_session else [])]
+            parent = identity.parent_session
+            return [identity.session, *([parent] if parent else [])]
+        key = identity.key
         if spec.scope == "key":
-            return [ex.key.name if ex.key else "-"]
+            return [key.name if key else "-"]
         if spec.scope == "team":
-            return [ex.key.team or "-" if ex.key else "-"]
+            return [key.team or "-" if key else "-"]
         return ["*"]
 
     @staticmethod

@@ -68,10 +68,10 @@ class Chain:
     async def rewrite(self, ex: Exchange, ctx: StageContext) -> list[Message]:
         """The messages to send upstream (also stored in ex.body unless dry-run)."""
         original: list[Message] = ex.messages
-        ex.stable_prefix = self._stable_prefix(ex, original)
+        ex.rewrite.stable_prefix = self._stable_prefix(ex, original)
         messages = original
         for stage in self.stages:
-            if ex.opaque_history and not getattr(stage, "guard", False):
+            if ex.client.opaque_history and not getattr(stage, "guard", False):
                 continue  # the history lives at the provider: only the guards run
             if stage.enabled(ex.policy):
                 messages = await self._run(stage, ex, messages, ctx)
@@ -83,21 +83,24 @@ class Chain:
         """Turn N+1 is turn N plus new messages: one C-level `==` over the shared part tells
         every stage how much of the history it has already seen (the lineage's, when it made
         that very comparison for this request)."""
-        entry = self.histories.get(ex.session)
+        rewrite = ex.rewrite
+        entry = self.histories.get(ex.identity.session)
         last = entry.messages if entry is not None else None
-        checked = ex.checked if ex.checked is not None and ex.checked.history is messages else None
+        checked = rewrite.checked
+        if checked is not None and checked.history is not messages:
+            checked = None
         if last is None:
             shared = 0
         elif checked is not None and checked.seen is last:
             shared = len(last)
         else:
             shared = len(last) if last == messages[: len(last)] else 0
-        size = ex.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
+        size = ex.client.body_bytes or 64 * len(messages)  # factory-built exchanges have no body
         digest = checked.digest if checked is not None else None
         seen = Seen(size, list(messages), digest)
-        ex.turn = seen.turn
-        ex.stable_base = entry.turn if shared and entry is not None else None
-        self.histories.remember(ex.session, seen)
+        rewrite.turn = seen.turn
+        rewrite.stable_base = entry.turn if shared and entry is not None else None
+        self.histories.remember(ex.identity.session, seen)
         return shared
 
     async def _run(
@@ -108,7 +111,9 @@ class Chain:
         except ProxyError:
             raise  # a deliberate refusal (a guard said no), not a crash
         except Exception as exc:
-            log.exception("stage %s failed on request %s; skipped", stage.name, ex.request_id)
+            log.exception(
+                "stage %s failed on request %s; skipped", stage.name, ex.identity.request_id
+            )
             record(ex, ctx, stage.name, "stage_failed", error=f"{type(exc).__name__}: {exc}")
             return messages
         if result is None or result is messages:

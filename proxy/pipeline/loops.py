@@ -172,12 +172,12 @@ class LoopStage:
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
         spec = ex.policy.loops
-        last = self._read.get(ex.session)
+        last = self._read.get(ex.identity.session)
         known = reusable(ex, messages, last[2]) if last is not None else 0
         read: Read = {}
         calls = recent_calls(messages, spec, read, last[1] if known and last else None, known)
         if messages is ex.messages:  # the client's list, index for index: reusable next turn
-            self._remember(ex.session, read, ex.turn)
+            self._remember(ex.identity.session, read, ex.rewrite.turn)
         if calls is None:
             return None  # no step of a loop just happened: nothing to judge, level kept
         loop = find_loop(calls, spec)

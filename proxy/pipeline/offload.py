@@ -65,7 +65,7 @@ class _Turn:
     output: list[Message]
     offloaded: _Offloaded
     settings: tuple[OffloadSpec, bool, int]  # spec, recall, threshold
-    basis: object | None  # the turn it was computed on (ex.turn)
+    basis: object | None  # the turn it was computed on (ex.rewrite.turn)
 
 
 class OffloadStage:
@@ -101,7 +101,7 @@ class OffloadStage:
         spec = ex.policy.offload
         recall = ex.policy.recall.enabled
         threshold = _threshold(ex, ctx)
-        last = self._last.pop(ex.session, None)
+        last = self._last.pop(ex.identity.session, None)
         if (
             last is None
             or last.length > reusable(ex, messages, last.basis)
@@ -112,12 +112,14 @@ class OffloadStage:
         if last.length:
             out[: last.length] = last.output
             offloaded = last.offloaded.plus(offloaded)
-        size = max(1, ex.body_bytes or 64 * len(messages))
+        size = max(1, ex.client.body_bytes or 64 * len(messages))
         # A failed write is retried next turn: it must rescan.
         # Its input is the client's list, index for index, only if no earlier stage changed it.
         if messages is ex.messages and not failed and size <= self._last.maxsize:
             settings = (spec, recall, threshold)
-            self._last[ex.session] = _Turn(size, len(messages), out, offloaded, settings, ex.turn)
+            self._last[ex.identity.session] = _Turn(
+                size, len(messages), out, offloaded, settings, ex.rewrite.turn
+            )
         if not offloaded.refs:
             return None
         record(
@@ -171,7 +173,7 @@ class OffloadStage:
         pointers: dict[int, str] = {}
         to_store: list[tuple[_Candidate, PointerKey, str]] = []
         for c in candidates:
-            key: PointerKey = (ex.session, c.ref, c.tool, c.call_id, spec, recall)
+            key: PointerKey = (ex.identity.session, c.ref, c.tool, c.call_id, spec, recall)
             cached = self._pointers.get(key)
             if cached is not None:  # decided on an earlier turn: "" = not worth it
                 if cached:

@@ -132,7 +132,7 @@ async def _fetch(ex: Exchange, ref: str, offset: Any, store: Store) -> str:
 async def _search(ex: Exchange, query: str, store: Store) -> str:
     hits = [
         (info, snippet)
-        for info, snippet in await store.search(ex.session, query)
+        for info, snippet in await store.search(ex.identity.session, query)
         if _in_session(ex, info)
     ]
     if not hits:
@@ -142,9 +142,9 @@ async def _search(ex: Exchange, query: str, store: Store) -> str:
 
 def _in_session(ex: Exchange, info: BlobInfo) -> bool:
     """The caller's own session's blob (or, stored before sessions were scoped, its key's)."""
-    if info.session not in (ex.session, ex.session_name):
+    if info.session not in (ex.identity.session, ex.identity.session_name):
         return False
-    return may_read(ex.owner, ex.key, info.owner)
+    return may_read(ex.identity.owner, ex.identity.key, info.owner)
 
 
 def _name(tool: Any) -> str | None:

@@ -88,17 +88,19 @@ class RepairStage:
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
-        clean, basis = self._clean.get(ex.session, (0, None))
+        clean, basis = self._clean.get(ex.identity.session, (0, None))
         start = clean if 0 < clean <= reusable(ex, messages, basis) else 0
         if _is_clean(messages, start):
             if messages is ex.messages:  # the client's list: the next turn can compare to it
-                self._clean[ex.session] = (len(messages), ex.turn)
+                self._clean[ex.identity.session] = (len(messages), ex.rewrite.turn)
             return None
-        self._clean.pop(ex.session, None)
+        self._clean.pop(ex.identity.session, None)
         fixes: Fixes = {}
         removed: list[int] = []
         drop = ex.policy.repair.orphans == "drop"
-        repaired = repair(messages, fixes, drop_orphans=drop, session=ex.session, removed=removed)
+        repaired = repair(
+            messages, fixes, drop_orphans=drop, session=ex.identity.session, removed=removed
+        )
         # Recoverable law: what repair takes out is archived first; what cannot be stays in
         # the context, as a note holding it whole (a valid history matters, and so does it).
         entries = {index: _entry(ex, messages[index]) for index in removed}
@@ -107,7 +109,9 @@ class RepairStage:
         if len(refs) < len(entries):
             whole = {index for index, e in entries.items() if e.ref not in stored}
             fixes = {}
-            repaired = repair(messages, fixes, drop_orphans=drop, session=ex.session, whole=whole)
+            repaired = repair(
+                messages, fixes, drop_orphans=drop, session=ex.identity.session, whole=whole
+            )
         for action in ACTIONS:
             if ids := fixes.get(action):
                 record(ex, ctx, self.name, action, count=len(ids), tool_call_ids=ids)

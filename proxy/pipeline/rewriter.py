@@ -78,9 +78,9 @@ class Rewriter:
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""
-        first = ex.original_messages is None
+        first = ex.client.original_messages is None
         if first:
-            ex.original_messages = ex.messages  # stages never mutate it: no copy needed
+            ex.client.original_messages = ex.messages  # stages never mutate it: no copy needed
         await self.chain.rewrite(ex, self.ctx)
         if first:
             self._count_context(ex)
@@ -90,14 +90,14 @@ class Rewriter:
     def _count_context(self, ex: Exchange) -> None:
         """Prompt size in and out, estimated at four bytes of request JSON per token."""
         metrics = self.ctx.metrics
-        received = ex.body_bytes // 4
+        received = ex.client.body_bytes // 4
         metrics.child(metrics.context_tokens, "received").inc(received)
-        sent = received if ex.dry_run else max(0, received - ex.tokens_saved)
+        sent = received if ex.dry_run else max(0, received - ex.rewrite.tokens_saved)
         metrics.child(metrics.context_tokens, "sent").inc(sent)
 
     def accepted(self, ex: Exchange) -> None:
         """The model took the request as sent (compaction learns what the window holds)."""
-        if not ex.opaque_history:
+        if not ex.client.opaque_history:
             self.chain.accepted(ex)
 
     async def after_call(
@@ -111,8 +111,8 @@ class Rewriter:
         """A fallback took over: the client's own history again, rewritten for the new
         ex.deployment (its window). Re-sending a history is safe for every stage: the chain
         sees the same turn again, as after a client's retry."""
-        if ex.original_messages is not None:
-            ex.body["messages"] = ex.original_messages
+        if ex.client.original_messages is not None:
+            ex.body["messages"] = ex.client.original_messages
         if recall.offered(ex.body):
             recall.withdraw(ex.body)
         await self.before_call(ex)
@@ -121,7 +121,7 @@ class Rewriter:
         """The deployment refused the request as invalid: True when a compatibility shim it
         turned out to need (compat.py) now changed the request, so it is worth sending again."""
         deployment = ex.deployment
-        if ex.dry_run or ex.opaque_history or deployment is None:
+        if ex.dry_run or ex.client.opaque_history or deployment is None:
             return False
         if not self.quirks.learn(deployment, error.body, ex.messages):
             return False
@@ -142,7 +142,7 @@ class Rewriter:
 
     async def after_overflow(self, ex: Exchange) -> bool:
         """The provider said the context is exceeded: compact tighter. False = give up."""
-        if ex.dry_run or ex.opaque_history:
+        if ex.dry_run or ex.client.opaque_history:
             return False
         compacted = await self.chain.after_overflow(ex, self.ctx)
         if compacted is None:

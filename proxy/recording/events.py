@@ -53,9 +53,9 @@ class EventLog:
             return
         line = {
             "at": round(time.time(), 3),
-            "request_id": ex.request_id,
-            "session": ex.session_name,
-            "owner": ex.owner,
+            "request_id": ex.identity.request_id,
+            "session": ex.identity.session_name,
+            "owner": ex.identity.owner,
             "policy": ex.policy.name,
             "model": ex.alias,
             "dry_run": ex.dry_run,

@@ -28,5 +28,5 @@ class Recorder:
         before, after = fields.get("tokens_before"), fields.get("tokens_after")
         if isinstance(before, int) and isinstance(after, int) and before > after:
             metrics.child(metrics.tokens_saved, stage).inc(before - after)
-            ex.tokens_saved += before - after
+            ex.rewrite.tokens_saved += before - after
         self.events.write(ex, stage, action, fields)

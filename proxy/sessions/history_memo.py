@@ -57,7 +57,7 @@ class Seen:
     size: int  # the request bytes it stands for: what the memo is bounded by
     messages: list[Message]  # a copy: the request's own list may be rewritten in place
     digest: Digest | None = None  # set when the lineage computed one that turn
-    # The turn's identity (ex.turn): what the stages' memos name, never this entry itself,
+    # The turn's identity (ex.rewrite.turn): what the stages' memos name, never this entry itself,
     # which would keep every old history alive in them.
     turn: object = field(default_factory=object)
 

@@ -59,18 +59,20 @@ class Lineage:
 
     async def resolve(self, ex: Exchange) -> None:
         """Narrow a fingerprinted exchange's session to the branch it continues."""
-        if ex.session_given:
+        if ex.identity.session_given:
             return
-        family = ex.session_name
-        key = scoped(ex.owner, family)
+        family = ex.identity.session_name
+        key = scoped(ex.identity.owner, family)
         messages = ex.messages
         try:
             tips = _decode(await self.state.get(SPACE, key))
         except StoreError as exc:  # the family name will do: as before branches existed
-            warn_limited(log, "lineage.read", "lineage of %s unreadable: %s", ex.request_id, exc)
+            warn_limited(
+                log, "lineage.read", "lineage of %s unreadable: %s", ex.identity.request_id, exc
+            )
             return
-        branch, whole = self._continued(ex.owner, tips, messages)
-        ex.checked = whole
+        branch, whole = self._continued(ex.identity.owner, tips, messages)
+        ex.rewrite.checked = whole
         if branch is None:
             taken = {name for name, _, _ in tips}
             branch = family if family not in taken else f"{family}-{whole.digest.value:016x}"
@@ -78,9 +80,11 @@ class Lineage:
         try:
             await self.state.set(SPACE, key, _encode(tips[:MAX_BRANCHES]), ttl_s=TTL_S)
         except StoreError as exc:
-            warn_limited(log, "lineage.save", "lineage of %s not saved: %s", ex.request_id, exc)
-        ex.session_name = branch
-        ex.session = scoped(ex.owner, branch)
+            warn_limited(
+                log, "lineage.save", "lineage of %s not saved: %s", ex.identity.request_id, exc
+            )
+        ex.identity.session_name = branch
+        ex.identity.session = scoped(ex.identity.owner, branch)
 
     def _continued(
         self, owner: str, tips: list[Tip], messages: list[dict[str, Any]]

@@ -25,7 +25,7 @@ async def read(state: StateStore, ex: Exchange) -> dict[str, Any]:
     (store down, a value from another version) reads as empty: the session is as if new."""
     if ex.guard_record is None:
         try:
-            data = await state.get(SPACE, ex.session)
+            data = await state.get(SPACE, ex.identity.session)
         except StoreError:
             data = None
         try:
@@ -48,6 +48,6 @@ async def write(state: StateStore, ex: Exchange, part: str, value: Any) -> None:
         return
     ex.guard_record = record
     if record:
-        await state.set(SPACE, ex.session, orjson.dumps(record), TTL_S)
+        await state.set(SPACE, ex.identity.session, orjson.dumps(record), TTL_S)
     else:
-        await state.delete(SPACE, ex.session)
+        await state.delete(SPACE, ex.identity.session)

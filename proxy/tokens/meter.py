@@ -92,7 +92,7 @@ class PromptMeter:
         """This request's prompt, with `fixed` (the tool schemas' estimate) and `limit` (the
         decision's, in provider tokens). Near the limit, counts `seen` exactly in place."""
         model = ex.deployment.model if ex.deployment is not None else ""
-        ratio = self.ratio(ex.session, model)
+        ratio = self.ratio(ex.identity.session, model)
         value = ratio.value if ratio is not None else 1.0
         messages = len(seen.messages)
         estimate = fixed + sum(seen.costs)
@@ -171,7 +171,7 @@ class PromptMeter:
         value = (usage.prompt_tokens - measured.framing) / text
         low, high = RATIO_BOUNDS
         if low <= value <= high:
-            self._ratios[(ex.session, measured.model)] = Ratio(value, measured.exact)
+            self._ratios[(ex.identity.session, measured.model)] = Ratio(value, measured.exact)
 
     async def close(self) -> None:
         await self.tokenizers.close()

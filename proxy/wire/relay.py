@@ -86,7 +86,7 @@ class StreamRelay:
     def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
             return error.body
-        return orjson.dumps(error.body(self.ex.request_id))
+        return orjson.dumps(error.body(self.ex.identity.request_id))
 
     async def end(self) -> None:
         await self.response.write_eof()

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import BadRequest, Forbidden, ModelNotFound
-from proxy.exchange import Exchange
+from proxy.exchange import ClientRequest, Exchange, Identity
 from proxy.flow import Answers, Flow
 from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
@@ -54,7 +54,7 @@ async def relay_stream(
             **proxy_headers(ex),
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
-            "x-request-id": ex.request_id,
+            "x-request-id": ex.identity.request_id,
         }
     )
     relay = relay_for(response)
@@ -98,7 +98,7 @@ def open_exchange(
     key: ApiKey | None,
     body: dict[str, Any],
     session: SessionName,
-    **fields: Any,
+    client: ClientRequest,
 ) -> Exchange:
     """The Exchange of a parsed request whose session the route identified."""
     alias = body.get("model")
@@ -116,18 +116,20 @@ def open_exchange(
     owner = owner_of(key, config.keys)
     parent = parent_session_id(request.headers)
     ex = request[EXCHANGE] = Exchange(
-        request_id=request[REQUEST_ID],
+        identity=Identity(
+            request_id=request[REQUEST_ID],
+            key=key,
+            owner=owner,
+            session=scoped(owner, session.name),
+            session_name=session.name,
+            session_given=session.given,
+            parent_session=scoped(owner, parent) if parent else None,
+        ),
         config=config,
-        key=key,
         body=body,
         alias=alias,
         policy=_select_policy(request.headers, config, alias, key),
-        session=scoped(owner, session.name),
-        session_name=session.name,
-        session_given=session.given,
-        owner=owner,
-        parent_session=scoped(owner, parent) if parent else None,
-        **fields,
+        client=client,
     )
     return ex
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from proxy.control.backoff import Timing
-from proxy.exchange import Exchange, Usage
+from proxy.exchange import Exchange, Identity, Usage
 from proxy.policies.spec import Config, Deployment, Policy
 from proxy.upstream.base import Upstream, UpstreamReply
 from tests.pipeline.factories import deployment
@@ -99,13 +99,11 @@ def exchange(
 ) -> Exchange:
     groups = groups or {"sim": (deployment(alias="sim"),), "backup": (deployment(alias="backup"),)}
     ex = Exchange(
-        request_id="req-1",
+        identity=Identity("req-1", session="s1"),
         config=Config(version="t", sources=(), loaded_at=0, deployments=groups),
-        key=None,
         body={"model": "sim", "messages": messages or [{"role": "user", "content": "hi"}]},
         alias="sim",
         policy=policy,
-        session="s1",
     )
     ex.deployment = groups["sim"][0]
     return ex

@@ -97,7 +97,7 @@ async def test_falls_back_after_the_retries_and_refits_the_original_history() ->
     await rewriter.before_call(ex)
     await ctl.call(ex, stream=False, fitter=rewriter)
     assert [model for model, _ in script.calls] == ["sim", "sim", "sim", "backup"]
-    assert ex.alias == "backup" and ex.requested_alias == "sim"
+    assert ex.alias == "backup" and ex.client.requested_alias == "sim"
     assert ex.deployment is not None and ex.deployment.alias == "backup"
     assert script.calls[-1][1]["messages"] == messages
     assert ex.recovery.recoveries() == ["retry x2", "fallback to backup"]

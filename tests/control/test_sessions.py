@@ -23,7 +23,7 @@ POLICY = Policy(name="p", circuit=CircuitSpec(session_failures=2))
 def request(text: str, policy: Policy = POLICY) -> Exchange:
     messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
     ex = exchange(policy, messages=messages)
-    ex.original_messages = messages
+    ex.client.original_messages = messages
     ex.recovery.last_status = 400
     return ex
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.exchange import Exchange
+from proxy.exchange import Exchange, Identity
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext
@@ -32,13 +32,11 @@ def exchange(
 ) -> Exchange:
     target = deployment()
     ex = Exchange(
-        request_id="req-1",
+        identity=Identity("req-1", session=session),
         config=Config(version="t", sources=(), loaded_at=0, deployments={"sim": (target,)}),
-        key=None,
         body={"model": "sim", "messages": messages, **body},
         alias="sim",
         policy=policy or Policy(name="test"),
-        session=session,
     )
     ex.deployment = target
     return ex

@@ -61,7 +61,7 @@ def counted(ctx: StageContext, stage: str) -> float:
 async def test_refs_are_content_addressed_in_the_scoped_session_and_owned() -> None:
     ctx = factories.context()
     ex = factories.exchange([], session="key:alice/s1")
-    ex.owner = "key:alice"
+    ex.identity.owner = "key:alice"
     one = entry(ex, "tool_result", b"payload", tool="read_file")
     again = entry(ex, "tool_result", b"payload", tool="read_file")
     assert one.ref == again.ref == content_ref("key:alice/s1", "tool_result", b"payload")

@@ -20,12 +20,12 @@ def policy(*budgets: BudgetSpec) -> Policy:
 
 
 def request(
-    stage_policy: Policy, session: str = "s1", body_bytes: int = 400, **fields: Any
+    stage_policy: Policy, session: str = "s1", body_bytes: int = 400, **identity: Any
 ) -> Exchange:
     ex = exchange([USER], policy=stage_policy, session=session)
-    ex.body_bytes = body_bytes
-    for name, value in fields.items():
-        setattr(ex, name, value)
+    ex.client.body_bytes = body_bytes
+    for name, value in identity.items():  # key, parent_session
+        setattr(ex.identity, name, value)
     return ex
 
 

@@ -50,12 +50,12 @@ async def test_stable_prefix_counts_the_messages_seen_last_turn() -> None:
     chain, ctx = Chain([RepairStage(), OffloadStage()]), context()
     history = [user("a"), call("c1"), result("c1")]
     ex, _ = await turn(chain, ctx, history)
-    assert ex.stable_prefix == 0
+    assert ex.rewrite.stable_prefix == 0
     ex, _ = await turn(chain, ctx, [*history, user("b")])
-    assert ex.stable_prefix == 3
+    assert ex.rewrite.stable_prefix == 3
     edited = [user("changed"), *history[1:], user("b")]
     ex, _ = await turn(chain, ctx, edited)
-    assert ex.stable_prefix == 0
+    assert ex.rewrite.stable_prefix == 0
 
 
 async def test_problems_in_the_new_messages_are_still_repaired() -> None:
@@ -64,7 +64,7 @@ async def test_problems_in_the_new_messages_are_still_repaired() -> None:
         chain, ctx = Chain([RepairStage(), OffloadStage()]), context()
         await turn(chain, ctx, history)
         ex, sent = await turn(chain, ctx, [*history, *broken])
-        assert ex.stable_prefix == 3
+        assert ex.rewrite.stable_prefix == 3
         assert pairing_problems(sent) == []
         assert ex.notes and ex.notes[0].stage == "repair"
 
@@ -122,15 +122,15 @@ async def test_memory_held_for_warm_turns_is_bounded_by_bytes() -> None:
     chain, ctx = Chain([RepairStage()], memo_bytes=10_000), context()
     history = [user("a"), call("c1"), result("c1")]
     small = exchange(copy.deepcopy(history), policy=POLICY, session="small")
-    small.body_bytes = 500
+    small.client.body_bytes = 500
     await chain.rewrite(small, ctx)
     huge = exchange(copy.deepcopy(history), policy=POLICY, session="huge")
-    huge.body_bytes = 50_000  # over the whole memo: not kept
+    huge.client.body_bytes = 50_000  # over the whole memo: not kept
     await chain.rewrite(huge, ctx)
     again = exchange(copy.deepcopy([*history, user("b")]), policy=POLICY, session="huge")
-    again.body_bytes = 50_000
+    again.client.body_bytes = 50_000
     await chain.rewrite(again, ctx)
-    assert again.stable_prefix == 0
+    assert again.rewrite.stable_prefix == 0
 
 
 def test_long_arguments_are_not_cached() -> None:
@@ -229,5 +229,5 @@ async def test_the_turn_a_memo_names_holds_nothing() -> None:
     history = [user("a"), call("c1"), result("c1", 5000)]
     first, _ = await turn(chain, ctx, history)
     second, _ = await turn(chain, ctx, [*history, user("b")])
-    assert second.stable_base is first.turn
-    assert type(first.turn) is object and type(second.turn) is object
+    assert second.rewrite.stable_base is first.rewrite.turn
+    assert type(first.rewrite.turn) is object and type(second.rewrite.turn) is object

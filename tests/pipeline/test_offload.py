@@ -83,8 +83,8 @@ async def test_large_result_is_stored_then_replaced_by_a_pointer() -> None:
     content = numbered(40)
     messages = history(content)
     ex = exchange(messages, POLICY)
-    ex.key = ApiKey(name="alice", digest=b"")
-    ex.owner = "key:alice"
+    ex.identity.key = ApiKey(name="alice", digest=b"")
+    ex.identity.owner = "key:alice"
     ctx = context(CountingStore())
     out = await OffloadStage().run(ex, messages, ctx)
 
@@ -253,7 +253,7 @@ async def test_the_last_turn_memo_is_bounded_by_request_bytes() -> None:
     for session in range(20):
         messages = history(numbered(40))
         ex = exchange(messages, POLICY, session=f"s{session}")
-        ex.body_bytes = 3_000
+        ex.client.body_bytes = 3_000
         await stage.run(ex, messages, ctx)
     memo = stage.memos()["offload_turns"]
     assert len(memo) == 3 and memo.currsize == 9_000  # the three most recent sessions

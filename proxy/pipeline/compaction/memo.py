@@ -31,7 +31,9 @@ class Seen:
     costs: list[int]  # token estimate of each message
     hashes: list[int] = field(default_factory=list)  # prefix hashes of the first len(hashes)
     exact: int = 0  # the first `exact` costs are the model tokenizer's counts (tokens/meter)
-    basis: object | None = None  # the turn whose client list this is (ex.turn), if it is one
+    basis: object | None = (
+        None  # the turn whose client list this is (ex.rewrite.turn), if it is one
+    )
 
     @property
     def chars(self) -> int:

@@ -72,10 +72,10 @@ async def compact_after_overflow(
         record(ex, ctx, STAGE, "overflow_unrecoverable", tokens_before=tokens_of(messages))
         return None
     signature = xxhash.xxh3_64_intdigest(orjson.dumps(compacted))
-    if stage.recoveries.get(ex.session) == signature:
+    if stage.recoveries.get(ex.identity.session) == signature:
         record(ex, ctx, STAGE, "overflow_repeated", tokens_after=tokens_of(compacted))
         return None  # this exact recovery was already sent once
-    stage.recoveries[ex.session] = signature
+    stage.recoveries[ex.identity.session] = signature
     record(
         ex, ctx, STAGE, "overflow_compacted", tokens_before=tokens_of(messages),
         tokens_after=tokens_of(compacted), messages=len(compacted),

@@ -121,22 +121,22 @@ class CompactionStage:
         # it the session sent before: no need to compare it again.
         aligned = messages is ex.messages
         seen = self.seen.remember(
-            ex.session,
+            ex.identity.session,
             messages,
             known_shared=lambda basis: reusable(ex, messages, basis),
-            basis=ex.turn if aligned else None,
+            basis=ex.rewrite.turn if aligned else None,
         )
         # Counted exactly near the trigger, calibrated against the provider (tokens/meter.py):
         # the budget is then in the measure's units.
         measure = await ctx.meter.measure(ex, seen, budget.fixed, budget.limit(spec.trigger))
         budget, tokens = budget.scaled(measure.factor, measure.fixed), measure.total
-        state = self.index.peek(ex.session)
+        state = self.index.peek(ex.identity.session)
         if state is None:
             # Only a session that overflowed has a smaller window than the catalog's, and such
             # a session is in memory (or, after a restart, overflows once more and is loaded).
             if tokens <= budget.limit(spec.trigger):
                 return None
-            state = await self.index.state(ctx.store, ex.session)
+            state = await self.index.state(ctx.store, ex.identity.session)
         budget = budget.capped(state.cap_for(_model(ex)))
         trigger = budget.limit(spec.trigger)
         if tokens <= trigger:
@@ -145,9 +145,9 @@ class CompactionStage:
         async with state.lock:
             output = await self._fit(ex, seen, ctx, budget, (trigger, target), state)
         if output is not None:
-            size = max(1, ex.body_bytes or 64 * len(output))
+            size = max(1, ex.client.body_bytes or 64 * len(output))
             if size <= self._outputs.maxsize:
-                self._outputs[ex.session] = (size, output, seen.messages)
+                self._outputs[ex.identity.session] = (size, output, seen.messages)
         return output
 
     async def after_overflow(
@@ -169,13 +169,14 @@ class CompactionStage:
         sent = schema_tokens(ex.body.get("tools")) + tokens_of(messages)
         reserved = reserved_output(ex.body)
         needed = sent + reserved  # what overflowed: the window is smaller than this
-        seen = self.seen.remember(ex.session, self._as_input(ex.session, messages))
+        session = ex.identity.session
+        seen = self.seen.remember(session, self._as_input(session, messages))
         budget = budget_for(ex, ctx)
         if budget is None:  # window unknown: what just overflowed is our best guess at it
             budget = budget_for(ex, ctx, window=needed)
         if budget is None:
             return None
-        state = await self.index.state(ctx.store, ex.session)
+        state = await self.index.state(ctx.store, session)
         cap = state.cap_for(_model(ex))
         # Learn the window only when the prompt is to blame: an overflow caused mostly by the
         # answer's reservation (max_tokens) says little of what prompt fits, and learning
@@ -195,7 +196,7 @@ class CompactionStage:
         """The model took this request: a session that learnt a window keeps the largest
         prompt taken as the floor of what it may learn next (only in memory until its index
         is saved again; a session that never overflowed pays a dict lookup)."""
-        state = self.index.peek(ex.session)
+        state = self.index.peek(ex.identity.session)
         if state is None or state.window_cap is None or ex.deployment is None:
             return
         tokens = schema_tokens(ex.body.get("tools")) + tokens_of(ex.messages)
@@ -248,7 +249,7 @@ class CompactionStage:
         mark = state.longest_checkpoint(hashes)
         if mark is None or not plan.base <= mark.length < len(plan.seen.messages):
             return
-        checkpoint = await self.index.body(ctx.store, ex.session, mark)
+        checkpoint = await self.index.body(ctx.store, ex.identity.session, mark)
         if checkpoint is None:
             return
         before = plan.tokens()
@@ -326,7 +327,7 @@ class CompactionStage:
         mark = Mark(cut, key_of(plan.seen.prefix_hashes(cut)[-1]))
         checkpoint = Checkpoint(mark, kind, tuple(replacement), ref)
         try:
-            await self.index.add(ctx.store, ex.session, state, checkpoint)
+            await self.index.add(ctx.store, ex.identity.session, state, checkpoint)
         except Exception as exc:  # this turn still fits; the next one recomputes
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
         plan.rebase(cut, checkpoint.fresh_messages())
@@ -338,7 +339,7 @@ class CompactionStage:
 
     async def _save(self, ex: Exchange, ctx: StageContext, state: SessionState) -> None:
         try:
-            await self.index.save(ctx.store, ex.session, state)
+            await self.index.save(ctx.store, ex.identity.session, state)
         except Exception as exc:
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
 

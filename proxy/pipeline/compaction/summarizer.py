@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.exchange import Exchange, Timing
+from proxy.exchange import ClientRequest, Exchange, Timing
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import messages as msgs
@@ -115,7 +115,9 @@ def make_summarizer(
             if fit is None:
                 fit = fit_to(window_of(deployment, catalog), room)
             child.body = summary_request(deployment, messages, fit)
-            child.body_bytes = len(orjson.dumps(child.body))  # what an unreported usage costs
+            child.client.body_bytes = len(
+                orjson.dumps(child.body)
+            )  # what an unreported usage costs
             try:
                 reply = await control.call(child, stream=False)  # no fitter: sent as built
             except UpstreamHTTPError as error:
@@ -147,17 +149,13 @@ def summary_exchange(ex: Exchange) -> Exchange:
     elif not ex.config.deployments.get(alias):
         raise LookupError(f"summarizer_model {alias!r} is not a configured model alias")
     child = Exchange(
-        request_id=ex.request_id,
+        # The request's tenant and session, in a record of its own (as given: not re-admitted).
+        identity=replace(ex.identity, session_given=True),
         config=ex.config,
-        key=ex.key,
         body={},
         alias=alias,
         policy=_for_summaries(ex.policy),
-        session=ex.session,
-        session_name=ex.session_name,
-        owner=ex.owner,
-        parent_session=ex.parent_session,
-        route=ex.route,
+        client=ClientRequest(route=ex.client.route),
         deployment=deployment,
         timing=Timing(started=ex.timing.started),  # the request's deadline covers its summaries
     )

@@ -86,7 +86,7 @@ class Truncator:
             if not truncatable(message, spec):
                 continue
             key: CacheKey = (
-                ex.session,
+                ex.identity.session,
                 message_hash(message),
                 spec.truncate_min_chars,
                 spec.truncate_head_chars,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from proxy.exchange import Exchange
+from proxy.exchange import ClientRequest, Exchange
 from proxy.flow import Flow
 from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
@@ -77,13 +77,15 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
         key,
         chat,
         session,
-        stream=body.get("stream") is True,
-        client_wants_usage=True,
-        body_bytes=len(raw),
-        route=MESSAGES_ROUTE,
-        wire="anthropic",
-        view=view,
-        forward_headers=headers,
+        ClientRequest(
+            route=MESSAGES_ROUTE,
+            wire="anthropic",
+            view=view,
+            stream=body.get("stream") is True,
+            wants_usage=True,
+            body_bytes=len(raw),
+            forward_headers=headers,
+        ),
     )
 
 
@@ -91,28 +93,30 @@ class AnthropicWire:
     """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
 
     def __init__(self, ex: Exchange) -> None:
-        assert isinstance(ex.view, AnthropicView)
-        self.view = ex.view
-        self.replies = anthropic.Replies(ex.view)
+        assert isinstance(ex.client.view, AnthropicView)
+        self.view = ex.client.view
+        self.replies = anthropic.Replies(ex.client.view)
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)
-        return json_answer(ex, anthropic.client_body(reply, ex.alias, ex.request_id), reply.headers)
+        return json_answer(
+            ex, anthropic.client_body(reply, ex.alias, ex.identity.request_id), reply.headers
+        )
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
         if ex.translated:  # the chat reply is asked for whole, then sent as this wire's events
             reply = await flow.complete(ex, self.replies)
-            message = anthropic.client_message(reply, ex.alias, ex.request_id)
+            message = anthropic.client_message(reply, ex.alias, ex.identity.request_id)
             return events_answer(ex, message_stream(message), reply.headers)
         return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
-        return upstream_error(ex, error, anthropic.passthrough_body(error, ex.request_id))
+        return upstream_error(ex, error, anthropic.passthrough_body(error, ex.identity.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
         text = degraded_text(ex, error)
-        message = anthropic.degraded_message(ex.alias, ex.request_id, text)
+        message = anthropic.degraded_message(ex.alias, ex.identity.request_id, text)
         headers = {"x-agentproxy-degraded": "true"}
-        if ex.stream:
+        if ex.client.stream:
             return events_answer(ex, message_stream(message), headers)
         return json_answer(ex, orjson.dumps(message), headers)

@@ -129,8 +129,8 @@ class Relay(StreamRelay):
 
     def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
-            return passthrough_body(error, self.ex.request_id)
-        return orjson.dumps(error_body(error, self.ex.request_id))
+            return passthrough_body(error, self.ex.identity.request_id)
+        return orjson.dumps(error_body(error, self.ex.identity.request_id))
 
     async def _relay(self, source: UpstreamStream) -> Held | None:
         ex, stopped = self.ex, False

@@ -33,13 +33,13 @@ def answer(ex: Exchange, error: Exception, headers: dict[str, str]) -> web.Respo
     text = degraded_text(ex, error)
     headers = {**headers, "x-agentproxy-degraded": "true"}
     meta = {
-        "id": f"chatcmpl-agentproxy-{ex.request_id}",
+        "id": f"chatcmpl-agentproxy-{ex.identity.request_id}",
         "created": int(time.time()),
         "model": ex.alias,
     }
-    if ex.stream:
+    if ex.client.stream:
         return web.Response(
-            body=_stream(meta, text, ex.client_wants_usage),
+            body=_stream(meta, text, ex.client.wants_usage),
             content_type="text/event-stream",
             headers=headers,
         )

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.exchange import Exchange
+from proxy.exchange import ClientRequest, Exchange
 from proxy.flow import Flow
 from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
@@ -47,11 +47,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         key,
         body,
         session,
-        stream=stream,
-        client_wants_usage=bool(options.get("include_usage")),
-        body_bytes=len(raw),
+        ClientRequest(
+            route=CHAT_ROUTE,
+            stream=stream,
+            wants_usage=bool(options.get("include_usage")),
+            body_bytes=len(raw),
+        ),
     )
-    if stream and not ex.client_wants_usage:
+    if stream and not ex.client.wants_usage:
         # Ask for usage so every streamed call is accounted; that chunk is dropped on the way out.
         body["stream_options"] = {**options, "include_usage": True}
     return await serve(request, ex, ChatWire())
@@ -70,7 +73,7 @@ class ChatWire:
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
         """Provider errors pass through unchanged when they are JSON (anything else is
         wrapped), plus what recovery tried when it tried anything."""
-        return upstream_error(ex, error, chat.passthrough_body(error, ex.request_id))
+        return upstream_error(ex, error, chat.passthrough_body(error, ex.identity.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
         return chat_degraded.answer(ex, error, proxy_headers(ex))

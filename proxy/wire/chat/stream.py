@@ -93,7 +93,7 @@ class Relay(StreamRelay):
 
     def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
-            return passthrough_body(error, self.ex.request_id)
+            return passthrough_body(error, self.ex.identity.request_id)
         return super().error_data(error)
 
     async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
@@ -148,7 +148,7 @@ class Relay(StreamRelay):
         if usage is not None:
             self.usage_reported = True
             self.ex.add_usage(usage)
-            if not self.ex.client_wants_usage and not chunk.get("choices"):
+            if not self.ex.client.wants_usage and not chunk.get("choices"):
                 return False
         return chunk
 

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import NotFound, UpgradeRequired
-from proxy.exchange import Exchange
+from proxy.exchange import ClientRequest, Exchange
 from proxy.flow import Flow
 from proxy.http.auth import authenticate
 from proxy.sessions.identity import owner_of, scoped, session_id
@@ -71,14 +71,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         key,
         view.chat_body(),
         session,
-        stream=body.get("stream") is True,
-        client_wants_usage=True,
-        body_bytes=len(raw),
-        route=RESPONSES_ROUTE,
-        wire="responses",
-        view=view,
-        opaque_history=body.get("previous_response_id") is not None
-        or body.get("conversation") is not None,
+        ClientRequest(
+            route=RESPONSES_ROUTE,
+            wire="responses",
+            view=view,
+            stream=body.get("stream") is True,
+            wants_usage=True,
+            body_bytes=len(raw),
+            opaque_history=body.get("previous_response_id") is not None
+            or body.get("conversation") is not None,
+        ),
     )
     # A response made with `store: false` (Codex's every turn) cannot be continued: no record.
     recording = owners if body.get("store") is not False else None
@@ -123,12 +125,14 @@ class ResponsesWire:
         reply = await flow.complete(ex, self.replies)
         if self.owners is not None and not ex.translated:
             await self.owners.record(reply.data)
-        return json_answer(ex, responses.client_body(reply, ex.alias, ex.request_id), reply.headers)
+        return json_answer(
+            ex, responses.client_body(reply, ex.alias, ex.identity.request_id), reply.headers
+        )
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
         if ex.translated:  # the chat reply is asked for whole, then sent as this wire's events
             reply = await flow.complete(ex, self.replies)
-            message = responses.client_message(reply, ex.alias, ex.request_id)
+            message = responses.client_message(reply, ex.alias, ex.identity.request_id)
             return events_answer(ex, responses.response_events(message), reply.headers)
         ended = self.owners.record if self.owners is not None else None
         return await relay_stream(
@@ -136,15 +140,15 @@ class ResponsesWire:
         )
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
-        return upstream_error(ex, error, chat.passthrough_body(error, ex.request_id))
+        return upstream_error(ex, error, chat.passthrough_body(error, ex.identity.request_id))
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
         """A normal response that says the model is unavailable, in Responses' shape."""
         said = {
             "choices": [{"message": {"role": "assistant", "content": degraded_text(ex, error)}}]
         }
-        response = responses.response_from_chat(said, ex.alias, ex.request_id)
+        response = responses.response_from_chat(said, ex.alias, ex.identity.request_id)
         headers = {"x-agentproxy-degraded": "true"}
-        if ex.stream:
+        if ex.client.stream:
             return events_answer(ex, responses.response_events(response), headers)
         return json_answer(ex, orjson.dumps(response), headers)

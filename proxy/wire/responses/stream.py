@@ -91,7 +91,7 @@ class Relay(StreamRelay):
 
     def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
-            return passthrough_body(error, self.ex.request_id)
+            return passthrough_body(error, self.ex.identity.request_id)
         return super().error_data(error)
 
     async def _relay(self, source: UpstreamStream) -> Held | None:

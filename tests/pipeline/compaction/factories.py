@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.control.control import Control
-from proxy.exchange import Exchange
+from proxy.exchange import Exchange, Identity
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, Summarizer
@@ -70,13 +70,11 @@ def exchange(
 ) -> Exchange:
     chosen = deployment or target()
     ex = Exchange(
-        request_id="req-1",
+        identity=Identity("req-1", session=session),
         config=Config(version="t", sources=(), loaded_at=0, deployments={"sim": (chosen,)}),
-        key=None,
         body={"model": "sim", "messages": messages, **body},
         alias="sim",
         policy=policy,
-        session=session,
     )
     ex.deployment = chosen
     return ex

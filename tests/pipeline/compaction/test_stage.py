@@ -217,7 +217,7 @@ async def test_the_archive_is_written_before_the_summarizer_runs() -> None:
     store = MemoryStore()
 
     async def summarize(ex: Exchange, messages: list[Message], room: int) -> str:
-        blobs = await store.blobs(ex.session)
+        blobs = await store.blobs(ex.identity.session)
         assert [b.kind for b in blobs] == ["history"], "archive first"
         return WELL_FORMED
 

@@ -48,13 +48,17 @@ def test_the_transcript_is_bounded_per_message_and_in_total() -> None:
 def test_a_summary_is_a_child_exchange_of_the_request() -> None:
     spec = CompactionSpec(summarizer_model="sim")
     ex = exchange([user(GOAL)], policy=Policy(name="p", compaction=spec), session="key:a/s1")
-    ex.owner, ex.parent_session, ex.recovery.deadline = "key:a", "key:a/parent", 123.0
+    ex.identity.owner, ex.identity.parent_session, ex.recovery.deadline = (
+        "key:a",
+        "key:a/parent",
+        123.0,
+    )
     child = summary_exchange(ex)
-    assert (child.session, child.owner) == (ex.session, "key:a")
-    assert child.parent_session == "key:a/parent"
-    assert (child.request_id, child.key, child.timing.started) == (
-        ex.request_id,
-        ex.key,
+    assert (child.identity.session, child.identity.owner) == (ex.identity.session, "key:a")
+    assert child.identity.parent_session == "key:a/parent"
+    assert (child.identity.request_id, child.identity.key, child.timing.started) == (
+        ex.identity.request_id,
+        ex.identity.key,
         ex.timing.started,
     )
     assert child.recovery.deadline == 123.0  # the request's deadline covers its summaries
