@@ -22,6 +22,7 @@ from proxy.exchange import Exchange
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment, Policy
+from proxy.upstream import chat_only
 
 STAGE = "compat"
 NULL_CONTENT = "emptied_null_content"
@@ -103,7 +104,11 @@ class CompatStage:
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
         deployment = ex.deployment
-        if deployment is None or not self.quirks.needs_empty_content(deployment):
+        if deployment is None:
+            return None
+        if ex.client.wire == "responses" and chat_only.is_chat_only(deployment):
+            record(ex, ctx, STAGE, chat_only.NOTE)  # visible on every request it translates
+        if not self.quirks.needs_empty_content(deployment):
             return None
         return adapt(ex, ctx, messages)
 

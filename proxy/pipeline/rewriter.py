@@ -8,14 +8,16 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange, Usage
 from proxy.pipeline import recall
-from proxy.pipeline.base import StageContext
+from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.budget import BudgetStage
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
-from proxy.pipeline.compat import CompatStage, Quirks, adapt
+from proxy.pipeline.compat import STAGE, CompatStage, Quirks, adapt
 from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
+from proxy.policies.spec import Deployment
+from proxy.upstream import chat_only
 from proxy.upstream.base import UpstreamHTTPError
 
 MB = 1024 * 1024
@@ -121,6 +123,9 @@ class Rewriter:
         """The deployment refused the request as invalid: True when a compatibility shim it
         turned out to need (compat.py) now changed the request, so it is worth sending again."""
         deployment = ex.deployment
+        if deployment is not None and self._learnt_chat_only(ex, deployment, error):
+            # A stream is re-asked whole by its route (responses/route.py), not re-opened here.
+            return not ex.client.stream
         if ex.dry_run or ex.client.opaque_history or deployment is None:
             return False
         if not self.quirks.learn(deployment, error.body, ex.messages):
@@ -129,6 +134,18 @@ class Rewriter:
         if adapted is None:
             return False
         ex.body["messages"] = adapted
+        return True
+
+    def _learnt_chat_only(
+        self, ex: Exchange, deployment: Deployment, error: UpstreamHTTPError
+    ) -> bool:
+        """A Responses request its `openai/` deployment answered 404 on the route: the server
+        speaks only chat, so the request goes as chat from now on (proxy/upstream/chat_only.py)."""
+        if ex.client.wire != "responses" or ex.translated:  # its 404 came from chat
+            return False
+        if not chat_only.learn(deployment, error.status, error.body):
+            return False
+        record(ex, self.ctx, STAGE, chat_only.NOTE)
         return True
 
     def adapt_appended(self, ex: Exchange) -> None:

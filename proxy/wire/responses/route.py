@@ -22,6 +22,7 @@ from proxy.http.auth import authenticate
 from proxy.sessions.identity import owner_of, scoped, session_id
 from proxy.state import CONFIG, STORE, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.chat_only import is_chat_only
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.provider_objects import reasoning_by_id, refuse_responses_objects
@@ -135,9 +136,18 @@ class ResponsesWire:
             message = responses.client_message(reply, ex.alias, ex.identity.request_id)
             return events_answer(ex, responses.response_events(message), reply.headers)
         ended = self.owners.record if self.owners is not None else None
-        return await relay_stream(
-            request, ex, flow, lambda r: Relay(request, ex, r, self.view, ended)
-        )
+        try:
+            return await relay_stream(
+                request, ex, flow, lambda r: Relay(request, ex, r, self.view, ended)
+            )
+        except UpstreamHTTPError as error:
+            deployment = ex.deployment
+            if error.status != 404 or deployment is None or not is_chat_only(deployment):
+                raise
+            # Its 404 just taught that the deployment serves no /v1/responses
+            # (proxy/upstream/chat_only.py): nothing was sent to the client yet, so it is
+            # asked again, as chat, whole.
+            return await self.stream(request, ex, flow)
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
         return upstream_error(ex, error, chat.passthrough_body(error, ex.identity.request_id))

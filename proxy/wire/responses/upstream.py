@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.exchange import Usage, cached_tokens
 from proxy.policies.spec import Deployment
+from proxy.upstream.chat_only import is_chat_only, may_serve_responses
 from proxy.upstream.openai_compat import OpenAICompatUpstream
 
 
@@ -40,5 +41,6 @@ class ResponsesUpstream(OpenAICompatUpstream):
 
 def speaks_responses(deployment: Deployment) -> bool:
     """Whether the deployment takes the Responses wire natively: OpenAI's own API (and its
-    twins). Other OpenAI-compatible servers mostly lack it."""
-    return deployment.provider == "openai" and deployment.base_url is not None
+    twins), unless it was learnt to serve no /v1/responses (proxy/upstream/chat_only.py). Other
+    OpenAI-compatible servers mostly lack it."""
+    return may_serve_responses(deployment) and not is_chat_only(deployment)
