@@ -17,7 +17,7 @@ from cachetools import LRUCache
 
 from proxy.policies.spec import Deployment
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentproxy.upstream")
 
 NOTE = "responses_as_chat"
 SCAN_BYTES = 64 * 1024

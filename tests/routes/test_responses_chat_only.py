@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.upstream.chat_only import lacks_route
 from tests.conftest import ProxyFactory
 
 KEY = "sk-proxy-chat-only-1"
@@ -98,7 +100,9 @@ async def started(start_proxy: ProxyFactory, tmp_path: Path) -> AsyncIterator[St
         await thing.close()
 
 
-async def test_a_chat_only_server_answers_responses_as_chat(started: Starter) -> None:
+async def test_a_chat_only_server_answers_responses_as_chat(
+    started: Starter, caplog: pytest.LogCaptureFixture
+) -> None:
     upstream = ChatOnly()
     sdk = await started(upstream)
     raw = await sdk.responses.with_raw_response.create(model="local", input="hi")
@@ -113,6 +117,8 @@ async def test_a_chat_only_server_answers_responses_as_chat(started: Starter) ->
     assert upstream.hits == ["/v1/responses", "/v1/chat/completions", "/v1/chat/completions"]
     later = await sdk.responses.with_raw_response.create(model="local", input="hi")
     assert "compat.responses_as_chat" in later.headers.get("x-agentproxy-applied", "")
+    said = [r for r in caplog.records if "serves no /v1/responses" in r.getMessage()]
+    assert len(said) == 1 and "'local'" in said[0].getMessage()  # once per deployment
 
 
 async def test_a_first_streamed_request_is_answered_as_chat(started: Starter) -> None:
@@ -133,3 +139,20 @@ async def test_openai_model_not_found_stays_a_404(started: Starter) -> None:
             await sdk.responses.create(model="local", input="hi")
         assert "does not exist" in str(caught.value)
     assert upstream.hits == ["/v1/responses", "/v1/responses"]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "lacks"),
+    [
+        (404, b'{"detail":"Not Found"}', True),
+        (404, b"<html>404 Not Found</html>", True),
+        (404, b'{"error":{"message":"File Not Found"}}', True),
+        (404, orjson.dumps(MODEL_NOT_FOUND), False),
+        (404, b'{"error":{"message":"x","type":"invalid_request_error"}}', False),
+        (400, b'{"detail":"Not Found"}', False),
+    ],
+)
+def test_only_a_404_that_is_not_openais_says_the_route_is_missing(
+    status: int, body: bytes, lacks: bool
+) -> None:
+    assert lacks_route(status, body) is lacks
