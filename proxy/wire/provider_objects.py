@@ -117,8 +117,10 @@ def _check_blocks(blocks: list[Any], where: str) -> None:
 def refuse_chat_objects(body: dict[str, Any], raw: bytes) -> None:
     """A Chat Completions request's files named by id (`{"type": "file", "file": {"file_id"}}`
     parts). The chat route keeps no view of the last turn, so the whole history is walked, but
-    only when the bytes could hold such a part (the key, or JSON escapes that could spell it)."""
-    if b"file_id" not in raw and b"\\u" not in raw:
+    only when the bytes could hold such a part: the key as is, or one of its letters escaped
+    (`f i l e d` are \\u006x, `_` \\u005f). Terminal output's common escapes (\\u001b, ...)
+    do not count, so a long history pays one byte search, not a walk."""
+    if b"file_id" not in raw and b"\\u006" not in raw and b"\\u005" not in raw:
         return
     for index, message in enumerate(body.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None

@@ -252,7 +252,8 @@ async def test_chat_files_named_by_id_are_refused(
 ) -> None:
     proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, keys=True)
     raw = orjson.dumps({"model": "gpt", "messages": messages})
-    for spelled in (raw, escaped(raw)):
+    underscore = raw.replace(b'"file_id"', b'"file\\u005Fid"')  # one character escaped
+    for spelled in (raw, escaped(raw), underscore):
         status, answer = await post(proxy, "/v1/chat/completions", spelled)
         assert status == 400, answer
         assert answer["error"]["param"] == field
