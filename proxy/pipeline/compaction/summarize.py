@@ -105,4 +105,12 @@ async def replace_stretch(
     if missing:  # a summary that lost its structure has likely lost the task too
         record(ex, ctx, STAGE, "summary_rejected", missing=missing, chars=len(summary))
         return middle_out(intent, stretch, ref, recall), "middle_out"
-    return [*intent, summary_message(summary, len(stretch), ref, room, recall)], "summary"
+    return summary_replacement(ex, intent, stretch, ref, room, summary), "summary"
+
+
+def summary_replacement(
+    ex: Exchange, intent: list[Message], stretch: list[Message], ref: str, room: int, summary: str
+) -> list[Message]:
+    """What replaces the stretch given its (checked) summary: the intent, then the summary."""
+    recall = ex.policy.recall.enabled
+    return [*intent, summary_message(summary, len(stretch), ref, room, recall)]
