@@ -16,10 +16,10 @@ class AsideCharges:
         self.ctx = ctx
         self.budgets = budgets
 
-    async def allows(self, ex: Exchange, tokens: int) -> bool:
+    async def allows(self, ex: Exchange, prompt: int, completion: int) -> bool:
         if not ex.policy.budgets or ex.dry_run:
             return True
-        return await self.budgets.allows(ex, self.ctx, tokens)
+        return await self.budgets.allows(ex, self.ctx, prompt, completion)
 
     async def charge(self, ex: Exchange) -> None:
         """Tokens and cost to the metrics under the summarizer's model, then to the budgets

@@ -38,10 +38,10 @@ MAX_WAITING = 4096
 
 
 class Ledger(Protocol):
-    """Spend outside a request: may a call of about `tokens` go ahead, and charge what the
-    exchange's side calls used to its scopes' budgets."""
+    """Spend outside a request: may a call of about `prompt` tokens in and `completion` out
+    go ahead, and charge what the exchange's side calls used to its scopes' budgets."""
 
-    async def allows(self, ex: Exchange, tokens: int) -> bool: ...
+    async def allows(self, ex: Exchange, prompt: int, completion: int) -> bool: ...
 
     async def charge(self, ex: Exchange) -> None: ...
 
@@ -163,7 +163,7 @@ class PreparedSummaries:
         spec = carrier.policy.compaction
         ledger = self.ledger
         try:
-            if ledger is not None and not await ledger.allows(carrier, _cost_of(stretch, room)):
+            if ledger is not None and not await ledger.allows(carrier, tokens_of(stretch), room):
                 _count(metrics, "skipped")
                 return None
             _count(metrics, "started")
@@ -200,11 +200,6 @@ def _carrier(ex: Exchange) -> Exchange:
         timing=Timing(),
     )
     return carrier
-
-
-def _cost_of(stretch: list[Message], room: int) -> int:
-    """Tokens a summary of `stretch` may use: the transcript in, the room out."""
-    return tokens_of(stretch) + room
 
 
 def _count(metrics: Metrics, result: str) -> None:
