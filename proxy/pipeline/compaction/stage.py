@@ -419,10 +419,10 @@ class CompactionStage:
             return False  # counted as failed; summarized inline instead
         stretch = _stretch_at(ex, plan, prepared.mark.length, window)
         # The room it was written for: whether it fits is checked next, not cut to fit.
-        replacement = summary_replacement(
-            ex, stretch.intent, stretch.messages, stretch.archived.ref, prepared.room, summary
-        )
         before = plan.tokens()
+        replacement, kind = summary_replacement(
+            ex, ctx, stretch.intent, stretch.messages, stretch.archived.ref, prepared.room, summary
+        )
         # Well under the trigger, or the next compaction would come a turn or two later:
         # no further above the target than halfway to the trigger.
         if stretch.kept + tokens_of(replacement) > (target + trigger) // 2:
@@ -432,9 +432,10 @@ class CompactionStage:
             self.prepared.waste(prepared)
             return False  # nothing leaves the context unless it is stored
         self.prepared.used(prepared)
-        await self._checkpoint(ex, ctx, state, plan, stretch, replacement, "summary")
+        await self._checkpoint(ex, ctx, state, plan, stretch, replacement, kind)
+        action = "summarized" if kind == "summary" else "middle_out"
         record(
-            ex, ctx, STAGE, "summarized", tokens_before=before, tokens_after=plan.tokens(),
+            ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
             messages=len(stretch.messages), ref=stretch.archived.ref, summarizer_seconds=waited,
             prepared=True,
         )  # fmt: skip
