@@ -34,6 +34,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.pipeline.archive import Entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.compaction.budget import (
     Budget,
@@ -55,7 +56,6 @@ from proxy.pipeline.compaction.checkpoints import (
 from proxy.pipeline.compaction.intent import intent_of
 from proxy.pipeline.compaction.memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
 from proxy.pipeline.compaction.overflow import compact_after_overflow
-from proxy.pipeline.archive import Entry
 from proxy.pipeline.compaction.plan import Plan
 from proxy.pipeline.compaction.prepared import Ledger, PreparedSummaries
 from proxy.pipeline.compaction.summarize import (

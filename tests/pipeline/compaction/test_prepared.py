@@ -78,9 +78,7 @@ def start_history() -> list[Message]:
     return [{"role": "system", "content": "You are a careful coding agent."}, user(GOAL)]
 
 
-async def to_band(
-    proxy: TestServer, sim: Simulator, history: list[Message], **who: Any
-) -> None:
+async def to_band(proxy: TestServer, sim: Simulator, history: list[Message], **who: Any) -> None:
     """Turns until a summary request reaches the model (the band: prepare_at passed)."""
     for _ in range(30):
         history.append(user(turn_text(len(history))))
@@ -92,9 +90,7 @@ async def to_band(
     raise AssertionError("the history never reached prepare_at")
 
 
-async def to_crossing(
-    proxy: TestServer, history: list[Message], **who: Any
-) -> tuple[float, str]:
+async def to_crossing(proxy: TestServer, history: list[Message], **who: Any) -> tuple[float, str]:
     """Turns until one compacts: that one's wall time and applied header."""
     for _ in range(30):
         history.append(user(turn_text(len(history))))
@@ -173,7 +169,7 @@ async def test_a_crossing_turn_waits_for_a_summary_still_being_written(
     proxy = await proxy_for(sim, policy(), window=WINDOW)
     history = start_history()
     await to_band(proxy, sim, history)
-    seconds, applied = await to_crossing(proxy, history)
+    _, applied = await to_crossing(proxy, history)
     assert "compaction.summarized" in applied
     assert summary_requests(sim) == 1
     [event] = summarized_events(proxy, tmp_path)
