@@ -138,7 +138,9 @@ async def test_a_responses_client_on_a_responses_only_server_gets_a_real_summary
     sdk = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x", max_retries=0)
     OPENED.append(sdk)
     raw = await sdk.responses.with_raw_response.create(
-        model="sim", input=responses_task(), extra_headers=SESSION  # type: ignore[arg-type]
+        model="sim",
+        input=responses_task(),
+        extra_headers=SESSION,  # type: ignore[arg-type]
     )
     raw.parse()
     applied = raw.headers["x-agentproxy-applied"]
@@ -178,7 +180,10 @@ async def test_an_anthropic_client_on_a_messages_only_server_gets_a_native_summa
     )
     OPENED.append(sdk)
     raw = await sdk.messages.with_raw_response.create(
-        model="sim", max_tokens=256, messages=anthropic_task(), extra_headers=SESSION  # type: ignore[arg-type]
+        model="sim",
+        max_tokens=256,
+        messages=anthropic_task(),
+        extra_headers=SESSION,  # type: ignore[arg-type]
     )
     raw.parse()
     applied = raw.headers["x-agentproxy-applied"]
@@ -263,7 +268,9 @@ async def test_an_overflowing_responses_summary_is_sent_again_with_half(
     sdk = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x", max_retries=0)
     OPENED.append(sdk)
     raw = await sdk.responses.with_raw_response.create(
-        model="sim", input=responses_task(), extra_headers=SESSION  # type: ignore[arg-type]
+        model="sim",
+        input=responses_task(),
+        extra_headers=SESSION,  # type: ignore[arg-type]
     )
     raw.parse()
     assert "compaction.summarized" in raw.headers["x-agentproxy-applied"]
@@ -283,9 +290,30 @@ async def test_an_overflowing_anthropic_summary_is_sent_again_with_half(
     )
     OPENED.append(sdk)
     raw = await sdk.messages.with_raw_response.create(
-        model="sim", max_tokens=256, messages=anthropic_task(), extra_headers=SESSION  # type: ignore[arg-type]
+        model="sim",
+        max_tokens=256,
+        messages=anthropic_task(),
+        extra_headers=SESSION,  # type: ignore[arg-type]
     )
     raw.parse()
     assert "compaction.summarized" in raw.headers["x-agentproxy-applied"]
     first, second = (len(str(r.body["messages"])) for r in sim.requests if is_summary(r.body))
     assert second < 0.6 * first
+
+
+async def test_a_chat_client_s_summary_goes_to_an_anthropic_model_natively(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    agent_sim, summ_sim = Simulator(context_window=WINDOW), Simulator(context_window=WINDOW)
+    _, agent_url = await upstream(aiohttp_server, agent_sim, "/v1/chat/completions")
+    summ_server, summ_url = await upstream(aiohttp_server, summ_sim, "/v1/messages")
+    model_list = models("openai", agent_url, ("sim",)) + models("anthropic", summ_url, ("summ",))
+    proxy = await start(start_proxy, tmp_path, model_list, BUDGET)
+    status, applied = await ask_chat(proxy, chat_task())
+    assert status == 200
+    assert "compaction.summarized" in applied and "summarizer_failed" not in applied
+    assert summ_server.app[REFUSED] == []
+    (summary,) = summ_sim.requests
+    assert summary.path == "/v1/messages" and summary.body["system"] == SYSTEM_PROMPT
+    assert set(summary.body) == {"model", "system", "messages", "max_tokens", "stream"}
+    await assert_summary_charged(proxy)

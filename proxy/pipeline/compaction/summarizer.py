@@ -135,13 +135,9 @@ def make_summarizer(
             try:
                 reply = await control.call(child, stream=False)  # no fitter: sent as built
             except UpstreamHTTPError as error:
-                tried = child.deployment
-                as_chat = view is None or not view.sent_native
-                if not learnt and as_chat and tried is not None:
-                    # A server with no chat route (Responses only): once, in a wire it speaks.
-                    if wires.learn_no_chat(tried, error.status, error.body):
-                        learnt = True
-                        continue
+                if not learnt and lacks_chat(wires, child, view, error):
+                    learnt = True  # once more, in a wire the deployment speaks
+                    continue
                 sent = len(user)
                 overflowed = is_context_overflow(error.status, error.body)
                 if halved or not overflowed or sent <= MIN_TRANSCRIPT_CHARS:
@@ -154,6 +150,17 @@ def make_summarizer(
             return answer_text(view, reply.data)
 
     return summarize
+
+
+def lacks_chat(
+    wires: SummaryWires, child: Exchange, view: SummaryView | None, error: UpstreamHTTPError
+) -> bool:
+    """A summary sent as chat met a server with no chat route (Responses only) that another
+    wire speaks: learnt, so the next try (and every later summary) goes in that one."""
+    tried = child.deployment
+    if tried is None or (view is not None and view.sent_native):
+        return False
+    return wires.learn_no_chat(tried, error.status, error.body)
 
 
 def summary_exchange(ex: Exchange) -> Exchange:
