@@ -317,3 +317,33 @@ async def test_a_chat_client_s_summary_goes_to_an_anthropic_model_natively(
     assert summary.path == "/v1/messages" and summary.body["system"] == SYSTEM_PROMPT
     assert set(summary.body) == {"model", "system", "messages", "max_tokens", "stream"}
     await assert_summary_charged(proxy)
+
+
+async def test_a_summary_that_falls_back_to_a_deployment_of_another_wire_goes_as_chat(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = Simulator(context_window=WINDOW)
+    _, url = await upstream(aiohttp_server, sim, "/v1/responses")
+    backup = Simulator(context_window=WINDOW)
+    _, backup_url = await upstream(aiohttp_server, backup, "/v1/chat/completions")
+    model_list = models("openai", url) + models("hosted_vllm", backup_url, ("summ2",))
+    fallback = """\
+        fallbacks: [{from: summ, to: [summ2]}]
+    """
+    proxy = await start(start_proxy, tmp_path, model_list, fallback)
+    sim.inject(Fault(status=503, model="summ", times=100))
+    sdk = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x", max_retries=0)
+    OPENED.append(sdk)
+    raw = await sdk.responses.with_raw_response.create(
+        model="sim",
+        input=responses_task(),
+        extra_headers=SESSION,  # type: ignore[arg-type]
+    )
+    raw.parse()
+    applied = raw.headers["x-agentproxy-applied"]
+    assert "compaction.summarized" in applied and "fallback.fell_back" in applied
+    # The Responses summary met a 503; its fallback, a chat-only server, got it as chat.
+    assert {r.path for r in sim.requests if is_summary(r.body)} == {"/v1/responses"}
+    (translated,) = backup.requests
+    assert translated.path == "/v1/chat/completions"
+    assert translated.body["messages"][0]["content"] == SYSTEM_PROMPT
