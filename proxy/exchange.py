@@ -167,6 +167,25 @@ class RequestView(Protocol):
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]: ...
 
 
+class OneShot(Protocol):
+    """A request the proxy makes on its own (a summary) in one wire format other than chat:
+    built from a system text, a user text and an output limit, its answer read back as text.
+    Each such wire offers one (proxy/wire/<format>/one_shot.py)."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The protocol headers the request needs (anthropic-version)."""
+        ...
+
+    def request(
+        self, deployment: Deployment, system: str, user: str, max_tokens: int
+    ) -> dict[str, Any]: ...
+
+    def text(self, data: dict[str, Any]) -> str | None:
+        """The answer's text; None when it has none."""
+        ...
+
+
 @dataclass(slots=True)
 class Identity:
     """Who sent the request and whose state it reaches: the same for every call made for it
