@@ -13,7 +13,7 @@ from typing import Any
 from proxy.policies.loader import ConfigError
 from proxy.replay import report
 from proxy.replay.config import ReplayConfigError, Served, replay_config
-from proxy.replay.engine import TurnRow, first_difference, replay
+from proxy.replay.engine import SESSION, TurnRow, first_difference, replay
 from proxy.replay.session import SessionError, session_turns
 from proxy.replay.trace import TraceError, read_trace
 
@@ -38,6 +38,7 @@ async def _run(args: argparse.Namespace) -> int:
     if (args.trace is None) == (args.session is None):
         raise ReplayError("give a trace FILE.jsonl or --session ID (one of them)")
     key_name = args.key
+    session = args.session or SESSION
     if args.session is not None:
         if args.config is None:
             raise ReplayError("--session needs --config: the configuration the proxy runs with")
@@ -56,7 +57,7 @@ async def _run(args: argparse.Namespace) -> int:
     runs: list[list[TurnRow]] = []
     with _progress(len(turns) * len(policies), quiet=args.json) as advance:
         for policy in policies:
-            runs.append(await replay(turns, make_config, policy, advance))
+            runs.append(await replay(turns, make_config, policy, advance, session))
     against = None
     if args.against:
         against = (args.against, runs[1], first_difference(runs[0], runs[1]))

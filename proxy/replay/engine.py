@@ -21,10 +21,11 @@ from proxy.replay import measure
 from proxy.replay.config import Served
 from proxy.replay.trace import ROUTES
 from proxy.sessions.identity import SESSION_HEADER
+from proxy.sim.model import completion_tokens, summary_reply
 from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator
 
 JSON = dict[str, Any]
-SESSION = "replay"  # every turn is one session of the proxy's
+SESSION = "replay"  # a trace's turns are one session of the proxy's, by this name
 # Served (upstream URL, scratch folder) -> the configuration to replay with.
 MakeConfig = Callable[[str, str], Served]
 
@@ -89,16 +90,37 @@ def parse_applied(header: str | None) -> list[JSON]:
 
 class _Answers:
     """The trace's answer for the turn in flight: given once, to its first call that is not
-    the summarizer's (recall rounds and retries after it get the scripted stand-in)."""
+    the summarizer's (recall rounds and retries after it get the scripted stand-in). The
+    summarizer gets the simulator's structured summary whole, as a model that keeps to its
+    instructions would answer (the simulator would cut it at max_tokens)."""
 
     def __init__(self) -> None:
         self.pending: JSON | None = None
 
     def __call__(self, path: str, body: JSON) -> JSON | None:
-        if self.pending is None or measure.is_summary(path, body):
+        if measure.is_summary(path, body):
+            return stand_in_summary(body) if path == "/v1/chat/completions" else None
+        if self.pending is None:
             return None
         answer, self.pending = self.pending, None
         return answer
+
+
+def stand_in_summary(body: JSON) -> JSON | None:
+    """The deterministic summarizer's answer to a chat summary request."""
+    reply = summary_reply(body.get("messages") or [])
+    if reply is None:
+        return None
+    message = {"role": "assistant", "content": reply.content}
+    return {
+        "id": "chatcmpl-replay-summary",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body.get("model", ""),
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": measure.prompt_tokens("/v1/chat/completions", body),
+                  "completion_tokens": completion_tokens(reply), "total_tokens": 0},
+    }  # fmt: skip
 
 
 async def replay(
@@ -106,7 +128,10 @@ async def replay(
     make_config: MakeConfig,
     policy: str | None = None,
     advance: Callable[[], None] = lambda: None,
+    session: str = SESSION,
 ) -> list[TurnRow]:
+    """`session`: the name the turns are sent under (a recorded session's own: what the
+    proxy writes, e.g. an offload's pointer, may name it)."""
     answers = _Answers()
     # The window is the proxy's to fit to; the simulator only checks validity.
     sim = Simulator(context_window=10**9, canned=answers)
@@ -123,7 +148,7 @@ async def replay(
             try:
                 await web.TCPSite(runner, "127.0.0.1", 0).start()
                 proxy = f"http://127.0.0.1:{runner.addresses[0][1]}"
-                headers = _headers(served, policy)
+                headers = _headers(served, policy, session)
                 previous: JSON | None = None
                 async with aiohttp.ClientSession() as http:
                     for number, turn in enumerate(turns, 1):
@@ -148,8 +173,8 @@ async def replay(
     return rows
 
 
-def _headers(served: Served, policy: str | None) -> dict[str, str]:
-    headers = {SESSION_HEADER: SESSION}
+def _headers(served: Served, policy: str | None, session: str) -> dict[str, str]:
+    headers = {SESSION_HEADER: session}
     if policy is not None:
         headers["x-agentproxy-policy"] = policy
     if served.secret is not None:
