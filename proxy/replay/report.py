@@ -111,7 +111,7 @@ def print_text(
         )  # fmt: skip
     for row in rows:
         for problem in row.problems:
-            console.print(f"turn {row.turn}: {problem}")
+            console.print(f"turn {row.turn}: {problem}", markup=False, highlight=False)
 
 
 def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> None:
@@ -125,6 +125,7 @@ def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> Non
         f"{_validity(t)}; "
         f"rewrites: {rewrites}",
         highlight=False,
+        markup=False,
     )
 
 
