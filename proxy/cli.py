@@ -1,5 +1,5 @@
-"""`agentproxy serve | validate | simulate | demo | replay | store`; `--log-level` before or after the
-command."""
+"""`agentproxy serve | validate | simulate | demo | replay | store`; `--log-level` before or
+after the command."""
 
 from __future__ import annotations
 
@@ -126,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
         "every request was valid for the provider.",
     )
     replay.add_argument("trace", nargs="?", metavar="FILE.jsonl", help="a trace to replay")
-    replay.add_argument("--session", metavar="ID", help="a recorded session instead (with --config)")
+    replay.add_argument(
+        "--session", metavar="ID", help="a recorded session instead (with --config)"
+    )
     replay.add_argument("--config", help="the configuration to replay with (for --session: the "
                         "one the proxy runs with) [the demo's policies]")  # fmt: skip
     replay.add_argument("--key", metavar="NAME", help="whose session / which key's policies, "

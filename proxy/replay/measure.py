@@ -8,6 +8,7 @@ previous prompt sent upstream is read from the cache, the rest is written to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proxy.sim import anthropic, responses
@@ -15,7 +16,7 @@ from proxy.sim.model import estimate_prompt_tokens, is_summary_request
 
 JSON = dict[str, Any]
 
-_TO_CHAT = {
+_TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
     "/v1/chat/completions": lambda body: body,
     "/v1/messages": anthropic.to_chat,
     "/v1/responses": responses.to_chat,

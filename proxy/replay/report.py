@@ -12,6 +12,7 @@ from rich.table import Table
 from proxy.replay.engine import TurnRow
 
 JSON = dict[str, Any]
+_NUMBERS = ("turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
 
 
 def totals(rows: Sequence[TurnRow]) -> JSON:
@@ -84,8 +85,7 @@ def print_text(
         title += f" against {against[1][0].policy if against[1] else against[0]}"
     table = Table(title=title, title_justify="left")
     for column in ("turn", "wire", "received", "sent", "cache hit", "cost", "valid", "rewrites"):
-        table.add_column(column, justify="right" if column in ("turn", "received", "sent",
-                                                               "cache hit", "cost") else "left")  # fmt: skip
+        table.add_column(column, justify="right" if column in _NUMBERS else "left")
     others = against[1] if against is not None else [None] * len(rows)
     first = against[2] if against is not None else None
     for row, other in zip(rows, others, strict=True):

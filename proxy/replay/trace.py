@@ -60,17 +60,17 @@ def check_turn(turn: Any, where: str) -> dict[str, Any]:
         raise TraceError(
             f"{where}: unknown wire {wire!r}; one of {', '.join(ROUTES)}"
             if wire is not None
-            else f"{where}: no \"wire\" ({', '.join(ROUTES)})"
+            else f'{where}: no "wire" ({", ".join(ROUTES)})'
         )
     route = turn.get("route", ROUTES[wire])
     if route != ROUTES[wire]:
         raise TraceError(f"{where}: route {route!r} is not the {wire} wire's ({ROUTES[wire]})")
     request = turn.get("request")
     if not isinstance(request, dict):
-        raise TraceError(f"{where}: \"request\" must be the client's JSON body (an object)")
+        raise TraceError(f'{where}: "request" must be the client\'s JSON body (an object)')
     if not isinstance(request.get("model"), str) or not request["model"]:
         raise TraceError(f"{where}: the request names no model")
     answer = turn.get("answer")
     if answer is not None and not isinstance(answer, dict):
-        raise TraceError(f"{where}: \"answer\" must be the upstream's JSON answer (an object)")
+        raise TraceError(f'{where}: "answer" must be the upstream\'s JSON answer (an object)')
     return turn

@@ -24,7 +24,10 @@ def replay_file(tmp_path: Path, lines: list[str], *flags: str) -> tuple[int, str
     [
         ("{not json", "not JSON"),
         ("[1, 2]", "a turn is a JSON object"),
-        (json.dumps({**GOOD, "wire": "grpc"}), "unknown wire 'grpc'; one of chat, anthropic, responses"),
+        (
+            json.dumps({**GOOD, "wire": "grpc"}),
+            "unknown wire 'grpc'; one of chat, anthropic, responses",
+        ),
         (json.dumps({"request": GOOD["request"]}), 'no "wire"'),
         (json.dumps({"wire": "chat"}), '"request" must be the client\'s JSON body'),
         (json.dumps({**GOOD, "request": {"messages": []}}), "the request names no model"),

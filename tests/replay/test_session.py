@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy import cli
-from proxy.replay.engine import parse_applied
 from proxy.replay import session as sessions
+from proxy.replay.engine import parse_applied
 from proxy.replay.trace import read_trace
 from tests.conftest import ProxyFactory
 from tests.replay.test_live import TraceUpstream
@@ -126,8 +126,11 @@ async def test_a_session_recorded_by_a_running_proxy_replays_to_the_same_figures
     url = str(server.make_url("")).rstrip("/")
     config = keyed_config(tmp_path)
     text = config.read_text().replace('"http://127.0.0.1:9/v1"', f'"{url}/v1"')
-    config.write_text(text.replace("offload: {min_tokens: 500}",
-                                   "offload: {min_tokens: 500}, record: {enabled: true}"))
+    config.write_text(
+        text.replace(
+            "offload: {min_tokens: 500}", "offload: {min_tokens: 500}, record: {enabled: true}"
+        )
+    )
     proxy = await start_proxy(config)
     live = []
     for turn in TRACE:
