@@ -1,5 +1,5 @@
-"""`agentproxy serve | validate | simulate | demo | store`; `--log-level` before or after the
-command."""
+"""`agentproxy serve | validate | simulate | demo | replay | store`; `--log-level` before or
+after the command."""
 
 from __future__ import annotations
 
@@ -114,6 +114,32 @@ def _parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=1, help="agent sessions to run with --proxy [1]"
     )
     demo.set_defaults(run=_demo)
+
+    replay = commands.add_parser(
+        "replay",
+        parents=[common],
+        help="run a recorded session or a JSONL trace through a policy, offline",
+        description="Run a trace (one turn a line: docs/cli.md) or a recorded session through "
+        "the real proxy offline: the upstream answers from the trace, the summarizer is a "
+        "deterministic stand-in (unless --live). Prints per turn and in total the tokens "
+        "received and sent, each rewrite, the prompt-cache hit ratio, the cost and whether "
+        "every request was valid for the provider.",
+    )
+    replay.add_argument("trace", nargs="?", metavar="FILE.jsonl", help="a trace to replay")
+    replay.add_argument(
+        "--session", metavar="ID", help="a recorded session instead (with --config)"
+    )
+    replay.add_argument("--config", help="the configuration to replay with (for --session: the "
+                        "one the proxy runs with) [the demo's policies]")  # fmt: skip
+    replay.add_argument("--key", metavar="NAME", help="whose session / which key's policies, "
+                        "when keys are configured [--session: the owner that has it; a "
+                        "trace: the first key]")  # fmt: skip
+    replay.add_argument("--policy", metavar="NAME", help="the policy to apply [as selected]")
+    replay.add_argument("--against", metavar="NAME", help="a second policy, side by side")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.add_argument("--live", metavar="ALIAS", help="summarize with this alias of --config "
+                        "for real instead of the stand-in")  # fmt: skip
+    replay.set_defaults(run=_replay)
 
     store = commands.add_parser(
         "store",
@@ -245,6 +271,15 @@ def _store(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(out, indent=2) if args.json else "\n".join(lines))
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from proxy.replay.command import run
+
+    # The report is the output; per-request log lines would only interleave with it.
+    for name in ("agentproxy", "aiohttp.access"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return run(args)
 
 
 def _validate(args: argparse.Namespace) -> int:
