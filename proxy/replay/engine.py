@@ -21,7 +21,6 @@ from proxy.replay import measure
 from proxy.replay.config import Served
 from proxy.replay.trace import ROUTES
 from proxy.sessions.identity import SESSION_HEADER
-from proxy.sim.model import completion_tokens, summary_reply
 from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator
 
 JSON = dict[str, Any]
@@ -91,36 +90,17 @@ def parse_applied(header: str | None) -> list[JSON]:
 class _Answers:
     """The trace's answer for the turn in flight: given once, to its first call that is not
     the summarizer's (recall rounds and retries after it get the scripted stand-in). The
-    summarizer gets the simulator's structured summary whole, as a model that keeps to its
-    instructions would answer (the simulator would cut it at max_tokens)."""
+    summarizer gets the simulator's structured summary, fitted to its max tokens as a model
+    that keeps to its instructions would answer, in whatever wire it was asked in."""
 
     def __init__(self) -> None:
         self.pending: JSON | None = None
 
     def __call__(self, path: str, body: JSON) -> JSON | None:
-        if measure.is_summary(path, body):
-            return stand_in_summary(body) if path == "/v1/chat/completions" else None
-        if self.pending is None:
+        if self.pending is None or measure.is_summary(path, body):
             return None
         answer, self.pending = self.pending, None
         return answer
-
-
-def stand_in_summary(body: JSON) -> JSON | None:
-    """The deterministic summarizer's answer to a chat summary request."""
-    reply = summary_reply(body.get("messages") or [])
-    if reply is None:
-        return None
-    message = {"role": "assistant", "content": reply.content}
-    return {
-        "id": "chatcmpl-replay-summary",
-        "object": "chat.completion",
-        "created": 0,
-        "model": body.get("model", ""),
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": measure.prompt_tokens("/v1/chat/completions", body),
-                  "completion_tokens": completion_tokens(reply), "total_tokens": 0},
-    }  # fmt: skip
 
 
 async def replay(

@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestServer
 from proxy import cli
 from proxy.replay import measure
 from proxy.replay.config import built_in
-from proxy.replay.engine import SESSION, parse_applied, stand_in_summary
+from proxy.replay.engine import SESSION, parse_applied
 from proxy.replay.trace import read_trace
-from proxy.sim.anthropic import AnthropicDialect
+from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,31 +29,21 @@ TRACES = sorted((ROOT / "examples" / "traces").glob("*.jsonl"))
 
 
 class TraceUpstream:
-    """Answers each turn's call with the trace's answer, in order, and the summarizer's with
-    the same answers replay gives it (its deterministic stand-in)."""
+    """Answers each turn's call with the trace's answer, in order; the summarizer's calls get
+    the simulator's scripted summary in their own wire, as replay's do."""
 
     def __init__(self, turns: list[dict[str, Any]]) -> None:
         self.answers: Iterator[dict[str, Any]] = iter(t["answer"] for t in turns)
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=2**28)
-        for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
-            app.router.add_post(path, self.answer)
-        # The proxy counts Anthropic prompts exactly near a decision, as the provider would.
-        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
-        return app
+        return Simulator(context_window=10**9, canned=self.answer).app()
 
-    async def count_tokens(self, request: web.Request) -> web.Response:
-        tokens = AnthropicDialect().count_prompt_tokens(await request.json())
-        return web.json_response({"input_tokens": tokens})
-
-    async def answer(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.calls.append((request.path, body))
-        if measure.is_summary(request.path, body):
-            return web.json_response(stand_in_summary(body))
-        return web.json_response(next(self.answers))
+    def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append((path, body))
+        if measure.is_summary(path, body):
+            return None
+        return next(self.answers)
 
 
 async def _send(proxy: str, turn: dict[str, Any]) -> tuple[int, dict[str, str]]:
