@@ -160,8 +160,11 @@ def _responses_reply(model: str) -> dict[str, Any]:
 
 
 class Served:
-    def __init__(self, proxy: TestServer, primary: Upstream, backup: Upstream, state: Path) -> None:
+    def __init__(
+        self, proxy: TestServer, primary: Upstream, backup: Upstream, state: Path, last: Upstream
+    ) -> None:
         self.proxy, self.primary, self.backup, self.state = proxy, primary, backup, state
+        self.last = last
         self.url = str(proxy.make_url("")).rstrip("/")
         self.clients: list[Any] = []
 
@@ -195,11 +198,19 @@ class Served:
 @pytest.fixture
 async def serve(aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path) -> Any:
     async def start(
-        provider: str, info: str, *, lacks: Set[str] = frozenset(), max_output: int | None = None
+        provider: str,
+        info: str,
+        *,
+        lacks: Set[str] = frozenset(),
+        max_output: int | None = None,
+        backup_down: bool = False,
     ) -> Served:
-        primary, backup = Upstream(down=True), Upstream(lacks, max_output)
+        """primary (503) falls back to backup (model_info `info`); with `backup_down`, backup
+        answers 503 too and the chain goes on to `last`, which takes everything."""
+        primary, backup = Upstream(down=True), Upstream(lacks, max_output, down=backup_down)
+        last = Upstream()
         bases = []
-        for upstream in (primary, backup):
+        for upstream in (primary, backup, last):
             server = await aiohttp_server(upstream.app())
             base = str(server.make_url("")).rstrip("/")
             bases.append(base if provider == "anthropic" else base + "/v1")
@@ -211,14 +222,17 @@ async def serve(aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path) 
               - model_name: backup
                 litellm_params: {{model: {provider}/backup, api_base: {bases[1]}, api_key: k}}
                 model_info: {{{info}}}
+              - model_name: last
+                litellm_params: {{model: {provider}/last, api_base: {bases[2]}, api_key: k}}
             policies:
               - name: resilient
                 retry: {{attempts: 1}}
-                fallbacks: [{{from: primary, to: [backup]}}]
+                fallbacks: [{{from: primary, to: [backup, last]}}]
             """
         path = tmp_path / "c.yaml"
         path.write_text(textwrap.dedent(text))
-        served.append(Served(await start_proxy(path), primary, backup, tmp_path / "state"))
+        proxy = await start_proxy(path)
+        served.append(Served(proxy, primary, backup, tmp_path / "state", last))
         return served[-1]
 
     served: list[Served] = []
@@ -379,6 +393,25 @@ async def test_a_fallback_that_takes_everything_gets_the_request_unchanged(serve
     assert served.backup.raw[-1] == served.primary.raw[0].replace(b'"primary"', b'"backup"')
 
 
+async def test_the_next_fallback_starts_again_from_the_clients_own_request(serve: Any) -> None:
+    info = "supports_function_calling: false, supports_vision: false, max_output_tokens: 100"
+    served = await serve("openai", info, backup_down=True)
+    image = {"type": "image_url", "image_url": {"url": IMAGE}}
+    messages = [*CHAT_TOOL_HISTORY[:-1], {"role": "user", "content": [image]}]
+    raw = await served.openai().chat.completions.with_raw_response.create(
+        model="primary",
+        messages=messages,  # type: ignore[arg-type]
+        tools=[TOOL],  # type: ignore[list-item]
+        tool_choice="auto",
+        max_tokens=1000,
+    )
+    assert raw.http_response.status_code == 200
+    adapted = served.backup.bodies[-1]
+    assert "tools" not in adapted and adapted["max_tokens"] == 100  # fitted to backup...
+    first, last = served.primary.bodies[0], served.last.bodies[-1]
+    assert last == {**first, "model": "last"}  # ...and the next one got the client's own
+
+
 # --- Anthropic Messages (anthropic SDK) -------------------------------------------------------
 
 
@@ -419,6 +452,27 @@ async def test_anthropic_thinking_is_left_out_for_a_fallback_that_does_not_reaso
     event = next(e for e in _events(served) if e.get("action") == "removed_reasoning")
     assert orjson.loads(await served.archived(event["refs"][0])) == thinking
     assert await served.metric("removed_reasoning") == 1
+
+
+async def test_anthropic_thinking_does_not_travel_to_another_provider(serve: Any) -> None:
+    served = await serve("anthropic", "max_input_tokens: 100000", lacks={"reasoning"})
+    thinking = {"type": "thinking", "thinking": "plan", "signature": "signed-by-primary"}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [thinking, {"type": "text", "text": "hello"}]},
+        {"role": "user", "content": "again"},
+    ]
+    raw = await served.anthropic().messages.with_raw_response.create(
+        model="primary",
+        max_tokens=4096,
+        messages=messages,  # type: ignore[arg-type]
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    assert raw.http_response.status_code == 200
+    assert "capabilities.removed_reasoning;count=1" in raw.headers["x-agentproxy-applied"]
+    sent = served.backup.bodies[-1]
+    assert sent["messages"][1]["content"] == [{"type": "text", "text": "hello"}]
+    assert "thinking" not in sent  # a turn without its thinking block would be refused
 
 
 async def test_anthropic_images_are_marked_and_max_tokens_clamped(serve: Any) -> None:
