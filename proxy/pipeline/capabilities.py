@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange, NativeFit
+from proxy.model_catalog import ModelFacts
 from proxy.pipeline.archive import entry
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.messages import Message, text_of
@@ -75,7 +76,7 @@ class Lacks:
         )
 
 
-def lacks(ex: Exchange, facts: Any, requested: tuple[Deployment, ...]) -> Lacks:
+def lacks(ex: Exchange, facts: ModelFacts, requested: tuple[Deployment, ...]) -> Lacks:
     deployment = ex.deployment
     assert deployment is not None
     signer = _signer(deployment)
