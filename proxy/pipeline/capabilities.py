@@ -15,7 +15,8 @@ request what it lacks:
   signer (provider and address) than the alias asked for: archived, left out (the view does it
   for what it does not show); the request's reasoning setting too without `supports_reasoning`;
 - tools without `supports_function_calling`: the definitions archived and left out, past calls
-  and results written as text;
+  and results written as text (and the reasoning of those turns archived and left out: a
+  provider refuses reasoning without the calls it led to);
 - `max_tokens` / `max_completion_tokens` / `max_output_tokens` above the model's
   `max_output_tokens`: clamped.
 
@@ -131,7 +132,8 @@ class CapabilityStage:
         if missing.documents:
             out = await _parts(ex, ctx, out, DOCUMENTS, "document", recall)
         drop_reasoning = False
-        if missing.reasoning or missing.signatures:
+        # Tool-call turns written as text no longer carry their reasoning: it goes too, stored.
+        if missing.reasoning or missing.signatures or missing.tools:
             out, drop_reasoning = await _reasoning(ex, ctx, out, missing.reasoning)
         if missing.tools:
             out = await _tools(ex, ctx, out)

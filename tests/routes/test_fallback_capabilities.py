@@ -620,6 +620,34 @@ async def test_responses_reasoning_items_and_images_for_a_plain_fallback(serve: 
     assert orjson.loads(await served.archived(event["refs"][0])) == reasoning
 
 
+async def test_responses_tools_become_text_and_their_reasoning_is_archived(serve: Any) -> None:
+    served = await serve("openai", "supports_function_calling: false", lacks={"tools"})
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}
+    items = [
+        {"role": "user", "content": "read notes.txt"},
+        reasoning,
+        {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "buy milk"},
+        {"role": "user", "content": "and now?"},
+    ]
+    raw = await served.openai().responses.with_raw_response.create(
+        model="primary",
+        input=items,  # type: ignore[arg-type]
+        tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"}}],
+        tool_choice="auto",
+    )
+    assert raw.http_response.status_code == 200
+    notes = raw.headers["x-agentproxy-applied"]
+    assert "capabilities.removed_tools;count=2" in notes
+    assert "capabilities.removed_reasoning;count=1" in notes
+    sent = served.backup.bodies[-1]
+    assert "tools" not in sent and "tool_choice" not in sent
+    assert [i.get("role") for i in sent["input"]] == ["user", "assistant", "user", "user"]
+    assert "buy milk" in orjson.dumps(sent["input"]).decode()
+    event = next(e for e in _events(served) if e.get("action") == "removed_reasoning")
+    assert orjson.loads(await served.archived(event["refs"][0])) == reasoning
+
+
 async def test_responses_documents_are_archived_for_a_fallback_without_pdf_input(
     serve: Any,
 ) -> None:
