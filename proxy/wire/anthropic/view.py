@@ -174,7 +174,7 @@ class AnthropicView:
         return limit if isinstance(limit, int) else None
 
     def fit(self, fit: NativeFit) -> None:
-        self._fit = fit
+        self._fit = AS_SENT if fit == AS_SENT else fit  # as sent: the client's own body again
 
     def remember_turn(self, content: list[Block]) -> None:
         """An assistant turn whose blocks must go back as they came (the client's own, or a

@@ -186,7 +186,7 @@ class ResponsesView:
         return limit if isinstance(limit, int) else None
 
     def fit(self, fit: NativeFit) -> None:
-        self._fit = fit
+        self._fit = AS_SENT if fit == AS_SENT else fit  # as sent: the client's own body again
 
     def remember_turn(self, output: list[Item]) -> None:
         """A reply the proxy continues itself: its items go back whole (reasoning first)."""
