@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.exchange import Exchange, OneShot
+from proxy.exchange import Exchange, NativeFit, OneShot
 from proxy.policies.spec import Deployment
 from proxy.upstream.no_chat import learn_no_chat, serves_no_chat
 
@@ -83,6 +83,17 @@ class SummaryView:
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
         self.sent_native = False
         return chat
+
+    # A summary is sent as built (no fitter re-fits it on fallback): no reasoning to drop, no
+    # limit but the one it was built with.
+    def reasoning(self) -> list[dict[str, Any]]:
+        return []
+
+    def output_limit(self) -> int | None:
+        return None
+
+    def fit(self, fit: NativeFit) -> None:
+        pass
 
 
 def send_in(child: Exchange, wire: SummaryWire, native: dict[str, Any]) -> SummaryView:
