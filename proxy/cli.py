@@ -317,7 +317,10 @@ def _run(args: argparse.Namespace) -> int:
         command=command, config=args.config, model=args.model, api_base=args.api_base,
         simulate=args.simulate, port=args.port, key=args.key,
     )  # fmt: skip
-    return run_agent(options)
+    try:
+        return run_agent(options)
+    except KeyboardInterrupt:  # before the agent started: it forwards signals from then on
+        return 130
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ _OUR_TABLE = re.compile(rf"^\s*\[\s*model_providers\s*\.\s*\"?{CODEX_PROVIDER}\"
 
 
 def agent_kind(command: str) -> str:
-    """"claude", "codex", or "other": by the program's name, as the user typed it."""
+    """ "claude", "codex", or "other": by the program's name, as the user typed it."""
     name = Path(command).name
     return name if name in ("claude", "codex") else "other"
 
@@ -73,7 +73,8 @@ def user_codex_home(environ: Mapping[str, str]) -> Path:
 def codex_config(user_config: str, proxy_url: str, session: str) -> str:
     """The user's config.toml with `model_provider` turned to the proxy: the root key goes
     first (before any table, as TOML wants), the user's own root one out, the provider table
-    last (a table of the user's with its name out). The proxy retries, so Codex does not retry requests on top of it."""
+    last (a table of the user's of that name out). The proxy retries, so Codex does not retry
+    requests on top of it."""
     kept, in_root, in_ours = [], True, False
     for line in user_config.splitlines():
         if _TABLE.match(line):

@@ -97,46 +97,56 @@ async def _run(
     options: RunOptions, config: Config | None, key: str | None, environ: Mapping[str, str],
     say: Say,
 ) -> int:  # fmt: skip
-    from proxy.store.base import StoreError
-
     kind = agent_kind(options.command[0])
-    port = options.port or (config.server.port if config else DEFAULT_PORT)
     async with contextlib.AsyncExitStack() as stack:
-        running = f"http://{HOST}:{port}"
-        if not (options.simulate or options.model) and await answers(running):
-            proxy_url = running
-            say(f"using the proxy running at {proxy_url}")
-        else:
-            if config is None and not options.simulate:
-                say(
-                    f"no proxy answers at {running}, and none to start: give --config PATH "
-                    "(your configuration: model_list with your providers), --model "
-                    "PROVIDER/NAME (one model, its key from the environment, e.g. "
-                    "--model anthropic/claude-sonnet-4-5), or --simulate (the built-in "
-                    "simulated model, offline); or run `agentproxy serve` and give its --port"
-                )
-                return USAGE
-            if config is not None and config.keys.api_keys and key is None:
-                say("this configuration sets keys.api_keys: give one with --key or "
-                    "AGENTPROXY_API_KEY")  # fmt: skip
-                return USAGE
-            try:
-                proxy_url = await stack.enter_async_context(
-                    _embedded(config, options, kind, say)
-                )
-            except (OSError, StoreError) as exc:
-                say(f"cannot start the proxy: {exc}")
-                return USAGE
+        proxy_url = await _find_or_start(options, config, key, kind, stack, say)
+        if proxy_url is None:
+            return USAGE
         session = f"run-{uuid.uuid4().hex[:12]}"
         env = agent_environment(environ, proxy_url, session, key)
         if kind == "codex":
             home = make_codex_home(environ, proxy_url, session, say)
             stack.callback(shutil.rmtree, home, ignore_errors=True)
             env["CODEX_HOME"] = str(home)
-        shown = "" if kind != "other" else " (when it sends x-agentproxy-session: $AGENTPROXY_SESSION)"
-        say(f"session {session}: {proxy_url}/ui#session={session}{shown}")
+        inspector = f"{proxy_url}/ui#session={session}"
+        if kind == "other":  # an SDK sends no header of ours by itself
+            inspector += " (if it sends x-agentproxy-session: $AGENTPROXY_SESSION)"
+        say(f"session {session}: {inspector}")
         return await launch(options.command, env)
     return USAGE  # unreachable: the stack does not swallow exceptions
+
+
+async def _find_or_start(
+    options: RunOptions, config: Config | None, key: str | None, kind: str,
+    stack: contextlib.AsyncExitStack, say: Say,
+) -> str | None:  # fmt: skip
+    """The URL of the proxy the agent is to use (one started lives as long as `stack`), or
+    None when there is none to use, said why."""
+    from proxy.store.base import StoreError
+
+    port = options.port or (config.server.port if config else DEFAULT_PORT)
+    running = f"http://{HOST}:{port}"
+    if not (options.simulate or options.model) and await answers(running):
+        say(f"using the proxy running at {running}")
+        return running
+    if config is None and not options.simulate:
+        say(
+            f"no proxy answers at {running}, and none to start: give --config PATH "
+            "(your configuration: model_list with your providers), --model "
+            "PROVIDER/NAME (one model, its key from the environment, e.g. "
+            "--model anthropic/claude-sonnet-4-5), or --simulate (the built-in "
+            "simulated model, offline); or run `agentproxy serve` and give its --port"
+        )
+        return None
+    if config is not None and config.keys.api_keys and key is None:
+        say("this configuration sets keys.api_keys: give one with --key or AGENTPROXY_API_KEY")
+        return None
+    try:
+        url: str = await stack.enter_async_context(_embedded(config, options, kind, say))
+    except (OSError, StoreError) as exc:
+        say(f"cannot start the proxy: {exc}")
+        return None
+    return url
 
 
 async def answers(url: str) -> bool:
@@ -167,7 +177,7 @@ async def _embedded(
             sim = Simulator(context_window=SIM_WINDOW, record=False)
             sim_url = await stack.enter_async_context(run_simulator(sim))
             config = simulated_config(sim_url, state, kind)
-        _log_to_file(Path(config.store.path) / "run.log", say)
+        _log_to_file(config.store.path, say)
         app = build_app(options.config, config=config, host=HOST)
         runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
@@ -208,8 +218,10 @@ def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
     return dataclasses.replace(config, catch_all="claude" if kind == "claude" else "sim")
 
 
-def _log_to_file(path: Path, say: Say) -> None:
-    """The embedded proxy's log lines would land in the agent's terminal: a file takes them."""
+def _log_to_file(folder: str, say: Say) -> None:
+    """The embedded proxy's log lines would land in the agent's terminal: a file in its
+    store's folder takes them."""
+    path = Path(folder).resolve() / "run.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     root = logging.getLogger()

@@ -57,6 +57,10 @@ def env(tmp_path: Path) -> dict[str, str]:
     return clean_env(tmp_path / "home")
 
 
+def list_dir(folder: Path) -> list[str]:
+    return [str(entry) for entry in folder.iterdir()]
+
+
 def fake_agent(tmp_path: Path, name: str) -> str:
     """A PATH whose `name` is SHOW."""
     folder = tmp_path / "bin"
@@ -95,6 +99,33 @@ async def test_a_proxy_already_running_is_used(
     assert answer == "You said: hello proxy"
     assert headers == f"{run.session} sim"
     assert f"http://127.0.0.1:{port}/ui#session={run.session}" in run.stderr
+
+
+async def test_with_a_configuration_and_no_proxy_running_one_is_started_with_it(
+    config_path: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    port = str(free_port())
+    run = await agentproxy_run("--config", str(config_path), "--port", port, "--",
+                               sys.executable, "-c", AGENT, "sim", "0", env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.started_url == f"http://127.0.0.1:{port}"  # where --port said
+    assert run.stdout.splitlines()[0] == "You said: hello proxy"
+    assert f"/ui#session={run.session}" in run.stderr
+    log = tmp_path / ".agentproxy" / "run.log"  # the store's folder: out of the terminal
+    assert "loopback" in log.read_text()  # the start-up warning about keys went there
+    assert "loopback" not in run.stderr
+
+
+async def test_with_a_model_one_is_started_serving_it_under_any_name(
+    sim_server: TestServer, env: dict[str, str]
+) -> None:
+    env["OPENAI_API_KEY"] = "sk-sim-upstream-secret"  # the provider's, as serve --model reads it
+    sim_url = str(sim_server.make_url("/v1"))
+    agent = (sys.executable, "-c", AGENT, "gpt-anything", "0")
+    run = await agentproxy_run("--model", "openai/sim", "--api-base", sim_url, "--", *agent,
+                               env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.splitlines() == ["You said: hello proxy", f"{run.session} sim"]
 
 
 async def test_with_no_proxy_and_nothing_to_start_one_with_it_says_what_to_give(
@@ -186,7 +217,7 @@ async def test_codex_gets_a_temporary_codex_home_on_the_users_config(
     }
     assert shown["env"]["AGENTPROXY_API_KEY"] == "sk-mine"
     assert shown["links"] == {"sessions": str(user_home / "sessions")}  # history kept
-    assert not Path(shown["env"]["CODEX_HOME"]).exists()  # removed after the run
+    assert shown["env"]["CODEX_HOME"] not in list_dir(Path(shown["env"]["CODEX_HOME"]).parent)
     assert (user_home / "config.toml").read_text() == user_config
 
 
