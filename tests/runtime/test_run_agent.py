@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -18,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from proxy.runtime.agent_env import codex_config
 from tests.conftest import free_port
 from tests.runtime.test_server import refused
-from tests.support.agentproxy_run import agentproxy_run, clean_env, start_run
+from tests.support.agentproxy_run import ROOT, agentproxy_run, clean_env, start_run
 
 # An SDK agent: base URL and key from the environment `agentproxy run` gave it.
 AGENT = """
@@ -37,6 +38,44 @@ import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 print("ready", flush=True)
 time.sleep(60)
+"""
+# Counts the SIGINTs it gets (each delivery, as the C handler sees it), then reads a line.
+COUNTER = """
+import os, signal, sys
+read_end, write_end = os.pipe()
+os.set_blocking(write_end, False)
+os.set_blocking(read_end, False)
+signal.signal(signal.SIGINT, lambda *_: None)
+signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+print("ready", flush=True)
+line = input()
+got = len(os.read(read_end, 100))
+print(f"read {line} after {got} SIGINT", flush=True)
+sys.exit(5)
+"""
+# `agentproxy run` on a terminal of its own (a pty), as a user types into it.
+AT_TERMINAL = r"""
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "proxy", "run", "--simulate", "--",
+                              sys.executable, "-c", sys.argv[1]])
+seen = b""
+def until(text, deadline):
+    global seen
+    while text not in seen and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                break
+until(b"ready", time.monotonic() + 60)
+os.write(fd, b"\x03")  # Ctrl-C
+time.sleep(0.5)
+os.write(fd, b"typed\n")
+until(b"SIGINT", time.monotonic() + 30)
+print(seen.decode(errors="replace"))
+print("exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 # Stands in for `claude` / `codex` on PATH: shows what it was started with.
 SHOW = """#!{python}
@@ -174,6 +213,17 @@ async def test_a_signal_sent_to_run_reaches_the_agent(
     started = (await process.stderr.read()).decode()
     url = started.split("started a proxy on ")[1].split()[0]
     assert refused(url)
+
+
+def test_at_a_terminal_the_agent_is_its_foreground_reads_it_and_gets_ctrl_c(
+    env: dict[str, str],
+) -> None:
+    driven = subprocess.run(
+        [sys.executable, "-c", AT_TERMINAL, COUNTER],
+        env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "read typed after 1 SIGINT" in driven.stdout, driven.stdout + driven.stderr
+    assert driven.stdout.rstrip().endswith("exit 5")
 
 
 async def test_claude_code_is_pointed_at_the_proxy_with_the_runs_session(
