@@ -235,13 +235,19 @@ def _log_to_file(folder: str, say: Say) -> None:
 
 async def launch(command: Sequence[str], env: dict[str, str]) -> int:
     """Run the agent on this terminal until it exits, forwarding the signals that would not
-    reach it otherwise; its exit code (128 + N when signal N ended it)."""
-    process = await asyncio.create_subprocess_exec(*command, env=env)
+    reach it otherwise; its exit code (128 + N when signal N ended it). The handlers are in
+    place before the agent starts: a Ctrl-C it gets at once must not end this process (and
+    the proxy) under it."""
     loop = asyncio.get_running_loop()
+    early: list[signal.Signals] = []  # came while the agent was starting
+    process: asyncio.subprocess.Process | None = None
 
     def forward(sig: signal.Signals) -> None:
         if sig in FROM_TERMINAL and _terminal_foreground():
             return  # the terminal sent it to the agent as well
+        if process is None:
+            early.append(sig)
+            return
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(sig)
 
@@ -249,6 +255,9 @@ async def launch(command: Sequence[str], env: dict[str, str]) -> int:
     for sig in handled:
         loop.add_signal_handler(sig, forward, sig)
     try:
+        process = await asyncio.create_subprocess_exec(*command, env=env)
+        for sig in early:
+            forward(sig)
         code = await process.wait()
     finally:
         for sig in handled:
