@@ -194,8 +194,8 @@ async def _embedded(
 
 def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
     """The simulator's models: `sim` (OpenAI chat and Responses) and `claude` (Anthropic
-    Messages), with the default policies; any other name a client asks for is served by the
-    one that speaks its agent's wire natively."""
+    Messages), with the default policies; any other name is served by the one its agent
+    speaks natively: `claude` for Claude Code, `sim` for the rest."""
     import dataclasses
 
     from proxy.policies.loader import load_document
