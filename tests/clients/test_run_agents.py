@@ -48,6 +48,14 @@ def codex_env(codex: Codex) -> dict[str, str]:
     return env
 
 
+def claude_env(claude_code: ClaudeCode) -> dict[str, str]:
+    """The sealed environment of tests/clients, with no base URL or key: `run` gives them."""
+    env = claude_code.environment("http://127.0.0.1:9", "unused")
+    del env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"]
+    (claude_code.home / "tmp").mkdir(parents=True, exist_ok=True)
+    return env
+
+
 async def test_codex_started_by_run_reaches_a_running_proxy_in_the_runs_session(
     codex: Codex, tmp_path: Path
 ) -> None:
@@ -84,9 +92,7 @@ async def test_claude_code_started_by_run_reaches_a_running_proxy_in_the_runs_se
     claude_code: ClaudeCode, tmp_path: Path
 ) -> None:
     sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY, responder=ToolRoundTrip())
-    env = claude_code.environment("http://127.0.0.1:9", "unused")
-    del env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"]
-    (claude_code.home / "tmp").mkdir(parents=True, exist_ok=True)
+    env = claude_env(claude_code)
     async with run_simulator(sim) as url:
         config = proxy_config(tmp_path, CLAUDE_MODEL, "anthropic/claude-sim", url)
         async with session_noting_proxy(config) as (proxy, sessions):
@@ -101,3 +107,14 @@ async def test_claude_code_started_by_run_reaches_a_running_proxy_in_the_runs_se
     assert bash_round_trip(sim.requests[-1]) is not None
     assert all(name in run.stdout for name in SCRATCH_FILES), run.stdout
     assert sessions and set(sessions) == {run.session}
+
+
+async def test_claude_code_started_by_run_on_the_simulator_answers(
+    claude_code: ClaudeCode,
+) -> None:
+    run = await agentproxy_run(
+        "--simulate", "--", str(claude_code.binary), "-p", "hello there",
+        env=claude_env(claude_code), cwd=claude_code.workdir,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.startswith("You said:"), run.stdout  # the simulator's echo
