@@ -22,6 +22,7 @@ from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
+from proxy.pipeline.compaction.summary_wire import SummaryWire, SummaryWires
 from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
 from proxy.policies.exposure import exposure_warnings
 from proxy.policies.loader import load_config
@@ -117,7 +118,7 @@ def build_app(
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.
     control = app[CONTROL] = Control(upstreams, metrics, state, recorder)
-    summarize = make_summarizer(control, metrics)
+    summarize = make_summarizer(control, metrics, wires=summary_wires(upstreams))
     memo_bytes = holder.current.server.memo_mb * 1024 * 1024  # fixed for the process
     meter = PromptMeter(
         ratios_bytes=int(MEMO_SHARES["token_ratios"] * memo_bytes),
@@ -241,3 +242,14 @@ def warn_if_open(config: Config, host: str | None = None) -> None:
         log_lines(log.warning, f"config: {warning}")
     for note in config.notes:
         log_lines(log.info, f"config: {note}")
+
+
+def summary_wires(upstreams: Upstreams) -> SummaryWires:
+    """The wires a summary can be sent in: each with a native upstream and a one-shot form."""
+    return SummaryWires(
+        [
+            SummaryWire(wire.name, wire.one_shot, upstreams.natives[wire.name].speaks)
+            for wire in REGISTRY
+            if wire.one_shot is not None and wire.name in upstreams.natives
+        ]
+    )

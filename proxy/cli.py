@@ -1,5 +1,5 @@
-"""`agentproxy serve | validate | simulate | demo | store`; `--log-level` before or after the
-command."""
+"""`agentproxy serve | validate | simulate | demo | replay | store | run`; `--log-level` before
+or after the command."""
 
 from __future__ import annotations
 
@@ -115,6 +115,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=_demo)
 
+    replay = commands.add_parser(
+        "replay",
+        parents=[common],
+        help="run a recorded session or a JSONL trace through a policy, offline",
+        description="Run a trace (one turn a line: docs/cli.md) or a recorded session through "
+        "the real proxy offline: the upstream answers from the trace, the summarizer is a "
+        "deterministic stand-in (unless --live). Prints per turn and in total the tokens "
+        "received and sent, each rewrite, the prompt-cache hit ratio, the cost and whether "
+        "every request was valid for the provider.",
+    )
+    replay.add_argument("trace", nargs="?", metavar="FILE.jsonl", help="a trace to replay")
+    replay.add_argument(
+        "--session", metavar="ID", help="a recorded session instead (with --config)"
+    )
+    replay.add_argument("--config", help="the configuration to replay with (for --session: the "
+                        "one the proxy runs with) [the demo's policies]")  # fmt: skip
+    replay.add_argument("--key", metavar="NAME", help="whose session / which key's policies, "
+                        "when keys are configured [--session: the owner that has it; a "
+                        "trace: the first key]")  # fmt: skip
+    replay.add_argument("--policy", metavar="NAME", help="the policy to apply [as selected]")
+    replay.add_argument("--against", metavar="NAME", help="a second policy, side by side")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.add_argument("--live", metavar="ALIAS", help="summarize with this alias of --config "
+                        "for real instead of the stand-in")  # fmt: skip
+    replay.set_defaults(run=_replay)
+
     store = commands.add_parser(
         "store",
         parents=[common],
@@ -129,6 +155,38 @@ def _parser() -> argparse.ArgumentParser:
     store.add_argument("--config", required=True, help="the configuration the proxy runs with")
     store.add_argument("--json", action="store_true", help="print JSON")
     store.set_defaults(run=_store)
+
+    run = commands.add_parser(
+        "run",
+        parents=[common],
+        help="start an agent pointed at the proxy: agentproxy run -- claude|codex|CMD ...",
+        description="Start an agent already pointed at the proxy: Claude Code "
+        "(ANTHROPIC_BASE_URL), Codex (a temporary CODEX_HOME whose provider is the proxy) or "
+        "any command (OPENAI_BASE_URL, ANTHROPIC_BASE_URL). Uses the proxy answering on "
+        "--port, else starts one in this process for as long as the agent runs. Prints "
+        "where the inspector shows the session; exits with the agent's exit code.",
+    )
+    upstream = run.add_mutually_exclusive_group()
+    upstream.add_argument(
+        "--config", help="the proxy's configuration: the proxy answering on its server.port "
+        "is used, else one is started with it"
+    )  # fmt: skip
+    upstream.add_argument(
+        "--model", metavar="PROVIDER/NAME",
+        help="start a proxy serving this one model, as `serve --model` does",
+    )  # fmt: skip
+    upstream.add_argument(
+        "--simulate", action="store_true",
+        help="start a proxy on the built-in simulated model (offline; to try it out)",
+    )  # fmt: skip
+    run.add_argument("--api-base", metavar="URL", help="with --model: the provider's API")
+    run.add_argument("--port", type=int,
+                     help="where the proxy is, or is started [server.port, else 4000; "
+                     "a started one: a free port]")  # fmt: skip
+    run.add_argument("--key", help="the proxy API key to send [AGENTPROXY_API_KEY]")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                     help="the agent: claude, codex, or any command")  # fmt: skip
+    run.set_defaults(run=_run)
     return parser
 
 
@@ -247,6 +305,15 @@ def _store(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from proxy.replay.command import run
+
+    # The report is the output; per-request log lines would only interleave with it.
+    for name in ("agentproxy", "aiohttp.access"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return run(args)
+
+
 def _validate(args: argparse.Namespace) -> int:
     from proxy.policies.exposure import exposure_warnings
     from proxy.policies.loader import validate_paths
@@ -272,6 +339,23 @@ def _simulate(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_simulator(args.host, args.port, sim))
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from proxy.runtime.run_agent import RunOptions, run_agent
+
+    if args.api_base is not None and args.model is None:
+        print("agentproxy run: --api-base goes with --model", file=sys.stderr)
+        return 2
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    options = RunOptions(
+        command=command, config=args.config, model=args.model, api_base=args.api_base,
+        simulate=args.simulate, port=args.port, key=args.key,
+    )  # fmt: skip
+    try:
+        return run_agent(options)
+    except KeyboardInterrupt:  # before the agent started: it forwards signals from then on
+        return 130
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -155,6 +155,17 @@ class Recovery:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class NativeFit:
+    """What a fallback model cannot take of the parts of a request the chat-shaped view does
+    not show (proxy/pipeline/capabilities.py): the view leaves them out when it renders. The
+    default is the request as sent."""
+
+    drop_reasoning: bool = False  # the history's signed reasoning (thinking, reasoning items)
+    drop_reasoning_setting: bool = False  # the request's own (thinking, reasoning)
+    max_output_tokens: int | None = None  # the most output the request may ask for
+
+
 class RequestView(Protocol):
     """A client's request in a wire format other than chat, as the exchange needs it: `body`
     is then its chat-shaped view (what the stages rewrite), and this renders the native
@@ -165,6 +176,37 @@ class RequestView(Protocol):
     def render(self, chat: dict[str, Any]) -> dict[str, Any]: ...
 
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+
+    def reasoning(self) -> list[dict[str, Any]]:
+        """The history's signed reasoning (thinking blocks, reasoning items), as sent."""
+        ...
+
+    def output_limit(self) -> int | None:
+        """The most output tokens the client asked for, if it said."""
+        ...
+
+    def fit(self, fit: NativeFit) -> None:
+        """Render from now on without what `fit` takes away."""
+        ...
+
+
+class OneShot(Protocol):
+    """A request the proxy makes on its own (a summary) in one wire format other than chat:
+    built from a system text, a user text and an output limit, its answer read back as text.
+    Each such wire offers one (proxy/wire/<format>/one_shot.py)."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The protocol headers the request needs (anthropic-version)."""
+        ...
+
+    def request(
+        self, deployment: Deployment, system: str, user: str, max_tokens: int
+    ) -> dict[str, Any]: ...
+
+    def text(self, data: dict[str, Any]) -> str | None:
+        """The answer's text; None when it has none."""
+        ...
 
 
 @dataclass(slots=True)
@@ -206,6 +248,9 @@ class ClientRequest:
     opaque_history: bool = False
     # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
     forward_headers: dict[str, str] = field(default_factory=dict)
+    # Top-level fields of `body` a fallback's capabilities changed (tools, max_tokens...),
+    # as the client sent them ((False, None) when absent): restored before another fallback.
+    fields_sent: dict[str, tuple[bool, Any]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,8 @@
-"""Context windows and prices: the config's model_info first, then litellm's bundled price map.
+"""Context windows, prices and capabilities: the config's model_info first, then litellm's
+bundled price map.
+
+A capability (`supports_vision`, ...) is False only when one of them says so; unknown is None,
+and whoever reads it assumes the model takes it (a history is never stripped of what may work).
 
 The price map is read as plain JSON from litellm's package folder, so looking up a window or a
 price never pays for `import litellm` (seconds, ~190 MB).
@@ -32,6 +36,16 @@ class ModelFacts(NamedTuple):
     # Prompt-cache prices: a read, and a write (Anthropic); the input price when unknown.
     cache_read_cost_per_token: float | None = None
     cache_write_cost_per_token: float | None = None
+    max_output_tokens: int | None = None
+    supports_vision: bool | None = None
+    supports_pdf_input: bool | None = None
+    supports_function_calling: bool | None = None
+    supports_reasoning: bool | None = None
+
+
+CAPABILITIES = (
+    "supports_vision", "supports_pdf_input", "supports_function_calling", "supports_reasoning"
+)  # fmt: skip
 
 
 def _read_price_map() -> dict[str, ModelFacts]:
@@ -51,6 +65,8 @@ def _read_price_map() -> dict[str, ModelFacts]:
             entry.get("output_cost_per_token"),
             entry.get("cache_read_input_token_cost"),
             entry.get("cache_creation_input_token_cost"),
+            _count(entry.get("max_output_tokens")),
+            *(_flag(entry.get(capability)) for capability in CAPABILITIES),
         )
         for name, entry in entries.items()
         if isinstance(entry, dict)
@@ -102,6 +118,11 @@ class ModelCatalog:
             _first(deployment.output_cost_per_token, known.output_cost_per_token),
             _first(deployment.cache_read_cost_per_token, known.cache_read_cost_per_token),
             _first(deployment.cache_write_cost_per_token, known.cache_write_cost_per_token),
+            _first(deployment.max_output_tokens, known.max_output_tokens),
+            *(
+                _first(getattr(deployment, capability), getattr(known, capability))
+                for capability in CAPABILITIES
+            ),
         )
 
     def cost(self, deployment: Deployment, usage: Usage) -> float | None:
@@ -120,6 +141,14 @@ class ModelCatalog:
             + usage.cache_write * write
             + usage.completion_tokens * price_out
         )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _first(configured: T | None, known: T | None) -> T | None:

@@ -26,6 +26,9 @@ ARCHIVING_ACTIONS = frozenset(
         ("compaction", "summarized"),
         ("compaction", "checkpoint_reused"),
         ("compaction", "middle_out"),
+        ("capabilities", "removed_images"),
+        ("capabilities", "removed_documents"),
+        ("capabilities", "removed_reasoning"),
     }
 )
 USAGE = 'pass {"ref": "ap_…"} to fetch archived content, or {"query": "…"} to search it'
@@ -54,6 +57,8 @@ TOOL: dict[str, Any] = {
 
 def should_offer(ex: Exchange) -> bool:
     if not ex.policy.recall.enabled or ex.body.get("tool_choice") == "none":
+        return False
+    if any(note.action == "removed_tools" for note in ex.notes):  # a model without tools
         return False
     return any((note.stage, note.action) in ARCHIVING_ACTIONS for note in ex.notes)
 

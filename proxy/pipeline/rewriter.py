@@ -7,10 +7,11 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, Usage
-from proxy.pipeline import recall
+from proxy.pipeline import capabilities, recall
 from proxy.pipeline.aside import AsideCharges
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.budget import BudgetStage
+from proxy.pipeline.capabilities import CapabilityStage
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compat import STAGE, CompatStage, Quirks, adapt
@@ -66,6 +67,7 @@ class Rewriter:
             [
                 self.repair,
                 CompatStage(self.quirks),
+                CapabilityStage(),
                 self.offload,
                 self.compaction,
                 self.loops,
@@ -120,10 +122,11 @@ class Rewriter:
 
     async def refit(self, ex: Exchange) -> None:
         """A fallback took over: the client's own history again, rewritten for the new
-        ex.deployment (its window). Re-sending a history is safe for every stage: the chain
-        sees the same turn again, as after a client's retry."""
+        ex.deployment (its window, its capabilities). Re-sending a history is safe for every
+        stage: the chain sees the same turn again, as after a client's retry."""
         if ex.client.original_messages is not None:
             ex.body["messages"] = ex.client.original_messages
+        capabilities.restore(ex)  # what an earlier fallback's capabilities took away
         if recall.offered(ex.body):
             recall.withdraw(ex.body)
         await self.before_call(ex)

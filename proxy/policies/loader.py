@@ -645,6 +645,10 @@ def _deployment(entry: _Entry, report: _Report) -> Deployment:
         cache_read_cost_per_token=_float_or_none(info.get("cache_read_input_token_cost")),
         cache_write_cost_per_token=_float_or_none(info.get("cache_creation_input_token_cost")),
         supports_null_content=info.get("supports_null_content"),
+        supports_vision=info.get("supports_vision"),
+        supports_pdf_input=info.get("supports_pdf_input"),
+        supports_function_calling=info.get("supports_function_calling"),
+        supports_reasoning=info.get("supports_reasoning"),
         source=entry.where,
     )
     report.not_applied += litellm_compat.deployment_leftovers(deployment, entry.value, entry)

@@ -61,6 +61,13 @@ class Deployment:
     # assistant message (llama-cpp-python), so it gets "" (proxy/pipeline/compat.py); None =
     # unknown, learnt from the first such refusal.
     supports_null_content: bool | None = None
+    # model_info.supports_vision / supports_pdf_input / supports_function_calling /
+    # supports_reasoning: what the model takes, over litellm's model map; None = the map's
+    # word, and unknown there = assumed supported (proxy/pipeline/capabilities.py).
+    supports_vision: bool | None = None
+    supports_pdf_input: bool | None = None
+    supports_function_calling: bool | None = None
+    supports_reasoning: bool | None = None
     source: str = ""  # "file.yaml: model_list[3]", for messages
 
     @property

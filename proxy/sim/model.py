@@ -120,7 +120,7 @@ def scripted_reply(body: JSON) -> Reply:
     """The scripted behaviour: summarize when asked to, quote tool results, call a tool the
     user names, or echo."""
     messages: list[JSON] = body["messages"]
-    summary = summary_reply(messages)
+    summary = summary_reply(messages, max_output_tokens(body))
     if summary is not None:
         return limit_reply(summary, body)
     if messages[-1].get("role") == "tool":
@@ -293,10 +293,12 @@ def is_summary_request(messages: list[JSON]) -> bool:
     return all(f"{section}:" in system for section in SUMMARY_SECTIONS)
 
 
-def summary_reply(messages: list[JSON]) -> Reply | None:
+def summary_reply(messages: list[JSON], max_tokens: int | None = None) -> Reply | None:
     """The four sections, deterministically: intent from the first user message (or an
     earlier summary's intent), artifacts from paths and ap_ refs, next steps from the last
-    user message. None when this is not a summary request."""
+    user message. Like a model that keeps to the word limit it is given, the sections share
+    `max_tokens` (when set) rather than being cut at it. None when this is not a summary
+    request."""
     if not is_summary_request(messages):
         return None
     transcript = _last_user_text(messages)
@@ -314,11 +316,15 @@ def summary_reply(messages: list[JSON]) -> Reply | None:
         f"Tools used: {', '.join(tools) or 'none'}."
     )
     artifacts = list(dict.fromkeys(_ARTIFACT.findall(transcript)))[:SUMMARY_MAX_ARTIFACTS]
+    chars = SUMMARY_SECTION_CHARS
+    if max_tokens is not None:  # a quarter of the budget each, in chars, with some slack
+        chars = max(16, min(chars, int(max_tokens * 4 * 0.85) // 4))
+    listed = "\n".join(f"- {a}" for a in artifacts) or "- none"
     sections = {
-        "SESSION INTENT": intent.strip()[:SUMMARY_SECTION_CHARS],
-        "SUMMARY": summary,
-        "ARTIFACTS": "\n".join(f"- {a}" for a in artifacts) or "- none",
-        "NEXT STEPS": steps.strip()[:SUMMARY_SECTION_CHARS],
+        "SESSION INTENT": intent.strip()[:chars],
+        "SUMMARY": summary[:chars],
+        "ARTIFACTS": listed[:chars],
+        "NEXT STEPS": steps.strip()[:chars],
     }
     return Reply("\n\n".join(f"{name}:\n{text}" for name, text in sections.items()))
 

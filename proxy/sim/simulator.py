@@ -39,6 +39,9 @@ from .responses import ResponsesDialect
 from .wire import ApiError, Dialect, Event, Meta
 
 Responder = Callable[[JSON], JSON | Awaitable[JSON]]
+# A native answer given as it is, after every check (`agentproxy replay`: what a recording
+# answered): called with the route's path and the body; None answers as scripted.
+Canned = Callable[[str, JSON], JSON | None]
 
 MODELS_CREATED = 1_700_000_000  # fixed, so /v1/models is byte-stable
 _MAX_BODY_BYTES = 256 * 1024 * 1024  # big-context tests must reach the context check, not a 413
@@ -111,7 +114,9 @@ class Simulator:
         record: bool = True,
         cache_min_tokens: int = 1024,
         tokenizer: Tokenizer = CHARS_4,
+        canned: Canned | None = None,
     ) -> None:
+        self.canned = canned
         self.context_window = context_window
         self.api_key = api_key
         self.chunk_delay_s = chunk_delay_s
@@ -222,6 +227,8 @@ class Simulator:
         fault = self._take_fault(model)
         if fault and (faulted := await self._fault_answer(call, fault, model)):
             return faulted
+        if self.canned is not None and (answer := self.canned(request.path, body)) is not None:
+            return call.respond(200, orjson.dumps(answer), "application/json")
         reply = await self._reply(chat)
         meta = Meta(
             f"{id_prefix}{seq:08d}",

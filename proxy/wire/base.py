@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from proxy.errors import ProxyError
-from proxy.exchange import Usage
+from proxy.exchange import OneShot, Usage
 from proxy.upstream.pool import NativeFactory
 
 ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
@@ -54,6 +54,12 @@ class Wire(Protocol):
         """A usage object as this wire's replies and events report it."""
         ...
 
+    @property
+    def one_shot(self) -> OneShot | None:
+        """How the proxy's own requests (summaries) are written in this wire, for deployments
+        its native upstream speaks to; None: chat, the shape they are built in."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class WireFormat:
@@ -65,6 +71,7 @@ class WireFormat:
     error_paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
     usage_of: Callable[[Any], Usage | None] = Usage.of
+    one_shot: OneShot | None = None
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:

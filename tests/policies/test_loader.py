@@ -969,3 +969,20 @@ def test_a_bad_tracing_section_is_refused(
     monkeypatch.setenv("STRICT_KEY", "k")
     issue = only_issue(write(tmp_path, "a.yaml", MINIMAL + f"tracing: {tracing}\n"))
     assert "tracing" in str(issue) and said in str(issue)
+
+
+def test_model_info_names_what_a_model_takes(tmp_path: Path) -> None:
+    info = (
+        "    model_info: {supports_vision: false, supports_pdf_input: true,\n"
+        "                 supports_function_calling: false, supports_reasoning: false}\n"
+    )
+    path = write(tmp_path, "c.yaml", "model_list:\n" + deployment_yaml("m", "openai/m", info))
+    (deployment,) = load_config(path).deployments["m"]
+    assert (deployment.supports_vision, deployment.supports_pdf_input) == (False, True)
+    assert (deployment.supports_function_calling, deployment.supports_reasoning) == (False, False)
+    path = write(tmp_path, "d.yaml", "model_list:\n" + deployment_yaml("m", "openai/m"))
+    (unknown,) = load_config(path).deployments["m"]
+    assert unknown.supports_vision is None and unknown.supports_reasoning is None
+    bad = info.replace("supports_vision: false", "supports_vision: 'no'")
+    path = write(tmp_path, "e.yaml", "model_list:\n" + deployment_yaml("m", "openai/m", bad))
+    assert "supports_vision" in only_issue(path).path

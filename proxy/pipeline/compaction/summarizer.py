@@ -1,5 +1,7 @@
-"""The summarizer: one non-streaming chat call that turns a stretch of history into a
-structured summary (SESSION INTENT, SUMMARY, ARTIFACTS, NEXT STEPS; sections.py).
+"""The summarizer: one non-streaming call that turns a stretch of history into a structured
+summary (SESSION INTENT, SUMMARY, ARTIFACTS, NEXT STEPS; sections.py), in the wire format the
+summarizer's deployment takes (summary_wire.py: Responses to a Responses-only server, Anthropic
+Messages to an Anthropic model, chat to the rest).
 
 The call goes through control like any other (retries, fallbacks, deployment circuits, the
 request's deadline) as a child exchange of the request, and what it used is charged to the
@@ -30,6 +32,7 @@ from proxy.pipeline import messages as msgs
 from proxy.pipeline.base import Summarizer
 from proxy.pipeline.compaction.overflow import is_context_overflow
 from proxy.pipeline.compaction.sections import SECTIONS
+from proxy.pipeline.compaction.summary_wire import SummaryView, SummaryWires, send_in
 from proxy.pipeline.messages import Message, text_of
 from proxy.policies.spec import Deployment, Policy
 from proxy.tracing import span as trace_span
@@ -87,10 +90,15 @@ class Caller(Protocol):
 
 
 def make_summarizer(
-    control: Caller, metrics: Metrics, catalog: ModelCatalog | None = None
+    control: Caller,
+    metrics: Metrics,
+    catalog: ModelCatalog | None = None,
+    wires: SummaryWires | None = None,
 ) -> Summarizer:
     """A Summarizer calling the policy's summarizer model (or the request's own model) through
-    control, charged to the request; every call timed and counted by result."""
+    control, in the wire its deployment takes (`wires`: the app's, from the registry; none:
+    chat), charged to the request; every call timed and counted by result."""
+    wires = wires or SummaryWires()
 
     async def summarize(ex: Exchange, messages: list[Message], room: int) -> str:
         started = time.perf_counter()
@@ -106,7 +114,8 @@ def make_summarizer(
 
     async def _summarize(ex: Exchange, messages: list[Message], room: int) -> str:
         fit: Fit | None = None
-        for attempt in (1, 2):
+        halved = learnt = False
+        while True:
             child = summary_exchange(ex)
             if child.deployment is None:
                 control.route(child)  # round-robin over the alias, open circuits skipped
@@ -114,25 +123,44 @@ def make_summarizer(
             assert deployment is not None
             if fit is None:
                 fit = fit_to(window_of(deployment, catalog), room)
-            child.body = summary_request(deployment, messages, fit)
-            child.client.body_bytes = len(
-                orjson.dumps(child.body)
-            )  # what an unreported usage costs
+            system, user = summary_prompt(messages, fit)
+            child.body = chat_request(deployment, system, user, fit.max_tokens)
+            view: SummaryView | None = None
+            wire = wires.choose(ex.client.wire, deployment)
+            if wire is not None:
+                native = wire.one_shot.request(deployment, system, user, fit.max_tokens)
+                view = send_in(child, wire, native)
+            sent_body = child.body if view is None else view.native
+            child.client.body_bytes = len(orjson.dumps(sent_body))  # what an unreported usage costs
             try:
                 reply = await control.call(child, stream=False)  # no fitter: sent as built
             except UpstreamHTTPError as error:
-                sent = len(child.body["messages"][-1]["content"])
+                if not learnt and lacks_chat(wires, child, view, error):
+                    learnt = True  # once more, in a wire the deployment speaks
+                    continue
+                sent = len(user)
                 overflowed = is_context_overflow(error.status, error.body)
-                if attempt == 2 or not overflowed or sent <= MIN_TRANSCRIPT_CHARS:
+                if halved or not overflowed or sent <= MIN_TRANSCRIPT_CHARS:
                     raise
                 fit = fit.smaller(sent)  # our estimate was low for this model: once, half
+                halved = True
                 continue
             finally:
                 ex.add_side_call(child)  # charged to the request whatever happened
-            return summary_text(reply.data)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+            return answer_text(view, reply.data)
 
     return summarize
+
+
+def lacks_chat(
+    wires: SummaryWires, child: Exchange, view: SummaryView | None, error: UpstreamHTTPError
+) -> bool:
+    """A summary sent as chat met a server with no chat route (Responses only) that another
+    wire speaks: learnt, so the next try (and every later summary) goes in that one."""
+    tried = child.deployment
+    if tried is None or (view is not None and view.sent_native):
+        return False
+    return wires.learn_no_chat(tried, error.status, error.body)
 
 
 def summary_exchange(ex: Exchange) -> Exchange:
@@ -212,19 +240,27 @@ def fit_to(window: int | None, room: int) -> Fit:
 def summary_request(
     deployment: Deployment, messages: Sequence[Message], fit: Fit
 ) -> dict[str, Any]:
+    """The summary request, chat-shaped."""
+    system, user = summary_prompt(messages, fit)
+    return chat_request(deployment, system, user, fit.max_tokens)
+
+
+def summary_prompt(messages: Sequence[Message], fit: Fit) -> tuple[str, str]:
+    """The instructions and the transcript to summarize, fitted."""
     limit = fit.transcript_chars
     per_message = max(MIN_MESSAGE_CHARS, min(MESSAGE_CHARS, limit // 4))
     transcript = render_transcript(messages, per_message, limit)
     words = max(30, int(fit.max_tokens * 0.6))  # a word is ~1.3 tokens; leave some slack
     ask = f"Transcript to summarize (answer with the four sections, in at most {words} words):"
+    return SYSTEM_PROMPT, f"{ask}\n\n{transcript}"
+
+
+def chat_request(deployment: Deployment, system: str, user: str, max_tokens: int) -> dict[str, Any]:
     return {
         "model": deployment.alias,
-        "messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{ask}\n\n{transcript}"},
-        ],
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
         "stream": False,
-        **output_limit(deployment, fit.max_tokens),
+        **output_limit(deployment, max_tokens),
     }
 
 
@@ -273,6 +309,16 @@ def _cap(text: str, chars: int) -> str:
         return text
     half = chars // 2
     return f"{text[:half]} […{len(text) - 2 * half} chars…] {text[-half:]}"
+
+
+def answer_text(view: SummaryView | None, data: dict[str, Any]) -> str:
+    """The summary, from an answer in the shape its request went in."""
+    if view is None or not view.sent_native:
+        return summary_text(data)
+    text = view.wire.one_shot.text(data)
+    if not text or not text.strip():
+        raise SummarizerError("the summarizer's answer has no text")
+    return text.strip()
 
 
 def summary_text(data: dict[str, Any]) -> str:

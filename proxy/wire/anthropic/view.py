@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from proxy.exchange import NativeFit
 from proxy.pipeline.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
@@ -35,6 +36,9 @@ from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
 Block = dict[str, Any]
 CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoints per request
+THINKING = ("thinking", "redacted_thinking")
+MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
+AS_SENT = NativeFit()
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +70,8 @@ class AnthropicView:
     # The first message mapped here: those before it were lent by the session's last view,
     # whose turn checked them (proxy/wire/provider_objects.py walks only the rest).
     fresh: int = 0
+    # What a fallback model cannot take of what the view does not show (exchange.NativeFit).
+    _fit: NativeFit = AS_SENT
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
@@ -150,7 +156,25 @@ class AnthropicView:
         for name in ("max_tokens", "temperature", "top_p", "stop_sequences"):
             if name in self.body:
                 out["stop" if name == "stop_sequences" else name] = self.body[name]
+        _clamp(out, self._fit.max_output_tokens)
         return out  # never streamed: a translated reply comes back whole (routes/anthropic.py)
+
+    def reasoning(self) -> list[Block]:
+        """The thinking blocks of the client's assistant turns, as sent."""
+        return [
+            block
+            for message in self.body["messages"]
+            if message.get("role") == "assistant" and isinstance(message.get("content"), list)
+            for block in message["content"]
+            if isinstance(block, dict) and block.get("type") in THINKING
+        ]
+
+    def output_limit(self) -> int | None:
+        limit = self.body.get("max_tokens")
+        return limit if isinstance(limit, int) else None
+
+    def fit(self, fit: NativeFit) -> None:
+        self._fit = AS_SENT if fit == AS_SENT else fit  # as sent: the client's own body again
 
     def remember_turn(self, content: list[Block]) -> None:
         """An assistant turn whose blocks must go back as they came (the client's own, or a
@@ -165,7 +189,9 @@ class AnthropicView:
         if (chat["messages"], chat.get("tools")) == self._untouched[:2] and chat.get(
             "tool_choice"
         ) == self._untouched[2]:
-            return self.body  # the common turn: nothing rewritten, the client's own body
+            if self._fit is AS_SENT:
+                return self.body  # the common turn: nothing rewritten, the client's own body
+            return _fitted(dict(self.body), self._fit)
         out = dict(self.body)
         messages: list[Message] = chat["messages"]
         start = 0
@@ -179,7 +205,7 @@ class AnthropicView:
         out["messages"] = list(self._native_messages(messages[start:]))
         _render_tools(out, chat, self._tools)
         _cache_replacement(out, self.body["messages"])
-        return out
+        return out if self._fit is AS_SENT else _fitted(out, self._fit)
 
     # --- to the view --------------------------------------------------------------------------
 
@@ -491,5 +517,44 @@ def _render_tools(
         out["tools"] = native
     elif "tools" in out:
         del out["tools"]
+        out.pop("tool_choice", None)  # a choice among no tools is refused
     if chat.get("tool_choice") == "none" and out.get("tools"):
         out["tool_choice"] = {"type": "none"}
+
+
+def _fitted(out: dict[str, Any], fit: NativeFit) -> dict[str, Any]:
+    """The rendered request without what a fallback model cannot take: thinking blocks (an
+    assistant turn that was nothing else is left out), and then the thinking setting too (a
+    turn that must start with thinking no longer does); output beyond its limit."""
+    if fit.drop_reasoning:
+        kept = (_without_thinking(m) for m in out["messages"])
+        out["messages"] = [m for m in kept if m is not None]
+    if fit.drop_reasoning or fit.drop_reasoning_setting:
+        out.pop("thinking", None)
+    _clamp(out, fit.max_output_tokens)
+    thinking = out.get("thinking")
+    limit = out.get("max_tokens")
+    if isinstance(thinking, dict) and isinstance(limit, int):
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and budget >= limit:  # the budget must stay below max_tokens
+            if limit // 2 >= MIN_THINKING_BUDGET:
+                out["thinking"] = {**thinking, "budget_tokens": limit // 2}
+            else:
+                del out["thinking"]
+    return out
+
+
+def _without_thinking(message: Message) -> Message | None:
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return message
+    kept = [b for b in content if not (isinstance(b, dict) and b.get("type") in THINKING)]
+    if len(kept) == len(content):
+        return message
+    return {**message, "content": kept} if kept else None
+
+
+def _clamp(out: dict[str, Any], limit: int | None) -> None:
+    asked = out.get("max_tokens")
+    if limit is not None and isinstance(asked, int) and asked > limit:
+        out["max_tokens"] = limit

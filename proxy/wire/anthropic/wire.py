@@ -1,6 +1,6 @@
 """Anthropic Messages as a `Wire`."""
 
-from proxy.wire.anthropic import replies, route
+from proxy.wire.anthropic import one_shot, replies, route
 from proxy.wire.anthropic.upstream import AnthropicUpstream, anthropic_usage
 from proxy.wire.base import WireFormat
 
@@ -11,4 +11,5 @@ ANTHROPIC = WireFormat(
     error_paths=(route.MESSAGES_ROUTE,),  # count_tokens too, and a path it does not serve
     error_shape=replies.error_body,
     usage_of=anthropic_usage,
+    one_shot=one_shot.ONE_SHOT,
 )

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.exchange import NativeFit
 from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.wire.responses.upstream import speaks_responses
@@ -34,6 +35,8 @@ Item = dict[str, Any]
 CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
 TEXT_PARTS = ("input_text", "output_text", "text")
+ENCRYPTED_REASONING = "reasoning.encrypted_content"  # what `include` asks to get them back
+AS_SENT = NativeFit()
 
 
 @dataclass(slots=True)
@@ -62,6 +65,8 @@ class ResponsesView:
     # The first input item mapped here: those before it were lent by the session's last view,
     # whose turn checked them (proxy/wire/provider_objects.py walks only the rest).
     fresh: int = 0
+    # What a fallback model cannot take of what the view does not show (exchange.NativeFit).
+    _fit: NativeFit = AS_SENT
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
@@ -167,7 +172,21 @@ class ResponsesView:
         for name in ("temperature", "top_p"):
             if name in self.body:
                 out[name] = self.body[name]
+        limit, asked = self._fit.max_output_tokens, out.get("max_tokens")
+        if limit is not None and isinstance(asked, int) and asked > limit:
+            out["max_tokens"] = limit
         return out  # never streamed: a translated reply comes back whole (routes/responses.py)
+
+    def reasoning(self) -> list[Item]:
+        """The reasoning items of the input, as sent."""
+        return [i for i in self._items if isinstance(i, dict) and i.get("type") == "reasoning"]
+
+    def output_limit(self) -> int | None:
+        limit = self.body.get("max_output_tokens")
+        return limit if isinstance(limit, int) else None
+
+    def fit(self, fit: NativeFit) -> None:
+        self._fit = AS_SENT if fit == AS_SENT else fit  # as sent: the client's own body again
 
     def remember_turn(self, output: list[Item]) -> None:
         """A reply the proxy continues itself: its items go back whole (reasoning first)."""
@@ -178,7 +197,9 @@ class ResponsesView:
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
         untouched = (chat["messages"], chat.get("tools"), chat.get("tool_choice"))
         if untouched == self._untouched:
-            return self.body  # the common turn: nothing rewritten, the client's own body
+            if self._fit is AS_SENT:
+                return self.body  # the common turn: nothing rewritten, the client's own body
+            return _fitted(dict(self.body), self._fit)
         out = dict(self.body)
         messages: list[Message] = chat["messages"]
         if messages and messages[0] is self._instructions:
@@ -200,7 +221,7 @@ class ResponsesView:
         else:
             out["input"] = items
         _render_tools(out, chat, self._tools)
-        return out
+        return out if self._fit is AS_SENT else _fitted(out, self._fit)
 
     # --- to the view --------------------------------------------------------------------------
 
@@ -260,10 +281,14 @@ class ResponsesView:
             return [self._output_item(message)]
         if role == "assistant" and message.get("tool_calls"):
             return self._turn(message)
-        text = text_of_content(message.get("content"))
+        content = message.get("content")
+        text = text_of_content(content)
         if role == "assistant":
             return [{"role": "assistant", "content": text}]
-        return [{"role": "user" if role not in ("user", "developer") else role, "content": text}]
+        role = "user" if role not in ("user", "developer") else role
+        if isinstance(content, list):  # its parts kept (images, files, a marker in place)
+            return [{"role": role, "content": _native_parts(content)}]
+        return [{"role": role, "content": text}]
 
     def _output_item(self, message: Message) -> Item:
         call_id = message.get("tool_call_id")
@@ -390,7 +415,9 @@ def _render_tools(
 ) -> None:
     tools = chat.get("tools")
     if not tools:
-        out.pop("tools", None)
+        if out.pop("tools", None) is not None:  # taken away: so is any choice among them
+            out.pop("tool_choice", None)
+            out.pop("parallel_tool_calls", None)
         return
     native = []
     for tool in tools:
@@ -401,3 +428,22 @@ def _render_tools(
     out["tools"] = native
     if chat.get("tool_choice") == "none":
         out["tool_choice"] = "none"
+
+
+def _fitted(out: dict[str, Any], fit: NativeFit) -> dict[str, Any]:
+    """The rendered request without what a fallback model cannot take: reasoning items, the
+    reasoning setting (and the include that asks for reasoning back), output beyond its limit."""
+    items = out.get("input")
+    if fit.drop_reasoning and isinstance(items, list):
+        out["input"] = [
+            i for i in items if not (isinstance(i, dict) and i.get("type") == "reasoning")
+        ]
+    if fit.drop_reasoning_setting:
+        out.pop("reasoning", None)
+        include = out.get("include")
+        if isinstance(include, list) and ENCRYPTED_REASONING in include:
+            out["include"] = [i for i in include if i != ENCRYPTED_REASONING]
+    limit, asked = fit.max_output_tokens, out.get("max_output_tokens")
+    if limit is not None and isinstance(asked, int) and asked > limit:
+        out["max_output_tokens"] = limit
+    return out

@@ -1,0 +1,55 @@
+"""What replay measures on a body: its tokens, and how much of it a prefix cache would hold.
+
+Tokens are the simulator's count (four characters a token over contents, tool calls and tool
+schemas), the same for what the client sent and what went upstream, so the two compare. The
+cache is a prefix model: the part of a prompt (tools, then its messages in order) equal to the
+previous prompt sent upstream is read from the cache, the rest is written to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.sim import anthropic, responses
+from proxy.sim.model import estimate_prompt_tokens, is_summary_request
+
+JSON = dict[str, Any]
+
+_TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
+    "/v1/chat/completions": lambda body: body,
+    "/v1/messages": anthropic.to_chat,
+    "/v1/responses": responses.to_chat,
+}
+
+
+def as_chat(path: str, body: JSON) -> JSON:
+    """The body as a chat request (the simulator's conversions: tools and messages)."""
+    return _TO_CHAT[path](body)
+
+
+def prompt_tokens(path: str, body: JSON) -> int:
+    return estimate_prompt_tokens(as_chat(path, body))
+
+
+def is_summary(path: str, body: JSON) -> bool:
+    """A call of the proxy's summarizer rather than the client's own turn."""
+    messages = as_chat(path, body).get("messages")
+    return isinstance(messages, list) and is_summary_request(messages)
+
+
+def cached_prefix_tokens(previous: JSON | None, current: JSON, total: int) -> int:
+    """Tokens of `current` (chat-shaped) equal to the start of `previous`: its tools and
+    the messages the two share from the first; none when the tools differ."""
+    if previous is None or previous.get("tools") != current.get("tools"):
+        return 0
+    before, now = previous.get("messages") or [], current.get("messages") or []
+    shared = 0
+    for old, new in zip(before, now, strict=False):
+        if old != new:
+            break
+        shared += 1
+    if shared == 0:
+        return 0
+    head = {"tools": current.get("tools"), "messages": now[:shared]}
+    return min(total, estimate_prompt_tokens(head))

@@ -1,0 +1,141 @@
+"""What a replay prints: a table turn by turn and the totals (rich), or one JSON object."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from proxy.replay.engine import TurnRow
+
+JSON = dict[str, Any]
+_NUMBERS = ("turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
+
+
+def totals(rows: Sequence[TurnRow]) -> JSON:
+    sent = sum(r.tokens_sent for r in rows)
+    read = sum(r.cache_read_tokens for r in rows)
+    costs = [r.cost_usd for r in rows if r.cost_usd is not None]
+    rewrites = Counter(f"{w['stage']}.{w['action']}" for r in rows for w in r.rewrites)
+    return {
+        "turns": len(rows),
+        "tokens_received": sum(r.tokens_received for r in rows),
+        "tokens_sent": sent,
+        "completion_tokens": sum(r.completion_tokens for r in rows),
+        "cache_read_tokens": read,
+        "cache_write_tokens": sum(r.cache_write_tokens for r in rows),
+        "cache_hit_ratio": round(read / sent, 4) if sent else 0.0,
+        "summarizer_calls": sum(r.summarizer_calls for r in rows),
+        "rewrites": dict(sorted(rewrites.items())),
+        "cost_usd": round(sum(costs), 8) if costs else None,
+        "all_valid": all(r.valid for r in rows),
+        "invalid_turns": [r.turn for r in rows if not r.valid],
+    }
+
+
+def as_json(
+    source: str,
+    policy: str | None,
+    rows: Sequence[TurnRow],
+    against: tuple[str, Sequence[TurnRow], int | None] | None = None,
+) -> JSON:
+    out: JSON = {
+        "source": source,
+        "policy": rows[0].policy if rows else policy,
+        "turns": [r.as_json() for r in rows],
+        "totals": totals(rows),
+    }
+    if against is not None:
+        name, other, first = against
+        out["against"] = {
+            "policy": other[0].policy if other else name,
+            "turns": [r.as_json() for r in other],
+            "totals": totals(other),
+            "first_difference": first,
+        }
+    return out
+
+
+def _rewrites(row: TurnRow) -> str:
+    parts = []
+    for w in row.rewrites:
+        part = f"{w['stage']}.{w['action']}"
+        if "tokens_before" in w:
+            part += f" {w['tokens_before']}>{w['tokens_after']}"
+        parts.append(part)
+    return ", ".join(parts) or "-"
+
+
+def _cost(value: float | None) -> str:
+    return "-" if value is None else f"${value:.4f}"
+
+
+def print_text(
+    console: Console,
+    source: str,
+    rows: Sequence[TurnRow],
+    against: tuple[str, Sequence[TurnRow], int | None] | None = None,
+) -> None:
+    policy = rows[0].policy if rows else "?"
+    title = f"replay of {source} with policy {policy}"
+    if against is not None:
+        title += f" against {against[1][0].policy if against[1] else against[0]}"
+    table = Table(title=title, title_justify="left")
+    for column in ("turn", "wire", "received", "sent", "cache hit", "cost", "valid", "rewrites"):
+        table.add_column(column, justify="right" if column in _NUMBERS else "left")
+    others = against[1] if against is not None else [None] * len(rows)
+    first = against[2] if against is not None else None
+    for row, other in zip(rows, others, strict=True):
+        mark = " *" if row.turn == first else ""
+        table.add_row(
+            f"{row.turn}{mark}",
+            row.wire,
+            str(row.tokens_received),
+            _pair(row.tokens_sent, other and other.tokens_sent),
+            _pair(f"{row.cache_hit_ratio:.0%}", other and f"{other.cache_hit_ratio:.0%}"),
+            _pair(_cost(row.cost_usd), other and _cost(other.cost_usd)),
+            _pair(_valid(row), other and _valid(other)),
+            _pair(_rewrites(row), other and _rewrites(other)),
+        )
+    console.print(table)
+    _print_totals(console, policy, rows)
+    if against is not None and against[1]:
+        _print_totals(console, against[1][0].policy, against[1])
+    if against is not None:
+        console.print(
+            f"first turn sent differently: {first}" if first is not None
+            else "the two policies send the same bodies upstream on every turn"
+        )  # fmt: skip
+    for row in rows:
+        for problem in row.problems:
+            console.print(f"turn {row.turn}: {problem}", markup=False, highlight=False)
+
+
+def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> None:
+    t = totals(rows)
+    saved = t["tokens_received"] - t["tokens_sent"]
+    rewrites = ", ".join(f"{name} x{count}" for name, count in t["rewrites"].items()) or "none"
+    console.print(
+        f"[{policy}] {t['turns']} turns: tokens received {t['tokens_received']}, sent "
+        f"{t['tokens_sent']} ({saved:+d} saved), cache hit {t['cache_hit_ratio']:.0%}, "
+        f"cost {_cost(t['cost_usd'])}, summarizer calls {t['summarizer_calls']}, "
+        f"{_validity(t)}; "
+        f"rewrites: {rewrites}",
+        highlight=False,
+        markup=False,
+    )
+
+
+def _validity(t: JSON) -> str:
+    return "every request valid" if t["all_valid"] else f"invalid turns {t['invalid_turns']}"
+
+
+def _valid(row: TurnRow) -> str:
+    return "yes" if row.valid else "NO"
+
+
+def _pair(mine: Any, theirs: Any) -> str:
+    return str(mine) if theirs is None else f"{mine} | {theirs}"

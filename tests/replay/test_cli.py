@@ -1,0 +1,86 @@
+"""`agentproxy replay` as a user runs it: a process, on the shipped traces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def agentproxy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_replay_prints_json_with_turns_and_totals() -> None:
+    done = agentproxy("replay", "examples/traces/coding-agent-anthropic.jsonl", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress bar, no log lines: stderr is not a terminal
+    out = json.loads(done.stdout)
+    assert out["policy"] == "demo" and len(out["turns"]) == 9
+    row = out["turns"][1]
+    assert set(row) >= {
+        "turn", "tokens_received", "tokens_sent", "rewrites", "cache_hit_ratio",
+        "cache_read_tokens", "cache_write_tokens", "cost_usd", "valid",
+    }  # fmt: skip
+    assert row["tokens_sent"] < row["tokens_received"]
+    totals = out["totals"]
+    assert totals["turns"] == 9 and totals["all_valid"]
+    assert totals["summarizer_calls"] >= 1 and totals["rewrites"]["offload.offloaded"] >= 1
+    # Anthropic prices cache writes: the cost counts them, and reads at a tenth of the input.
+    assert totals["cache_write_tokens"] > 0 and totals["cost_usd"] > 0
+    assert 0 < totals["cache_hit_ratio"] < 1
+
+
+def test_replay_prints_a_table_and_totals() -> None:
+    done = agentproxy("replay", "examples/traces/coding-agent-responses.jsonl",
+                      "--policy", "default")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "replay of examples/traces/coding-agent-responses.jsonl with policy default" in (
+        done.stdout
+    )
+    assert "[default] 9 turns: tokens received" in done.stdout
+    assert "every request valid" in done.stdout
+
+
+def test_a_bad_trace_exits_2_with_the_line() -> None:
+    done = agentproxy("replay", "pyproject.toml")
+    assert done.returncode == 2
+    assert "agentproxy replay: pyproject.toml:1: not JSON" in done.stderr
+
+
+def test_a_long_replay_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    import os
+    import pty
+
+    turn = {"wire": "chat", "request": {"model": "m", "messages": [
+        {"role": "user", "content": "hi"}]}}  # fmt: skip
+    trace = tmp_path / "long.jsonl"
+    trace.write_text((json.dumps(turn) + "\n") * 25)
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "proxy", "replay", str(trace)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=follower, text=True,
+    ) as process:  # fmt: skip
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the process left: the terminal is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert process.wait(timeout=120) == 0
+        assert process.stdout is not None and "25 turns" in process.stdout.read()
+    os.close(leader)
+    assert b"replaying" in shown
+    # The same replay with --json, or with stderr not a terminal, draws nothing.
+    assert agentproxy("replay", str(trace), "--json").stderr == ""
+    assert agentproxy("replay", str(trace)).stderr == ""
