@@ -92,8 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     simulate.add_argument("--port", type=int, default=9911, help="port to listen on [9911]")
+    # Claude Code and Codex open with 9-19k tokens: the default serves them (the demo and the
+    # tests that show compaction give their simulator a small window of their own).
     simulate.add_argument(
-        "--context-window", type=int, default=8192, help="tokens the model takes [8192]"
+        "--context-window", type=int, default=200_000, help="tokens the model takes [200000]"
     )
     simulate.add_argument("--api-key", help="require this key from callers")
     simulate.add_argument(
