@@ -167,10 +167,13 @@ def sources_fingerprint(path: str | os.PathLike[str]) -> tuple[object, ...]:
 
 
 def validate_paths(
-    paths: Sequence[str], also_warn: Callable[[Config], Iterable[str]] | None = None
+    paths: Sequence[str],
+    also_warn: Callable[[Config], Iterable[str]] | None = None,
+    also_refuse: Callable[[Config], Iterable[str]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(error lines, warning lines) for `agentproxy validate PATH...`; each PATH is one config.
-    `also_warn` adds warnings about a valid config (what `serve` would warn about too)."""
+    `also_warn` adds warnings about a valid config (what `serve` would warn about too), and
+    `also_refuse` errors (what `serve` would refuse to start with: a missing extra)."""
     errors: list[str] = []
     warnings: list[str] = []
     for path in paths:
@@ -181,6 +184,7 @@ def validate_paths(
             warnings += [str(issue) for issue in exc.warnings]
         else:
             warnings += [*(also_warn(config) if also_warn else ()), *config.warnings]
+            errors += [f"{path}: {why}" for why in (also_refuse(config) if also_refuse else ())]
     return errors, warnings
 
 
