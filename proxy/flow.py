@@ -26,6 +26,7 @@ the proxy's calls out of it, and (streaming) a relay that writes the client's ev
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
@@ -33,7 +34,7 @@ from aiohttp import web
 
 from proxy import tracing
 from proxy.control.control import Control
-from proxy.errors import ProxyError, status_of
+from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS
@@ -51,6 +52,8 @@ from proxy.store.base import Store
 from proxy.tracing import Tracing
 from proxy.tracing import span as trace_span
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
+
+log = logging.getLogger("agentproxy")
 
 
 class Held(Protocol):
@@ -249,6 +252,17 @@ class Flow:
                 raise
             self.stream_failed(ex, error)
             await relay.fail(error)
+        except Exception:
+            if not relay.started:
+                raise  # the HTTP shell answers it (an internal_error in the client's format)
+            # A bug of ours after bytes went out: no other answer can replace the stream, so
+            # end it with an error event the client reads rather than leave it hanging.
+            request_id = ex.identity.request_id
+            log.exception("request %s failed inside the proxy while relaying", request_id)
+            failure = InternalError(f"the proxy failed while relaying (request id {request_id})")
+            failure.unsent = True  # no upstream's fault: not counted against one
+            self.stream_failed(ex, failure)
+            await relay.fail(failure)
 
     def stream_failed(self, ex: Exchange, error: StreamFailure) -> None:
         """A stream that began and then failed is a failed request, everywhere."""
