@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import orjson
 from cachetools import LRUCache
 
-from proxy.store.base import BlobInfo, StoreError, snippet
+from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -256,7 +256,7 @@ class LocalStore:
         def select(db: sqlite3.Connection) -> list[tuple[BlobInfo, str]]:
             # SQLite's lower() folds ASCII only: let it pre-filter ASCII phrases inside the
             # database, and check every candidate (and non-ASCII phrases) with Python's lower().
-            where = "session = ?"
+            where = f"session = ? AND kind NOT IN {tuple(sorted(RECORDING_KINDS))!r}"
             params: tuple[Any, ...] = (session,)
             if needle.isascii():
                 where += " AND instr(lower(CAST(data AS TEXT)), ?) > 0"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.store.base import BlobInfo, snippet
+from proxy.store.base import RECORDING_KINDS, BlobInfo, snippet
 
 
 class MemoryStore:
@@ -27,7 +27,7 @@ class MemoryStore:
         for info, data in self._blobs.values():
             text = data.decode("utf-8", "replace")
             at = text.lower().find(needle)
-            if info.session == session and at >= 0:
+            if info.session == session and at >= 0 and info.kind not in RECORDING_KINDS:
                 found.append((info, snippet(text, at, len(phrase))))
                 if len(found) >= limit:
                     break

@@ -50,7 +50,7 @@ from redis.retry import Retry
 
 from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
-from proxy.store.base import BlobInfo, StoreError, snippet
+from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -305,6 +305,8 @@ class RedisStore:
         needle = phrase.lower()
         found: list[tuple[BlobInfo, str]] = []
         for info, data in await self._session_blobs(session, "search", with_data=True):
+            if info.kind in RECORDING_KINDS:
+                continue
             text = data.decode("utf-8", "replace")
             at = text.lower().find(needle)
             if at >= 0:

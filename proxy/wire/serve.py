@@ -14,6 +14,7 @@ from proxy.exchange import ClientRequest, Exchange, Identity
 from proxy.flow import Answers, Flow
 from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
+from proxy.http.keys import RAW_BODY
 from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.sessions.identity import SessionName, owner_of, parent_session_id, scoped
@@ -31,6 +32,7 @@ async def read_request(request: web.Request) -> tuple[Config, ApiKey | None, byt
     config = request.app[CONFIG].current
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    request[RAW_BODY] = raw  # a reference: read again only if the session is recorded
     return config, key, raw
 
 
