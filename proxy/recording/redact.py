@@ -5,32 +5,64 @@ every string of a recorded structure, before any of it reaches the store."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from cachetools import LRUCache
 
 REDACTED = "[redacted]"
 # Secrets shorter than this are not searched for: "a" would redact every "a".
 MIN_SECRET_CHARS = 8
 
-# One alternation per (patterns, secrets) pair: requests of one key and policy share it.
-_compiled: LRUCache[tuple[re.Pattern[str] | None, tuple[str, ...]], re.Pattern[str] | None] = (
-    LRUCache(256)
-)
+
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    """How one turn is redacted: `pattern` (the secrets, taken literally, and the policy's
+    patterns, as one alternation) replaced in every string of a structure."""
+
+    pattern: re.Pattern[str] | None
+    literals: tuple[bytes, ...]  # the secrets as they appear in JSON text
+    # Every structure walked: the policy has patterns (a match in a string may not be one
+    # in its JSON text), or a secret holds a character JSON escapes.
+    always: bool
+
+    def json(self, value: Any, raw: bytes) -> bytes:
+        """`raw` (orjson's bytes of `value`) redacted: the same bytes when nothing is to be,
+        found by a scan of the bytes for the secrets when that is enough (no patterns)."""
+        if self.pattern is None:
+            return raw
+        if not self.always and not any(literal in raw for literal in self.literals):
+            return raw
+        clean = scrub(value, self.pattern)
+        return raw if clean is value else orjson.dumps(clean)
+
+    def value(self, value: Any) -> Any:
+        return scrub(value, self.pattern)
 
 
-def matcher(pattern: re.Pattern[str] | None, secrets: tuple[str, ...]) -> re.Pattern[str] | None:
-    """The policy's patterns and the secrets (taken literally) as one regular expression."""
+NOTHING = Redaction(None, (), False)
+# One per (patterns, secrets) pair: requests of one key and policy share it.
+_compiled: LRUCache[tuple[re.Pattern[str] | None, tuple[str, ...]], Redaction] = LRUCache(256)
+
+
+def matcher(pattern: re.Pattern[str] | None, secrets: tuple[str, ...]) -> Redaction:
+    """The policy's patterns and the secrets (taken literally) as one Redaction."""
     secrets = tuple(sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len))[::-1]
     key = (pattern, secrets)
-    if key in _compiled:
-        return _compiled[key]
+    found = _compiled.get(key)
+    if found is not None:
+        return found
     parts = [re.escape(secret) for secret in secrets]
     if pattern is not None:
         parts.append(pattern.pattern)
-    joined = re.compile("|".join(f"(?:{part})" for part in parts)) if parts else None
-    _compiled[key] = joined
-    return joined
+    if not parts:
+        return NOTHING
+    literals = tuple(orjson.dumps(secret)[1:-1] for secret in secrets)
+    escaped = any(lit != s.encode() for lit, s in zip(literals, secrets, strict=True))
+    joined = re.compile("|".join(f"(?:{part})" for part in parts))
+    made = _compiled[key] = Redaction(joined, literals, pattern is not None or escaped)
+    return made
 
 
 def scrub(value: Any, redact: re.Pattern[str] | None) -> Any:

@@ -35,13 +35,15 @@ from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
 from proxy.recording.answers import answer_of
-from proxy.recording.redact import matcher, scrub
+from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
 
 log = logging.getLogger("agentproxy.recording")
 
 MB = 1024 * 1024
 QUEUED_TURNS = 1000  # turns waiting for the writer, at most; past it a turn is dropped
+BATCH_TURNS = 64  # turns written together when they queued up meanwhile
+LINGER_S = 0.05  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
 LISTS = ("request", "sent")
 
@@ -69,6 +71,7 @@ class _Known:
     parts: dict[int, str] = field(default_factory=dict)  # xxh3 of a part's raw JSON -> ref
     stored: set[str] = field(default_factory=set)  # refs known to be in the store already
     last_turn: str | None = None
+    last_token: object | None = None  # ex.rewrite.turn of the last turn recorded
     last_lists: dict[str, list[int]] = field(default_factory=dict)
 
     def size(self) -> int:
@@ -130,34 +133,70 @@ class TurnWriter:
 
     async def _work(self, queue: asyncio.Queue[Finished]) -> None:
         while True:
-            turn = await queue.get()
+            batch = [await queue.get()]
+            if queue.qsize() < BATCH_TURNS:  # a moment for more to come: one write for all
+                await asyncio.sleep(LINGER_S)
+            while len(batch) < BATCH_TURNS and not queue.empty():
+                batch.append(queue.get_nowait())
             try:
-                await self._write(turn)
-            except Exception as exc:
-                self._count("failed")
-                warn_limited(log, "recording.failed", "recording a turn failed: %s: %s",
-                             type(exc).__name__, exc)  # fmt: skip
+                await self._write(batch)
             finally:
-                queue.task_done()
+                for _ in batch:
+                    queue.task_done()
 
-    async def _write(self, turn: Finished) -> None:
+    async def _write(self, batch: list[Finished]) -> None:
+        """The turns' new blobs, each owner's in one store call (one transaction in SQLite,
+        one round trip to Redis); a failure loses those turns only, counted and said."""
+        by_owner: dict[str, list[tuple[BlobInfo, bytes]]] = {}
+        sessions: dict[str, set[str]] = {}
+        recorded: dict[str, int] = {}
+        for turn in batch:
+            ex = turn.ex
+            try:
+                blobs = await self._prepare(turn)
+            except Exception as exc:
+                self._failed(exc, 1)
+                self._known.pop(ex.identity.session, None)
+                continue
+            if blobs:
+                owner = ex.identity.owner
+                by_owner.setdefault(owner, []).extend(blobs)
+                sessions.setdefault(owner, set()).add(ex.identity.session)
+                recorded[owner] = recorded.get(owner, 0) + 1
+        for owner, blobs in by_owner.items():
+            try:
+                await _put_many(self.store, blobs)
+            except Exception as exc:
+                self._failed(exc, recorded[owner])
+                self.forget(sessions[owner])  # what they hold is read again from the store
+                continue
+            self.metrics.child(self.metrics.recorded_turns, "recorded").inc(recorded[owner])
+
+    async def _prepare(self, turn: Finished) -> list[tuple[BlobInfo, bytes]]:
+        """The turn's blobs not yet stored, its session's state moved past it (undone by
+        forgetting the session should the write fail)."""
         ex = turn.ex
         session = ex.identity.session
         known = await self._session(session)
         if known.stopped:
             self._count("skipped")
-            return
+            return []
         spec = ex.policy.record
-        redact = matcher(spec.redact_pattern, turn.secrets)
-        writes: dict[str, bytes] = {}
-        hashes: dict[str, list[int]] = {}
-        parts: dict[int, str] = {}
-        received = _parsed(turn.raw)
-        request = self._split(known, session, received, "request", redact, writes, hashes, parts)
-        sent = self._split(known, session, ex.sent, "sent", redact, writes, hashes, parts)
-        events = [{"stage": n.stage, "action": n.action, **n.fields} for n in ex.notes]
-        if turn.error is not None:
-            events.append({"stage": "error", "action": "answered", **turn.error})
+        split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
+        if ex.received is not None:  # chat: the body as parsed, its messages never mutated
+            keep = 0
+            if known.last_token is not None and known.last_token is ex.rewrite.stable_base:
+                keep = ex.rewrite.stable_prefix  # hashed on an earlier turn: not again
+            request = split.body(ex.received, "request", keep)
+        else:
+            request = split.body(_parsed(turn.raw), "request", 0)
+        sent = split.body(ex.sent, "sent", 0)
+        events: Any = []
+        if ex.notes or turn.error is not None:
+            events = [{"stage": n.stage, "action": n.action, **n.fields} for n in ex.notes]
+            if turn.error is not None:
+                events.append({"stage": "error", "action": "answered", **turn.error})
+            events = split.redaction.value(orjson.loads(orjson.dumps(events, default=str)))
         usage = ex.accounting.usage
         record = {
             "v": 1,
@@ -166,98 +205,47 @@ class TurnWriter:
             "route": ex.client.route,
             "request": request,
             "sent": sent,
-            "answer": scrub(answer_of(ex.client.wire, turn.body, ex.streamed), redact),
+            "answer": _answer(ex.client.wire, turn.body, ex.streamed, split.redaction),
             "status": turn.status,
-            "events": scrub(orjson.loads(orjson.dumps(events, default=str)), redact),
+            "events": events,
             "usage": None if usage is None else usage.described(),
             "cost_usd": ex.accounting.cost_usd,
             "model": ex.alias,
             "at": round(turn.at, 3),
         }
         data = orjson.dumps(record, default=str)
+        writes = split.writes
         adding = len(data) + sum(len(part) for part in writes.values())
         limit = int(spec.max_mb_per_session * MB)
         if known.bytes + adding > limit:
             known.stopped = True
             self._count("stopped")
-            self.on_stopped(
-                ex, {"bytes": known.bytes, "max_mb_per_session": spec.max_mb_per_session}
-            )
-            return
+            fields = {"bytes": known.bytes, "max_mb_per_session": spec.max_mb_per_session}
+            self.on_stopped(ex, fields)
+            return []
         owner = ex.identity.owner
-        for ref, part in writes.items():
-            await self.store.put(
-                BlobInfo(ref, session, RECORD_PART, len(part), turn.at, owner), part
-            )
-            known.stored.add(ref)
+        blobs = [
+            (BlobInfo(ref, session, RECORD_PART, len(part), turn.at, owner), part)
+            for ref, part in writes.items()
+        ]
         ref = content_ref(session, RECORD_TURN, data)
         meta = {"seq": known.seq}
-        await self.store.put(
-            BlobInfo(ref, session, RECORD_TURN, len(data), turn.at, owner, meta), data
-        )
+        blobs.append((BlobInfo(ref, session, RECORD_TURN, len(data), turn.at, owner, meta), data))
+        known.stored.update(writes)
         known.bytes += adding
         known.seq += 1
-        known.parts.update(parts)
         known.last_turn = ref
-        known.last_lists = hashes
-        self._known[session] = known  # its size changed: the memo weighs it again
-        self._count("recorded")
+        known.last_token = ex.rewrite.turn
+        known.last_lists = split.hashes
+        if split.parts:
+            known.parts.update(split.parts)
+            self._known[session] = known  # it grew: the memo weighs it again
+        return blobs
 
-    def _split(
-        self,
-        known: _Known,
-        session: str,
-        body: Any,
-        which: str,
-        redact: Any,
-        writes: dict[str, bytes],
-        hashes: dict[str, list[int]],
-        parts: dict[int, str],
-    ) -> dict[str, Any] | None:
-        """A body as parts: its messages each once, the rest once; what is new goes to
-        `writes`. Relative to the previous turn's list of the same kind: a kept prefix."""
-        if not isinstance(body, dict):
-            return None
-        key = next((k for k in ("messages", "input") if isinstance(body.get(k), list)), None)
-        items: list[Any] = body[key] if key is not None else []
-        rest = {k: v for k, v in body.items() if k != key} if key is not None else body
-        rest_ref = self._part(known, session, rest, redact, writes, parts)[1]
-        mine: list[int] = []
-        refs: list[str] = []
-        for item in items:
-            digest, ref = self._part(known, session, item, redact, writes, parts)
-            mine.append(digest)
-            refs.append(ref)
-        hashes[which] = mine
-        before = known.last_lists.get(which) or []
-        keep = 0
-        for old, new in zip(before, mine, strict=False):
-            if old != new:
-                break
-            keep += 1
-        base = known.last_turn if keep else None
-        return {"body": rest_ref, "key": key, "base": base, "keep": keep, "new": refs[keep:]}
-
-    def _part(
-        self,
-        known: _Known,
-        session: str,
-        value: Any,
-        redact: Any,
-        writes: dict[str, bytes],
-        parts: dict[int, str],
-    ) -> tuple[int, str]:
-        raw = orjson.dumps(value)
-        digest = xxhash.xxh3_64_intdigest(raw)
-        ref = known.parts.get(digest) or parts.get(digest)
-        if ref is None:
-            clean = scrub(value, redact)
-            data = raw if clean is value else orjson.dumps(clean)
-            ref = content_ref(session, RECORD_PART, data)
-            parts[digest] = ref
-            if ref not in known.stored:
-                writes[ref] = data
-        return digest, ref
+    def _failed(self, exc: Exception, turns: int) -> None:
+        self.metrics.child(self.metrics.recorded_turns, "failed").inc(turns)
+        warn_limited(log, "recording.failed", "recording a turn failed: %s: %s",
+                     type(exc).__name__, exc)  # fmt: skip
 
     async def _session(self, session: str) -> _Known:
         known = self._known.get(session)
@@ -287,6 +275,102 @@ def secrets_of(config: Config, presented: str | None) -> tuple[str, ...]:
         found = {d.api_key for group in config.deployments.values() for d in group if d.api_key}
         keys = _secrets[config.version] = tuple(sorted(found))
     return keys if presented is None else (*keys, presented)
+
+
+class _Split:
+    """One turn's bodies as parts: each message once, each body without its messages once;
+    what the session has not stored yet goes to `writes`, redacted."""
+
+    def __init__(self, known: _Known, session: str, redaction: Redaction) -> None:
+        self.known = known
+        self.session = session
+        self.redaction = redaction
+        self.writes: dict[str, bytes] = {}
+        self.hashes: dict[str, list[int]] = {}
+        self.parts: dict[int, str] = {}  # new this turn: xxh3 of the raw JSON -> ref
+        self._by_id: dict[int, int] = {}  # id of a message hashed this turn -> its hash
+        self._lists: dict[int, list[int]] = {}  # id of a list hashed this turn -> hashes
+        self._seen: list[tuple[list[Any], list[int]]] = []  # (the lists hashed, their hashes)
+
+    def body(self, body: Any, which: str, keep: int) -> dict[str, Any] | None:
+        """`body` as parts, its list relative to the previous turn's (a kept prefix). The
+        first `keep` messages are known equal to the previous turn's: taken, not hashed."""
+        if not isinstance(body, dict):
+            return None
+        key = next((k for k in ("messages", "input") if isinstance(body.get(k), list)), None)
+        items: list[Any] = body[key] if key is not None else []
+        rest = {k: v for k, v in body.items() if k != key} if key is not None else body
+        rest_ref = self._part(rest, xxhash.xxh3_64_intdigest(orjson.dumps(rest)))
+        before = self.known.last_lists.get(which) or []
+        mine = self._lists.get(id(items))
+        if mine is None:  # not the very list another body of this turn had
+            mine = self._hashed(items, before, keep)
+            self._lists[id(items)] = mine
+        self.hashes[which] = mine
+        keep = 0
+        while keep < len(before) and keep < len(mine) and before[keep] == mine[keep]:
+            keep += 1
+        refs = [self._ref(digest) for digest in mine[keep:]]
+        base = self.known.last_turn if keep else None
+        return {"body": rest_ref, "key": key, "base": base, "keep": keep, "new": refs}
+
+    def _hashed(self, items: list[Any], before: list[int], keep: int) -> list[int]:
+        keep = min(keep, len(before), len(items))
+        mine = before[:keep]
+        by_id = self._by_id
+        if self._seen and not by_id:  # a second list: messages of the first, unchanged?
+            for seen, hashes in self._seen:
+                by_id.update(zip(map(id, seen), hashes, strict=True))
+        for item in items[keep:]:
+            digest = by_id.get(id(item))
+            if digest is None:
+                raw = orjson.dumps(item)
+                digest = xxhash.xxh3_64_intdigest(raw)
+                self._part(item, digest, raw)
+            mine.append(digest)
+        self._seen.append((items, mine))
+        return mine
+
+    def _ref(self, digest: int) -> str:
+        return self.known.parts.get(digest) or self.parts[digest]
+
+    def _part(self, value: Any, digest: int, raw: bytes | None = None) -> str:
+        ref = self.known.parts.get(digest) or self.parts.get(digest)
+        if ref is None:
+            data = self.redaction.json(value, raw if raw is not None else orjson.dumps(value))
+            ref = content_ref(self.session, RECORD_PART, data)
+            self.parts[digest] = ref
+            if ref not in self.known.stored:
+                self.writes[ref] = data
+        return ref
+
+
+def _answer(
+    wire: str, body: bytes | None, streamed: list[bytes] | None, redaction: Redaction
+) -> Any:
+    """The answer for the turn record: a JSON body kept as its bytes when nothing in it is
+    to be redacted (no parse), else parsed (a stream assembled) and redacted."""
+    whole = not streamed and body is not None and body[:1] == b"{" and body.rstrip()[-1:] == b"}"
+    if (
+        whole
+        and body is not None
+        and (redaction.pattern is None or not (redaction.always or _holds(body, redaction)))
+    ):
+        return orjson.Fragment(body)
+    return redaction.value(answer_of(wire, body, streamed))
+
+
+def _holds(raw: bytes, redaction: Redaction) -> bool:
+    return any(literal in raw for literal in redaction.literals)
+
+
+async def _put_many(store: Store, blobs: list[tuple[BlobInfo, bytes]]) -> None:
+    many = getattr(store, "put_many", None)
+    if many is not None:
+        await many(blobs)
+        return
+    for info, data in blobs:
+        await store.put(info, data)
 
 
 def _parsed(raw: bytes | None) -> Any:

@@ -15,6 +15,10 @@ class MemoryStore:
     async def put(self, info: BlobInfo, data: bytes) -> None:
         self._blobs.setdefault(info.ref, (info, data))
 
+    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+        for info, data in items:
+            await self.put(info, data)
+
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         return self._blobs.get(ref)
 

@@ -133,6 +133,8 @@ def open_exchange(
         policy=_select_policy(request.headers, config, alias, key),
         client=client,
     )
+    if client.view is None and ex.policy.record.enabled:  # chat: its body is the client's
+        ex.received = dict(body)
     return ex
 
 

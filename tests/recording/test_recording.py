@@ -6,6 +6,7 @@ tenants: a second key sending the same session id sees neither the recording nor
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import textwrap
 from pathlib import Path
@@ -69,9 +70,18 @@ async def start(
     return await start_proxy(path)
 
 
-async def turns_of(proxy: TestServer, owner: str, name: str) -> list[dict[str, Any]]:
-    await proxy.app[RECORDINGS].flush()
-    return await recorded_turns(proxy.app[STORE], scoped(owner, name))
+async def turns_of(
+    proxy: TestServer, owner: str, name: str, count: int = 1
+) -> list[dict[str, Any]]:
+    """The session's recorded turns, once `count` are (a stream's turn is queued when its
+    handler ends, which may be just after the client read the stream's end)."""
+    for _ in range(200):
+        await proxy.app[RECORDINGS].flush()
+        turns = await recorded_turns(proxy.app[STORE], scoped(owner, name))
+        if len(turns) >= count:
+            return turns
+        await asyncio.sleep(0.01)
+    return turns
 
 
 def chat(proxy: TestServer, key: str = ALICE) -> openai.AsyncOpenAI:
@@ -98,7 +108,7 @@ async def test_chat_turns_read_back_as_trace_lines_json_and_stream(
     )  # fmt: skip
     streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
-    first, second = await turns_of(proxy, "key:alice", "s1")
+    first, second = await turns_of(proxy, "key:alice", "s1", 2)
     assert first["wire"] == "chat" and first["route"] == "/v1/chat/completions"
     assert first["request"] == {"model": "sim", "messages": history[:1]}
     assert first["status"] == 200 and first["answer"]["object"] == "chat.completion"
@@ -129,7 +139,7 @@ async def test_anthropic_turns_read_back_json_and_stream(
     ) as stream:
         final = await stream.get_final_message()
 
-    first, second = await turns_of(proxy, "key:alice", "a1")
+    first, second = await turns_of(proxy, "key:alice", "a1", 2)
     assert first["wire"] == "anthropic" and first["route"] == "/v1/messages"
     assert first["request"]["system"] == "be brief" and first["request"]["messages"] == ask
     assert first["answer"]["type"] == "message"
@@ -152,7 +162,7 @@ async def test_responses_turns_read_back_json_and_stream(
     )
     done = [event async for event in stream if event.type == "response.completed"]
 
-    first, second = await turns_of(proxy, "key:alice", "r1")
+    first, second = await turns_of(proxy, "key:alice", "r1", 2)
     assert first["wire"] == "responses" and first["route"] == "/v1/responses"
     assert first["request"]["input"] == items
     assert first["answer"]["object"] == "response" and first["answer"]["id"] == reply.id
