@@ -278,7 +278,11 @@ def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> Non
         print(f"{'cell':<20} {'proxy':>8} {'recorded':>9} {'ratio':>7}   ratio each rep")
         for cell in cells:
             p, r = (_median(figures.get((target, cell))) for target in ("proxy", "recorded"))
-            pairs = zip(figures.get(("recorded", cell)) or [], figures.get(("proxy", cell)) or [])
+            recorded, plain = (
+                figures.get(("recorded", cell)) or [],
+                figures.get(("proxy", cell)) or [],
+            )
+            pairs = zip(recorded, plain, strict=False)
             each = " ".join(f"{a / b:.2f}" for a, b in pairs)
             print(f"{cell:<20} {p:8.1f} {r:9.1f} {r / p:6.2f}x   {each}")
 

@@ -66,7 +66,8 @@ async def show_session(request: web.Request) -> web.Response:
 
 
 def _scope(request: web.Request) -> str | None:
-    """None: the caller sees every session (admin); else the owner whose sessions it sees."""
+    """None: the caller sees every session (admin); else the owner whose sessions it sees.
+    A key that is neither the admin key nor an API key is refused, loopback or not."""
     keys = request.app[CONFIG].current.keys
     secret = presented_key(request)
     if secret is not None and keys.is_admin(secret):
@@ -74,7 +75,7 @@ def _scope(request: web.Request) -> str | None:
     key = keys.find(secret) if secret is not None else None
     if key is not None:
         return owner_of(key, keys)
-    if keys.admin_digest is None and is_loopback(request):
+    if secret is None and keys.admin_digest is None and is_loopback(request):
         return None  # as every admin route: loopback only, without an admin key
     raise Unauthorized("session routes need 'Authorization: Bearer <admin key or API key>'")
 

@@ -324,3 +324,84 @@ async def test_another_key_with_the_same_session_id_sees_neither_recording_nor_s
             body = await mine.json()
     assert body["source"] == "recording" and len(body["timeline"]) == 1
     assert body["timeline"][0]["context"]["received"] > 0
+
+
+async def test_an_invalid_redact_pattern_is_refused_and_the_old_policy_stays(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    path = tmp_path / "agentproxy.yaml"
+    good = path.read_text()
+    path.write_text(
+        good.replace("record: {enabled: true}", "record: {redact: ['ok', '(unclosed']}")
+    )
+    async with aiohttp.ClientSession() as http:
+        async with http.post(str(proxy.make_url("/admin/reload"))) as reloaded:
+            assert reloaded.status == 422
+            details = (await reloaded.json())["error"]["details"]
+    assert any("record.redact[1]" in line and "regular expression" in line for line in details)
+    await chat(proxy).chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "still recorded"}],
+        extra_headers=session("after"),
+    )  # fmt: skip
+    assert len(await turns_of(proxy, "key:alice", "after")) == 1  # the old policy records
+
+
+async def test_sessions_routes_without_recording_show_the_boards_timeline(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    proxy = await start(
+        start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}",
+        record="{enabled: false}",
+    )  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "read_file", "arguments": "{}"}}  # fmt: skip
+    dangling = [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "well?"},
+    ]  # a call without its result: repair patches it, an event of the turn
+    await chat(proxy).chat.completions.create(
+        model="sim", messages=dangling, tools=tools, extra_headers=session("plain")
+    )
+    async with aiohttp.ClientSession() as http:
+        headers = {"authorization": f"Bearer {ALICE}"}
+        async with http.get(str(proxy.make_url("/admin/sessions")), headers=headers) as listed:
+            [row] = (await listed.json())["data"]
+        assert row["session"] == "plain" and row["key"] == "alice" and row["turns"] == 1
+        assert row["recorded"] is False and row["tokens_received"] > 0 and row["model"] == "sim"
+        assert row["prompt_tokens"] > 0 and row["last_at"] >= row["first_at"]
+        url = str(proxy.make_url(f"/admin/sessions/{row['id']}"))
+        async with http.get(url, headers=headers) as shown:
+            body = await shown.json()
+        async with http.get(url, headers={"authorization": "Bearer sk-not-a-key-000"}) as bad:
+            assert bad.status == 401
+    assert body["source"] == "board"
+    [turn] = body["timeline"]
+    assert turn["status"] == 200 and turn["context"]["received"] > 0
+    assert any(e["stage"] == "repair" for e in turn["events"])
+    assert await recorded_turns(proxy.app[STORE], scoped("key:alice", "plain")) == []
+
+
+async def test_an_edited_history_reads_back_as_sent_not_as_the_turn_before(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """Messages taken from the previous turn only as far as the histories agree: a client
+    that edits an earlier message (or drops one) is recorded as it sent the request."""
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    one = [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
+    edited = [one[0], {"role": "user", "content": "first, edited"}, *one[2:]]
+    dropped = [one[0], *one[2:], {"role": "assistant", "content": "x"}]
+    for history in (one, edited, dropped, one):
+        await chat(proxy).chat.completions.create(
+            model="sim", messages=history, extra_headers=session("edits")
+        )
+    turns = await turns_of(proxy, "key:alice", "edits", 4)
+    assert [t["request"]["messages"] for t in turns] == [one, edited, dropped, one]
+    assert [t["sent"]["messages"] for t in turns] == [one, edited, dropped, one]
