@@ -42,6 +42,7 @@ log = logging.getLogger("agentproxy.recording")
 
 MB = 1024 * 1024
 QUEUED_TURNS = 1000  # turns waiting for the writer, at most; past it a turn is dropped
+QUEUED_BYTES = 64 * MB  # and the request bytes they hold, at most
 BATCH_TURNS = 64  # turns written together when they queued up meanwhile
 LINGER_S = 0.05  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
@@ -95,18 +96,25 @@ class TurnWriter:
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
         self._queue: asyncio.Queue[Finished] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._queued_bytes = 0  # what the queued turns hold (their requests' bytes)
         self._known: LRUCache[str, _Known] = LRUCache(memo_bytes, getsizeof=_Known.size)
 
     def submit(self, turn: Finished) -> None:
         """Queue a finished turn (never waits: the writer task takes it from there)."""
         if self._queue is None or self._task is None or self._task.done():
             self._queue = asyncio.Queue(QUEUED_TURNS)
+            self._queued_bytes = 0
             self._task = asyncio.get_running_loop().create_task(self._work(self._queue))
+        size = _held(turn)
         try:
+            if self._queued_bytes + size > QUEUED_BYTES:
+                raise asyncio.QueueFull
             self._queue.put_nowait(turn)
         except asyncio.QueueFull:
             self._count("dropped")
             warn_limited(log, "recording.dropped", "recording falls behind: a turn was dropped")
+            return
+        self._queued_bytes += size
 
     async def flush(self) -> None:
         """Wait until every turn queued so far is written (tests, shutdown)."""
@@ -141,7 +149,8 @@ class TurnWriter:
             try:
                 await self._write(batch)
             finally:
-                for _ in batch:
+                for turn in batch:
+                    self._queued_bytes -= _held(turn)
                     queue.task_done()
 
     async def _write(self, batch: list[Finished]) -> None:
@@ -312,7 +321,9 @@ class _Split:
             keep += 1
         refs = [self._ref(digest) for digest in mine[keep:]]
         base = self.known.last_turn if keep else None
-        return {"body": rest_ref, "key": key, "base": base, "keep": keep, "new": refs}
+        at = list(body).index(key) if key is not None else None  # where it goes back
+        shape = {"body": rest_ref, "key": key, "at": at, "base": base, "keep": keep}
+        return {**shape, "new": refs}
 
     def _hashed(self, items: list[Any], before: list[int], keep: int) -> list[int]:
         keep = min(keep, len(before), len(items))
@@ -362,6 +373,11 @@ def _answer(
 
 def _holds(raw: bytes, redaction: Redaction) -> bool:
     return any(literal in raw for literal in redaction.literals)
+
+
+def _held(turn: Finished) -> int:
+    """What a queued turn keeps alive, roughly: its request's bytes (and their parse)."""
+    return 2 * (len(turn.raw) if turn.raw else turn.ex.client.body_bytes)
 
 
 async def _put_many(store: Store, blobs: list[tuple[BlobInfo, bytes]]) -> None:
@@ -430,8 +446,12 @@ async def _body(
 ) -> dict[str, Any]:
     body = await _part(store, session, shape["body"], parts)
     body = dict(body) if isinstance(body, dict) else {}
-    if shape.get("key"):
-        body[shape["key"]] = [await _part(store, session, ref, parts) for ref in refs]
+    key = shape.get("key")
+    if key:
+        items = [await _part(store, session, ref, parts) for ref in refs]
+        pairs = list(body.items())
+        pairs.insert(shape.get("at") or len(pairs), (key, items))  # the client's key order
+        body = dict(pairs)
     return body
 
 

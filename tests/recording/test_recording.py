@@ -243,6 +243,8 @@ async def test_a_session_past_its_bound_stops_recording(
     outcomes = _outcomes(proxy)
     assert outcomes["stopped"] == 1 and outcomes["skipped"] == 12 - len(turns) - 1
     assert outcomes["recorded"] == len(turns)
+    stopped = proxy.app[METRICS].rewrites.labels("record", "stopped")._value.get()
+    assert stopped == 1  # and said in the event log, as every event
 
 
 def _outcomes(proxy: TestServer) -> dict[str, float]:
@@ -282,7 +284,9 @@ async def test_a_hundred_turns_grow_with_their_new_messages_only(
           f"100 turns {sizes[-1]} for {len(orjson_bytes(history))} bytes of history")  # fmt: skip
     assert late <= early * 1.1  # the hundredth turn costs what the tenth did
     assert sizes[-1] < 3 * len(orjson_bytes(history))
-    assert len(await recorded_turns(store, name)) == 100
+    turns = await recorded_turns(store, name)
+    assert len(turns) == 100 and turns[-1]["request"]["messages"] == history[:-1]
+    assert list(turns[0]["request"]) == ["model", "messages"]  # the client's key order
 
 
 def orjson_bytes(value: Any) -> bytes:
