@@ -253,8 +253,9 @@ class Exchange:
     failure: Exception | None = None
     # The guards' per-session record (store/guard_record.py), once a guard has read it.
     guard_record: dict[str, Any] | None = None
-    # A recorded chat request's body as parsed (a shallow copy: the stages replace what they
-    # change, never mutate it), for the recording; None otherwise.
+    # A recorded request's native body as parsed, for the recording: a chat body's shallow
+    # copy (the stages replace what they change, never mutate it), another wire's view's
+    # (never mutated); None otherwise.
     received: dict[str, Any] | None = None
     # The body last sent upstream (control sets it on every call), for the recording.
     sent: dict[str, Any] | None = None

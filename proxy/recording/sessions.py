@@ -44,6 +44,7 @@ MB = 1024 * 1024
 QUEUED_TURNS = 1000  # turns waiting for the writer, at most; past it a turn is dropped
 QUEUED_BYTES = 64 * MB  # and the request bytes they hold, at most
 BATCH_TURNS = 64  # turns written together when they queued up meanwhile
+RECENT_TURNS = 16  # turns a session remembers the hashes of (requests in flight at once)
 LINGER_S = 0.05  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
 LISTS = ("request", "sent")
@@ -72,15 +73,14 @@ class _Known:
     parts: dict[int, str] = field(default_factory=dict)  # xxh3 of a part's raw JSON -> ref
     stored: set[str] = field(default_factory=set)  # refs known to be in the store already
     last_turn: str | None = None
-    last_token: object | None = None  # ex.rewrite.turn of the last turn recorded
+    # The last turns recorded, by their ex.rewrite.turn: (their ref, their request's hashes),
+    # for the turn the chain compares the next one with (not always the last recorded).
+    recent: dict[object, tuple[str, list[int]]] = field(default_factory=dict)
     last_lists: dict[str, list[int]] = field(default_factory=dict)
 
     def size(self) -> int:
-        return (
-            200
-            + 90 * (len(self.parts) + len(self.stored))
-            + 8 * sum(len(hashes) for hashes in self.last_lists.values())
-        )
+        lists = [*self.last_lists.values(), *(hashes for _, hashes in self.recent.values())]
+        return 200 + 90 * (len(self.parts) + len(self.stored)) + 8 * sum(map(len, lists))
 
 
 class TurnWriter:
@@ -192,11 +192,13 @@ class TurnWriter:
             return []
         spec = ex.policy.record
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
-        if ex.received is not None:  # chat: the body as parsed, its messages never mutated
-            keep = 0
-            if known.last_token is not None and known.last_token is ex.rewrite.stable_base:
-                keep = ex.rewrite.stable_prefix  # hashed on an earlier turn: not again
-            request = split.body(ex.received, "request", keep)
+        if ex.received is not None:  # the body as parsed, never mutated
+            # A chat body's messages are those the chain compared with an earlier turn: as
+            # far as they agree, that turn's hashes are theirs (not hashed again).
+            base = ex.rewrite.stable_base
+            prior = known.recent.get(base) if ex.client.view is None and base else None
+            keep = ex.rewrite.stable_prefix if prior is not None else 0
+            request = split.body(ex.received, "request", keep, prior)
         else:
             request = split.body(_parsed(turn.raw), "request", 0)
         sent = split.body(ex.sent, "sent", 0)
@@ -244,7 +246,10 @@ class TurnWriter:
         known.bytes += adding
         known.seq += 1
         known.last_turn = ref
-        known.last_token = ex.rewrite.turn
+        if ex.rewrite.turn is not None:
+            known.recent[ex.rewrite.turn] = (ref, split.hashes.get("request", []))
+            if len(known.recent) > RECENT_TURNS:
+                del known.recent[next(iter(known.recent))]
         known.last_lists = split.hashes
         if split.parts:
             known.parts.update(split.parts)
@@ -301,16 +306,27 @@ class _Split:
         self._lists: dict[int, list[int]] = {}  # id of a list hashed this turn -> hashes
         self._seen: list[tuple[list[Any], list[int]]] = []  # (the lists hashed, their hashes)
 
-    def body(self, body: Any, which: str, keep: int) -> dict[str, Any] | None:
-        """`body` as parts, its list relative to the previous turn's (a kept prefix). The
-        first `keep` messages are known equal to the previous turn's: taken, not hashed."""
+    def body(
+        self,
+        body: Any,
+        which: str,
+        keep: int,
+        prior: tuple[str, list[int]] | None = None,
+    ) -> dict[str, Any] | None:
+        """`body` as parts, its list relative to an earlier turn's (a kept prefix): `prior`
+        (its ref and hashes), else the last recorded. The first `keep` messages are known
+        equal to that turn's: taken, not hashed."""
         if not isinstance(body, dict):
             return None
         key = next((k for k in ("messages", "input") if isinstance(body.get(k), list)), None)
         items: list[Any] = body[key] if key is not None else []
         rest = {k: v for k, v in body.items() if k != key} if key is not None else body
         rest_ref = self._part(rest, xxhash.xxh3_64_intdigest(orjson.dumps(rest)))
-        before = self.known.last_lists.get(which) or []
+        base_ref: str | None
+        if prior is not None:
+            base_ref, before = prior
+        else:
+            base_ref, before = self.known.last_turn, self.known.last_lists.get(which) or []
         mine = self._lists.get(id(items))
         if mine is None:  # not the very list another body of this turn had
             mine = self._hashed(items, before, keep)
@@ -320,7 +336,7 @@ class _Split:
         while keep < len(before) and keep < len(mine) and before[keep] == mine[keep]:
             keep += 1
         refs = [self._ref(digest) for digest in mine[keep:]]
-        base = self.known.last_turn if keep else None
+        base = base_ref if keep else None
         at = list(body).index(key) if key is not None else None  # where it goes back
         shape = {"body": rest_ref, "key": key, "at": at, "base": base, "keep": keep}
         return {**shape, "new": refs}

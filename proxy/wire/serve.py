@@ -133,8 +133,9 @@ def open_exchange(
         policy=_select_policy(request.headers, config, alias, key),
         client=client,
     )
-    if client.view is None and ex.policy.record.enabled:  # chat: its body is the client's
-        ex.received = dict(body)
+    if ex.policy.record.enabled:  # chat: its body is the client's; else its view's is
+        view = client.view
+        ex.received = dict(body) if view is None else getattr(view, "body", None)
     return ex
 
 
