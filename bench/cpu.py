@@ -197,7 +197,7 @@ async def measure(
             for _ in range(args.blocks):
                 for target, url in urls.items():
                     before, gc_before = time.process_time(), collecting.spent
-                    with profiled(profile if target == "proxy" else None):
+                    with profiled(profile if target == args.profile_target else None):
                         done[target] += await client.load(url, args.requests // args.blocks)
                     used[target] += time.process_time() - before
                     in_gc[target] += collecting.spent - gc_before
@@ -305,6 +305,9 @@ def main() -> int:
     parser.add_argument("--gc-off", action="store_true", help="no garbage collection at all")
     parser.add_argument("--profile", help="cProfile the proxy's measured runs into this file")
     parser.add_argument("--top", type=int, default=45, help="profile lines printed")
+    parser.add_argument(
+        "--profile-target", default="proxy", help="which one --profile profiles [proxy]"
+    )
     parser.add_argument(
         "--record", action="store_true", help="also a proxy recording every turn, compared"
     )

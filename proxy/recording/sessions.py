@@ -97,6 +97,7 @@ class TurnWriter:
         self._queue: asyncio.Queue[Finished] | None = None
         self._task: asyncio.Task[None] | None = None
         self._queued_bytes = 0  # what the queued turns hold (their requests' bytes)
+        self.hashed = 0  # messages serialized and hashed so far (per-turn work: the new ones)
         self._known: LRUCache[str, _Known] = LRUCache(memo_bytes, getsizeof=_Known.size)
 
     def submit(self, turn: Finished) -> None:
@@ -225,6 +226,7 @@ class TurnWriter:
             "at": round(turn.at, 3),
         }
         data = orjson.dumps(record, default=str)
+        self.hashed += split.hashed
         writes = split.writes
         adding = len(data) + sum(len(part) for part in writes.values())
         limit = int(spec.max_mb_per_session * MB)
@@ -305,6 +307,7 @@ class _Split:
         self._by_id: dict[int, int] = {}  # id of a message hashed this turn -> its hash
         self._lists: dict[int, list[int]] = {}  # id of a list hashed this turn -> hashes
         self._seen: list[tuple[list[Any], list[int]]] = []  # (the lists hashed, their hashes)
+        self.hashed = 0  # messages serialized and hashed
 
     def body(
         self,
@@ -354,6 +357,7 @@ class _Split:
                 raw = orjson.dumps(item)
                 digest = xxhash.xxh3_64_intdigest(raw)
                 self._part(item, digest, raw)
+                self.hashed += 1
             mine.append(digest)
         self._seen.append((items, mine))
         return mine

@@ -283,6 +283,9 @@ async def test_a_hundred_turns_grow_with_their_new_messages_only(
     print(f"recording bytes per turn: turns 6-15 {early:.0f}, turns 90-99 {late:.0f}, "
           f"100 turns {sizes[-1]} for {len(orjson_bytes(history))} bytes of history")  # fmt: skip
     assert late <= early * 1.1  # the hundredth turn costs what the tenth did
+    # and as much work: only the new messages are serialized and hashed (law 7), the rest is
+    # the earlier turn's as far as the chain found the history unchanged
+    assert proxy.app[RECORDINGS].hashed <= 2 * 100 + 1
     assert sizes[-1] < 3 * len(orjson_bytes(history))
     turns = await recorded_turns(store, name)
     assert len(turns) == 100 and turns[-1]["request"]["messages"] == history[:-1]
