@@ -284,7 +284,10 @@ def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> Non
             )
             pairs = zip(recorded, plain, strict=False)
             each = " ".join(f"{a / b:.2f}" for a, b in pairs)
-            print(f"{cell:<20} {p:8.1f} {r:9.1f} {r / p:6.2f}x   {each}")
+            gc_p, gc_r = (_median(figures.get((t, cell))) for t in ("proxy gc", "recorded gc"))
+            print(
+                f"{cell:<20} {p:8.1f} {r:9.1f} {r / p:6.2f}x   {each}   (gc {gc_p:.0f}/{gc_r:.0f})"
+            )
 
 
 def _median(values: list[float] | None) -> float:

@@ -43,9 +43,9 @@ log = logging.getLogger("agentproxy.recording")
 MB = 1024 * 1024
 QUEUED_TURNS = 1000  # turns waiting for the writer, at most; past it a turn is dropped
 QUEUED_BYTES = 64 * MB  # and the request bytes they hold, at most
-BATCH_TURNS = 64  # turns written together when they queued up meanwhile
+BATCH_TURNS = 256  # turns written together when they queued up meanwhile
 RECENT_TURNS = 16  # turns a session remembers the hashes of (requests in flight at once)
-LINGER_S = 0.05  # how long the writer waits for more turns before it writes
+LINGER_S = 0.1  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
 LISTS = ("request", "sent")
 
