@@ -64,6 +64,19 @@ class Finished:
 
 
 @dataclass(slots=True)
+class _Prepared:
+    """A turn split into the blobs to write (the request's objects already let go)."""
+
+    session: str
+    owner: str
+    blobs: list[tuple[BlobInfo, bytes]]
+    size: int
+
+
+Queued = Finished | _Prepared
+
+
+@dataclass(slots=True)
 class _Known:
     """What this process knows of one session's recording."""
 
@@ -94,31 +107,64 @@ class TurnWriter:
         self.store = store
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
-        self._queue: asyncio.Queue[Finished] | None = None
+        self._queue: asyncio.Queue[Queued] | None = None
+        self._waiting: dict[str, int] = {}  # sessions with whole turns queued: how many
         self._task: asyncio.Task[None] | None = None
         self._queued_bytes = 0  # what the queued turns hold (their requests' bytes)
         self.hashed = 0  # messages serialized and hashed so far (per-turn work: the new ones)
         self._known: LRUCache[str, _Known] = LRUCache(memo_bytes, getsizeof=_Known.size)
 
     def submit(self, turn: Finished) -> None:
-        """Queue a finished turn (never waits: the writer task takes it from there)."""
+        """Take a finished turn (never waits). A session this process knows is split into
+        its blobs at once after the answer (call_soon: the request's objects are let go
+        then), the blobs queued for the writer; a new one is queued whole (its state is read
+        from the store first)."""
         if self._queue is None or self._task is None or self._task.done():
             self._queue = asyncio.Queue(QUEUED_TURNS)
             self._queued_bytes = 0
+            self._waiting.clear()
             self._task = asyncio.get_running_loop().create_task(self._work(self._queue))
-        size = _held(turn)
+        session = turn.ex.identity.session
+        if session in self._known and not self._waiting.get(session):
+            asyncio.get_running_loop().call_soon(self._prepare_soon, turn)
+        else:
+            self._enqueue(turn)
+
+    def _prepare_soon(self, turn: Finished) -> None:
+        session = turn.ex.identity.session
+        known = self._known.get(session)
+        if known is None or self._waiting.get(session):  # forgotten meanwhile: read it again
+            self._enqueue(turn)
+            return
+        try:
+            blobs = self._prepare(turn, known)
+        except Exception as exc:
+            self._failed(exc, 1)
+            self._known.pop(session, None)
+            return
+        if blobs:
+            size = sum(len(data) for _, data in blobs)
+            self._enqueue(_Prepared(session, turn.ex.identity.owner, blobs, size))
+
+    def _enqueue(self, item: Queued) -> None:
+        assert self._queue is not None
+        size = _held(item)
         try:
             if self._queued_bytes + size > QUEUED_BYTES:
                 raise asyncio.QueueFull
-            self._queue.put_nowait(turn)
+            self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self._count("dropped")
             warn_limited(log, "recording.dropped", "recording falls behind: a turn was dropped")
             return
         self._queued_bytes += size
+        if isinstance(item, Finished):
+            session = item.ex.identity.session
+            self._waiting[session] = self._waiting.get(session, 0) + 1
 
     async def flush(self) -> None:
         """Wait until every turn queued so far is written (tests, shutdown)."""
+        await asyncio.sleep(0)  # the turns split at once: queued first
         if self._queue is not None and self._task is not None and not self._task.done():
             await self._queue.join()
 
@@ -140,7 +186,7 @@ class TurnWriter:
     def memo(self) -> LRUCache[str, _Known]:
         return self._known
 
-    async def _work(self, queue: asyncio.Queue[Finished]) -> None:
+    async def _work(self, queue: asyncio.Queue[Queued]) -> None:
         while True:
             batch = [await queue.get()]
             if queue.qsize() < BATCH_TURNS:  # a moment for more to come: one write for all
@@ -150,29 +196,27 @@ class TurnWriter:
             try:
                 await self._write(batch)
             finally:
-                for turn in batch:
-                    self._queued_bytes -= _held(turn)
+                for item in batch:
+                    self._queued_bytes -= _held(item)
                     queue.task_done()
 
-    async def _write(self, batch: list[Finished]) -> None:
+    async def _write(self, batch: list[Queued]) -> None:
         """The turns' new blobs, each owner's in one store call (one transaction in SQLite,
         one round trip to Redis); a failure loses those turns only, counted and said."""
         by_owner: dict[str, list[tuple[BlobInfo, bytes]]] = {}
         sessions: dict[str, set[str]] = {}
         recorded: dict[str, int] = {}
-        for turn in batch:
-            ex = turn.ex
-            try:
-                blobs = await self._prepare(turn)
-            except Exception as exc:
-                self._failed(exc, 1)
-                self._known.pop(ex.identity.session, None)
-                continue
-            if blobs:
-                owner = ex.identity.owner
-                by_owner.setdefault(owner, []).extend(blobs)
-                sessions.setdefault(owner, set()).add(ex.identity.session)
-                recorded[owner] = recorded.get(owner, 0) + 1
+        for item in batch:
+            if isinstance(item, Finished):
+                prepared = await self._prepare_queued(item)
+                if prepared is None:
+                    continue
+                item_session, owner, blobs = prepared
+            else:
+                item_session, owner, blobs = item.session, item.owner, item.blobs
+            by_owner.setdefault(owner, []).extend(blobs)
+            sessions.setdefault(owner, set()).add(item_session)
+            recorded[owner] = recorded.get(owner, 0) + 1
         for owner, blobs in by_owner.items():
             try:
                 await _put_many(self.store, blobs)
@@ -182,12 +226,30 @@ class TurnWriter:
                 continue
             self.metrics.child(self.metrics.recorded_turns, "recorded").inc(recorded[owner])
 
-    async def _prepare(self, turn: Finished) -> list[tuple[BlobInfo, bytes]]:
+    async def _prepare_queued(
+        self, turn: Finished
+    ) -> tuple[str, str, list[tuple[BlobInfo, bytes]]] | None:
+        """A turn queued whole: its session's state read (from the store, if new), then split."""
+        session = turn.ex.identity.session
+        try:
+            blobs = self._prepare(turn, await self._session(session))
+        except Exception as exc:
+            self._failed(exc, 1)
+            self._known.pop(session, None)
+            return None
+        finally:
+            left = self._waiting.get(session, 1) - 1
+            if left > 0:
+                self._waiting[session] = left
+            else:
+                self._waiting.pop(session, None)
+        return (session, turn.ex.identity.owner, blobs) if blobs else None
+
+    def _prepare(self, turn: Finished, known: _Known) -> list[tuple[BlobInfo, bytes]]:
         """The turn's blobs not yet stored, its session's state moved past it (undone by
         forgetting the session should the write fail)."""
         ex = turn.ex
         session = ex.identity.session
-        known = await self._session(session)
         if known.stopped:
             self._count("skipped")
             return []
@@ -395,9 +457,12 @@ def _holds(raw: bytes, redaction: Redaction) -> bool:
     return any(literal in raw for literal in redaction.literals)
 
 
-def _held(turn: Finished) -> int:
-    """What a queued turn keeps alive, roughly: its request's bytes (and their parse)."""
-    return 2 * (len(turn.raw) if turn.raw else turn.ex.client.body_bytes)
+def _held(item: Queued) -> int:
+    """What a queued item keeps alive, roughly: a whole turn its request's bytes (and their
+    parse), a split one its blobs."""
+    if isinstance(item, _Prepared):
+        return item.size
+    return 2 * (len(item.raw) if item.raw else item.ex.client.body_bytes)
 
 
 async def _put_many(store: Store, blobs: list[tuple[BlobInfo, bytes]]) -> None:
