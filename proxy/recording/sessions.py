@@ -369,6 +369,7 @@ class _Split:
         self._by_id: dict[int, int] = {}  # id of a message hashed this turn -> its hash
         self._lists: dict[int, list[int]] = {}  # id of a list hashed this turn -> hashes
         self._seen: list[tuple[list[Any], list[int]]] = []  # (the lists hashed, their hashes)
+        self._rests: list[tuple[dict[str, Any], str]] = []  # bodies' rests split this turn
         self.hashed = 0  # messages serialized and hashed
 
     def body(
@@ -386,7 +387,7 @@ class _Split:
         key = next((k for k in ("messages", "input") if isinstance(body.get(k), list)), None)
         items: list[Any] = body[key] if key is not None else []
         rest = {k: v for k, v in body.items() if k != key} if key is not None else body
-        rest_ref = self._part(rest, xxhash.xxh3_64_intdigest(orjson.dumps(rest)))
+        rest_ref = self._rest(rest)
         base_ref: str | None
         if prior is not None:
             base_ref, before = prior
@@ -397,14 +398,24 @@ class _Split:
             mine = self._hashed(items, before, keep)
             self._lists[id(items)] = mine
         self.hashes[which] = mine
-        keep = 0
-        while keep < len(before) and keep < len(mine) and before[keep] == mine[keep]:
-            keep += 1
+        keep = min(len(before), len(mine))
+        if mine[:keep] != before[:keep]:  # the common turn compares equal, in C
+            keep = next(i for i, (a, b) in enumerate(zip(before, mine, strict=False)) if a != b)
         refs = [self._ref(digest) for digest in mine[keep:]]
         base = base_ref if keep else None
         at = list(body).index(key) if key is not None else None  # where it goes back
         shape = {"body": rest_ref, "key": key, "at": at, "base": base, "keep": keep}
         return {**shape, "new": refs}
+
+    def _rest(self, rest: dict[str, Any]) -> str:
+        """A body's part without its messages: another body's of this turn when it holds the
+        very same values (a request sent as received), else stored like a message."""
+        for seen, ref in self._rests:
+            if len(seen) == len(rest) and all(seen.get(k) is v for k, v in rest.items()):
+                return ref
+        ref = self._part(rest, xxhash.xxh3_64_intdigest(orjson.dumps(rest)))
+        self._rests.append((rest, ref))
+        return ref
 
     def _hashed(self, items: list[Any], before: list[int], keep: int) -> list[int]:
         keep = min(keep, len(before), len(items))
