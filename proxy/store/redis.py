@@ -303,6 +303,9 @@ class RedisStore:
                 return written
 
         written = await r.run("put", write)
+        if any(w < 0 for w in written):  # the owner's idle sessions go first, as for `put`
+            await self._evict_owner(owner, size, limit)
+            written = await r.run("put", write)  # those written already answer 0
         if any(w < 0 for w in written):
             self.pressure.release(size)
             raise OwnerFull(owner_full_message(f"redis {r.where}", owner, limit))

@@ -22,7 +22,7 @@ from proxy.recording.sessions import recorded_turns
 from proxy.sessions.identity import scoped
 from proxy.sim.simulator import Simulator
 from proxy.state import METRICS, RECORDINGS, STORE
-from proxy.store.base import RECORDING_KINDS
+from proxy.store.base import RECORDING_KINDS, StoreError
 from tests.conftest import REDIS_URL, ProxyFactory, base_url
 
 ALICE, BOB = "sk-alice-key-0001", "sk-bob-key-00002"
@@ -245,6 +245,27 @@ async def test_a_session_past_its_bound_stops_recording(
     assert outcomes["recorded"] == len(turns)
     stopped = proxy.app[METRICS].rewrites.labels("record", "stopped")._value.get()
     assert stopped == 1  # and said in the event log, as every event
+
+
+async def test_a_store_that_fails_fails_no_request(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, store_config: str
+) -> None:
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, store_config)
+    store = proxy.app[STORE]
+
+    async def refuse(items: Any) -> None:
+        raise StoreError("the disk is full")
+
+    store.inner.put_many = refuse  # type: ignore[attr-defined]
+    for text in ("one", "two"):
+        reply = await chat(proxy).chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": text}],
+            extra_headers=session("unlucky"),
+        )  # fmt: skip
+        assert reply.choices[0].message.content
+    await proxy.app[RECORDINGS].flush()
+    assert _outcomes(proxy)["failed"] == 2
+    assert await recorded_turns(store, scoped("key:alice", "unlucky")) == []
 
 
 def _outcomes(proxy: TestServer) -> dict[str, float]:
