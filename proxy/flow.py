@@ -36,8 +36,9 @@ from proxy import tracing
 from proxy.control.control import Control
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
+from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
-from proxy.http.keys import OUTCOME_STATUS
+from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
@@ -45,6 +46,7 @@ from proxy.pipeline.messages import Message
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder
+from proxy.recording.sessions import Finished, secrets_of
 from proxy.runtime import eager
 from proxy.sessions.lineage import Lineage
 from proxy.store.activity import Activity
@@ -150,6 +152,52 @@ class Flow:
             return response
 
     async def _serve(
+        self, request: web.Request, ex: Exchange, answers: Answers
+    ) -> web.StreamResponse:
+        """`_respond`, then the turn to the recorder (the sessions board; the recording of a
+        session whose policy records it), whatever the outcome."""
+        recorded = ex.policy.record.enabled
+        if recorded and ex.client.stream:
+            ex.streamed = []  # the relay keeps what it writes
+        response: web.StreamResponse | None = None
+        failure: ProxyError | None = None
+        try:
+            response = await self._respond(request, ex, answers)
+            return response
+        except ProxyError as error:
+            failure = error
+            raise
+        finally:
+            self._finished(request, ex, response, failure, recorded)
+
+    def _finished(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        response: web.StreamResponse | None,
+        failure: ProxyError | None,
+        recorded: bool,
+    ) -> None:
+        if failure is not None:
+            status = failure.status
+        elif response is None:
+            status = STATUS_CLIENT_GONE  # cancelled: the client left
+        else:
+            status = request.get(OUTCOME_STATUS, response.status)
+        turn = None
+        if recorded:
+            body = response.body if isinstance(response, web.Response) else None
+            turn = Finished(
+                ex,
+                request.get(RAW_BODY),
+                status,
+                body if isinstance(body, bytes) else None,
+                None if failure is None else _error_fields(failure),
+                secrets_of(ex.config, presented_key(request)),
+            )
+        self.recorder.finished(ex, status, turn)
+
+    async def _respond(
         self, request: web.Request, ex: Exchange, answers: Answers
     ) -> web.StreamResponse:
         try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
@@ -351,6 +399,12 @@ class Flow:
         if last:
             recall.withdraw(ex.body)
         self.recorder.record(ex, "recall", "answered", count=len(calls))
+
+
+def _error_fields(error: ProxyError) -> dict[str, Any]:
+    """The proxy's own error as a recorded event's fields."""
+    return {"status": error.status, "type": error.type, "code": error.code,
+            "message": error.message}  # fmt: skip
 
 
 def _round(number: int, calls: list[dict[str, Any]]) -> dict[str, int]:

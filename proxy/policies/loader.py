@@ -50,6 +50,7 @@ from proxy.policies.spec import (
     Policy,
     PolicyMatch,
     RecallSpec,
+    RecordSpec,
     RepairSpec,
     RetrySpec,
     ServerSettings,
@@ -858,8 +859,25 @@ def _policy(
         circuit=_section(CircuitSpec, {**defaults.circuit, **raw.get("circuit", {})}),
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
+        record=_record(entry, raw.get("record"), report),
         degraded=raw.get("degraded", False),
     )
+
+
+def _record(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> RecordSpec:
+    """The record section, its redaction patterns compiled into one alternation."""
+    spec = _section(RecordSpec, raw)
+    for index, pattern in enumerate(spec.redact):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            message = f"not a regular expression: {exc}"
+            report.errors.append(entry.issue(("record", "redact", index), message))
+            return spec
+    if not spec.redact:
+        return spec
+    joined = "|".join(f"(?:{pattern})" for pattern in spec.redact)
+    return replace(spec, redact_pattern=re.compile(joined))
 
 
 def _compaction(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> CompactionSpec:

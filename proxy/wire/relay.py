@@ -48,6 +48,8 @@ class StreamRelay:
         if not self.response.prepared:
             self.response.headers["server-timing"] = self.ex.server_timing()
             await self.response.prepare(self.request)
+        if self.ex.streamed is not None:  # a recorded session: the answer as the client got it
+            self.ex.streamed.append(data)
         waited = time.perf_counter()
         await self.response.write(data)
         self.ex.timing.client_wait += time.perf_counter() - waited
