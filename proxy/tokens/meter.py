@@ -18,7 +18,9 @@ A ratio applies only to a measure in the units it was learnt in. One learnt agai
 keeps how many counted tokens the session's text makes per estimated token: when the counts
 are lost (the client edited an early message, so its history no longer matches), the
 estimate is read through both, and is as far from the limit as the counts would be (code
-counts about twice its estimate). Near the limit it is then counted again.
+counts about twice its estimate). Near the limit it is then counted again. Counts, too,
+are in their tokenizer's units: a fallback to a model of another tokenizer counts the
+history again rather than take the first model's counts as its own.
 
 Bounded by bytes: ratios for the most recent sessions, counts for the most recent texts.
 Per process: replicas each learn a session's ratio from the turns they serve.
@@ -36,7 +38,13 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
-from proxy.pipeline.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
+from proxy.pipeline.messages import (
+    TOKENS_PER_MESSAGE,
+    Message,
+    estimate_tokens,
+    non_text_tokens,
+    text_of,
+)
 from proxy.tokens.tokenizers import Tokenizer, Tokenizers, family
 
 NEAR = 0.7  # exact counting starts at this share of the decision's limit
@@ -53,6 +61,7 @@ class Measured(Protocol):
     costs: list[int]  # per message, in the measure's units
     exact: int  # how many leading costs are exact counts
     estimated: int  # what those were estimated at before they were counted
+    counted_by: str  # the tokenizer that counted them
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,10 @@ class PromptMeter:
 
     async def _count_exactly(self, tokenizer: Tokenizer, seen: Measured) -> None:
         start = seen.exact
+        if start and seen.counted_by != tokenizer.name:  # another model's (a fallback's)
+            seen.costs[:start] = map(estimate_tokens, seen.messages[:start])
+            start = seen.exact = seen.estimated = 0
+        seen.counted_by = tokenizer.name
         if start >= len(seen.messages):
             return
         fresh = seen.messages[start:]

@@ -211,3 +211,18 @@ async def test_a_ratio_learnt_on_counts_carries_over_to_the_estimate_after_an_ed
     other = gpt4o(edited, "key:b/s")  # another tenant's session of that name
     seen = histories.remember("key:b/s", edited)
     assert (await meter.measure(other, seen, 0, limit=1_000_000)).factor == 1.0
+
+
+async def test_counts_of_another_models_tokenizer_are_counted_again() -> None:
+    """A fallback measures the session's history for another model: the counts its memo
+    holds are the first model's, in another tokenizer's units, and are not taken as its."""
+    meter, histories = PromptMeter(Tokenizers(load)), SeenHistories()
+    messages = history(3)
+    seen = histories.remember("s", messages)
+    await meter.measure(gpt4o(messages, "key:a/s"), seen, 0, limit=1)  # o200k_base's counts
+    fallback = gpt4o(messages, "key:a/s", model="anthropic/claude-sonnet-4-5")
+    measure = await meter.measure(fallback, seen, 0, limit=1)
+    claude = load("anthropic")
+    expected = [TOKENS_PER_MESSAGE + claude.count(text_of(m)) for m in messages]
+    assert seen.costs == expected and measure.total == sum(expected)
+    assert fallback.prompt is not None and fallback.prompt.exact

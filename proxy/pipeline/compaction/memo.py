@@ -35,6 +35,7 @@ class Seen:
     basis: object | None = (
         None  # the turn whose client list this is (ex.rewrite.turn), if it is one
     )
+    counted_by: str = ""  # the tokenizer of those counts (a fallback's model may differ)
 
     @property
     def chars(self) -> int:
@@ -73,7 +74,9 @@ class SeenHistories:
         ):
             costs = last.costs + list(map(message_tokens, messages[len(last.messages) :]))
             exact = min(last.exact, len(messages))
-            seen = Seen(list(messages), costs, last.hashes, exact, last.estimated, basis)
+            seen = Seen(
+                list(messages), costs, last.hashes, exact, last.estimated, basis, last.counted_by
+            )
         else:
             seen = Seen(list(messages), list(map(message_tokens, messages)), basis=basis)
         if seen.chars <= self._seen.maxsize:
