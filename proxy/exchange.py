@@ -72,6 +72,7 @@ class PromptMeasure:
     messages: int
     ratio: float = 1.0
     exact: bool = False
+    density: float = 1.0  # exact: counted tokens per estimated token of the text (framing aside)
 
     @property
     def framing(self) -> int:

@@ -14,6 +14,14 @@ reported prompt tokens are compared with the proxy's count of that very request,
 is kept per scoped session and model: the next turn's count is multiplied by it. A trigger then
 lands where it should for any tokenizer, from the second turn of a session on.
 
+A ratio applies only to a measure in the units it was learnt in. One learnt against counts
+keeps how many counted tokens the session's text makes per estimated token: when the counts
+are lost (the client edited an early message, so its history no longer matches), the
+estimate is read through both, and is as far from the limit as the counts would be (code
+counts about twice its estimate). Near the limit it is then counted again. Counts, too,
+are in their tokenizer's units: a fallback to a model of another tokenizer counts the
+history again rather than take the first model's counts as its own.
+
 Bounded by bytes: ratios for the most recent sessions, counts for the most recent texts.
 Per process: replicas each learn a session's ratio from the turns they serve.
 """
@@ -30,7 +38,13 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
-from proxy.pipeline.messages import TOKENS_PER_MESSAGE, Message, non_text_tokens, text_of
+from proxy.pipeline.messages import (
+    TOKENS_PER_MESSAGE,
+    Message,
+    estimate_tokens,
+    non_text_tokens,
+    text_of,
+)
 from proxy.tokens.tokenizers import Tokenizer, Tokenizers, family
 
 NEAR = 0.7  # exact counting starts at this share of the decision's limit
@@ -46,12 +60,20 @@ class Measured(Protocol):
     messages: list[Message]
     costs: list[int]  # per message, in the measure's units
     exact: int  # how many leading costs are exact counts
+    estimated: int  # what those were estimated at before they were counted
+    counted_by: str  # the tokenizer that counted them
 
 
 @dataclass(frozen=True, slots=True)
 class Ratio:
     value: float  # provider tokens per measured token of text (framing aside)
     exact: bool  # learned against exact counts (else against estimates)
+    density: float = 1.0  # exact: the session's counted tokens per estimated token of text
+
+    def for_estimates(self) -> float:
+        """Provider tokens per estimated token of text: the ratio for a measure that is (or
+        fell back to) the estimate."""
+        return self.value * self.density if self.exact else self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,16 +115,21 @@ class PromptMeter:
         decision's, in provider tokens). Near the limit, counts `seen` exactly in place."""
         model = ex.deployment.model if ex.deployment is not None else ""
         ratio = self.ratio(ex.identity.session, model)
-        value = ratio.value if ratio is not None else 1.0
         messages = len(seen.messages)
         estimate = fixed + sum(seen.costs)
+        # Learnt against counts, and the counts lost with an edit: in the estimate's units.
+        value = ratio.for_estimates() if ratio is not None else 1.0
         measured = PromptMeasure(model, estimate, messages, value)
         if seen.exact or measured.estimate >= NEAR * limit:
             tokenizer = await self.tokenizers.get(model)  # None: none could be loaded
             if tokenizer is not None:
                 await self._count_exactly(tokenizer, seen)
+                estimated = fixed + seen.estimated  # the same messages and schemas, estimated
                 fixed = await self._schema_tokens(tokenizer, ex.body.get("tools"))
+                value = ratio.value if ratio is not None else 1.0
                 exact = PromptMeasure(model, fixed + sum(seen.costs), messages, value, True)
+                estimated -= min(estimated, exact.framing)
+                exact.density = (exact.total - exact.framing) / max(1, estimated)
                 if ratio is not None and not ratio.exact:
                     # Learned against estimates. The model's own tokenizer needs none; a
                     # borrowed one starts from the same calibrated figure, in its units.
@@ -115,10 +142,15 @@ class PromptMeter:
 
     async def _count_exactly(self, tokenizer: Tokenizer, seen: Measured) -> None:
         start = seen.exact
+        if start and seen.counted_by != tokenizer.name:  # another model's (a fallback's)
+            seen.costs[:start] = map(estimate_tokens, seen.messages[:start])
+            start = seen.exact = seen.estimated = 0
+        seen.counted_by = tokenizer.name
         if start >= len(seen.messages):
             return
         fresh = seen.messages[start:]
         counts = await self.count(tokenizer, [text_of(m) for m in fresh])
+        seen.estimated += sum(seen.costs[start:])  # still the estimates: overwritten next
         for offset, (message, tokens) in enumerate(zip(fresh, counts, strict=True)):
             seen.costs[start + offset] = TOKENS_PER_MESSAGE + tokens + non_text_tokens(message)
         seen.exact = len(seen.messages)
@@ -171,7 +203,9 @@ class PromptMeter:
         value = (usage.prompt_tokens - measured.framing) / text
         low, high = RATIO_BOUNDS
         if low <= value <= high:
-            self._ratios[(ex.identity.session, measured.model)] = Ratio(value, measured.exact)
+            self._ratios[(ex.identity.session, measured.model)] = Ratio(
+                value, measured.exact, measured.density
+            )
 
     async def close(self) -> None:
         await self.tokenizers.close()

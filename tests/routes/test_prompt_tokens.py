@@ -14,8 +14,10 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.sim.model import Tokenizer, chars_per_token
+from proxy.pipeline.compaction.budget import tokens_of
+from proxy.sim.model import Tokenizer, chars_per_token, estimate_prompt_tokens
 from proxy.sim.simulator import Simulator
+from proxy.tokens.meter import NEAR
 from proxy.tokens.tokenizers import load
 from tests.conftest import ProxyFactory, base_url
 
@@ -65,10 +67,13 @@ async def close_clients() -> AsyncIterator[None]:
 class Agent:
     """A coding agent reading logs, turn after turn, in one session."""
 
-    def __init__(self, proxy: TestServer, key: str = "sk-alice", session: str = "s1") -> None:
+    def __init__(
+        self, proxy: TestServer, key: str = "sk-alice", session: str = "s1", output: str = LOG
+    ) -> None:
         self.client = openai.AsyncOpenAI(base_url=base_url(proxy), api_key=key, max_retries=0)
         OPENED.append(self.client)
         self.session = session
+        self.output = output  # what each turn's tool call returns
         self.history: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a careful operations agent. " * 50},
             {"role": "user", "content": "Find out why the pool is slow."},
@@ -93,7 +98,7 @@ class Agent:
             {"role": "assistant", "content": reply.choices[0].message.content},
             {"role": "user", "content": f"Step {step}: checking the logs."},
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"c{step}", "content": f"step {step}\n{LOG}"},
+            {"role": "tool", "tool_call_id": f"c{step}", "content": f"step {step}\n{self.output}"},
             {"role": "user", "content": "What do you see?"},
         ]
         return estimate, reply.usage.prompt_tokens, raw.headers.get("x-agentproxy-applied", "")
@@ -180,3 +185,50 @@ async def test_a_known_model_family_is_counted_exactly_from_the_first_turn(
             near.append(error(estimate, reported))
     assert near and near[0] <= 0.01, near  # exact before any calibration: GPT-4o's tokenizer
     assert max(near) <= 0.01, near
+
+
+# Repetitive code, as a tool reads it: about 2 characters a token, half the estimate's 4.
+CODE = "\n".join(f"    x_{i} = compute(a[{i}], b[{i}], c={i})" for i in range(40))
+
+
+async def test_a_session_counted_exactly_stays_in_its_units_after_an_edit(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """A session near the trigger is counted with the model's tokenizer and calibrated
+    against those counts. When the client then edits an early message, the counts of its
+    history are lost with the match: the estimate (half the count on code) must not be read
+    with the calibration learnt for counts. A turn past the model's window is compacted
+    before it is sent, not refused by the model."""
+    window = 16_000
+    sim = Simulator(context_window=window, tokenizer=o200k())
+    upstream = await aiohttp_server(sim.app())
+    proxy = await start(
+        start_proxy, tmp_path, upstream, window, model="openai/gpt-4o", policy=SMALL_MODEL
+    )
+    agent = Agent(proxy, output=CODE)
+    agent.history[0] = {"role": "system", "content": "You are a careful coding agent."}
+    trigger, near = 0.85 * window, NEAR * 0.85 * window
+    counted = 0
+    for step in range(20):
+        estimate, reported, applied = await agent.turn(step)
+        assert "compaction" not in applied and reported < trigger, (step, applied)
+        counted += estimate >= near
+        if counted == 2:  # counted exactly, and calibrated against those counts
+            break
+    assert counted == 2
+    agent.output = "\n".join([CODE] * 7)  # a long read...
+    estimate, reported, applied = await agent.turn(step + 1)
+    # ...and an edit of the first request: the history now overflows the model's window,
+    # though its estimate is far under the trigger.
+    agent.history[1] = {"role": "user", "content": "Find out why the pool is slow today."}
+    assert tokens_of(agent.history) < near < window < exact_tokens(agent.history)
+    estimate, reported, applied = await agent.turn(step + 2)
+    assert "compaction.summarized" in applied, (estimate, reported, applied)
+    assert "overflow" not in applied, applied
+    assert reported <= trigger
+    assert all(r.status == 200 for r in sim.requests)  # the model never refused a prompt
+
+
+def exact_tokens(messages: list[dict[str, Any]]) -> int:
+    """The simulated model's count of a history."""
+    return estimate_prompt_tokens({"messages": messages}, o200k())

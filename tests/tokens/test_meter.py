@@ -186,3 +186,43 @@ async def test_a_ratio_learned_on_estimates_and_exact_counts(model: str, tokeniz
         assert again.prompt.estimate == measure.total  # the exact count as it is
     else:
         assert abs(again.prompt.estimate - estimated.estimate) <= 1  # the same calibrated figure
+
+
+async def test_a_ratio_learnt_on_counts_carries_over_to_the_estimate_after_an_edit() -> None:
+    """An edit of an early message loses the session's counts with its match: the estimate
+    that stands in for them is read with the calibration in its own units (the text's
+    density the counts showed), not with the ratio learnt for counts."""
+    meter, histories = meter_with(Spy()), SeenHistories()
+    first = history(3)
+    seen = histories.remember("s", first)
+    ex = gpt4o(first, "key:a/s")
+    counted = (await meter.measure(ex, seen, 0, limit=1)).total  # near: counted
+    ex.add_usage(Usage(counted, 1))  # the provider agrees with the model's tokenizer
+    meter.learn(ex, ex.accounting.usage)
+    edited = [SYSTEM, {"role": "user", "content": "Fix the parser, please."}, *first[2:]]
+    seen = histories.remember("s", edited)
+    assert seen.exact == 0  # the counts are lost
+    again = gpt4o(edited, "key:a/s")
+    measure = await meter.measure(again, seen, 0, limit=1_000_000)  # far: the estimate stands
+    assert again.prompt is not None and not again.prompt.exact
+    assert measure.total == sum(seen.costs) < counted / 1.3  # in the estimate's units...
+    assert abs(again.prompt.estimate - counted) <= 0.01 * counted  # ...read as the count
+    assert abs(measure.factor * measure.total - counted) <= 0.01 * counted
+    other = gpt4o(edited, "key:b/s")  # another tenant's session of that name
+    seen = histories.remember("key:b/s", edited)
+    assert (await meter.measure(other, seen, 0, limit=1_000_000)).factor == 1.0
+
+
+async def test_counts_of_another_models_tokenizer_are_counted_again() -> None:
+    """A fallback measures the session's history for another model: the counts its memo
+    holds are the first model's, in another tokenizer's units, and are not taken as its."""
+    meter, histories = PromptMeter(Tokenizers(load)), SeenHistories()
+    messages = history(3)
+    seen = histories.remember("s", messages)
+    await meter.measure(gpt4o(messages, "key:a/s"), seen, 0, limit=1)  # o200k_base's counts
+    fallback = gpt4o(messages, "key:a/s", model="anthropic/claude-sonnet-4-5")
+    measure = await meter.measure(fallback, seen, 0, limit=1)
+    claude = load("anthropic")
+    expected = [TOKENS_PER_MESSAGE + claude.count(text_of(m)) for m in messages]
+    assert seen.costs == expected and measure.total == sum(expected)
+    assert fallback.prompt is not None and fallback.prompt.exact

@@ -31,9 +31,11 @@ class Seen:
     costs: list[int]  # token estimate of each message
     hashes: list[int] = field(default_factory=list)  # prefix hashes of the first len(hashes)
     exact: int = 0  # the first `exact` costs are the model tokenizer's counts (tokens/meter)
+    estimated: int = 0  # the estimate of those first `exact` messages: the text's density
     basis: object | None = (
         None  # the turn whose client list this is (ex.rewrite.turn), if it is one
     )
+    counted_by: str = ""  # the tokenizer of those counts (a fallback's model may differ)
 
     @property
     def chars(self) -> int:
@@ -72,7 +74,9 @@ class SeenHistories:
         ):
             costs = last.costs + list(map(message_tokens, messages[len(last.messages) :]))
             exact = min(last.exact, len(messages))
-            seen = Seen(list(messages), costs, last.hashes, exact, basis)
+            seen = Seen(
+                list(messages), costs, last.hashes, exact, last.estimated, basis, last.counted_by
+            )
         else:
             seen = Seen(list(messages), list(map(message_tokens, messages)), basis=basis)
         if seen.chars <= self._seen.maxsize:
