@@ -30,7 +30,7 @@ from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
-from proxy.routes import admin, archive, health
+from proxy.routes import admin, archive, health, ui
 from proxy.runtime.handover import Handover
 from proxy.sessions.lineage import Lineage
 from proxy.state import (
@@ -167,6 +167,7 @@ def build_app(
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)
+    app.add_routes(ui.routes)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # A store that takes no writes would only show later, as overflows. A directory does

@@ -67,3 +67,13 @@ def authenticate_admin(request: web.Request, keys: Keys) -> None:
     secret = presented_key(request)
     if secret is None or not keys.is_admin(secret):
         raise Unauthorized("admin routes need 'Authorization: Bearer <admin key>'")
+
+
+def is_admin(request: web.Request, keys: Keys) -> bool:
+    """Whether the caller may act as the admin on a route that also serves API keys: it
+    presents the admin key, or, with none configured, is a loopback client presenting no key
+    (as every admin route serves it then)."""
+    secret = presented_key(request)
+    if keys.admin_digest is None:
+        return secret is None and is_loopback(request)
+    return secret is not None and keys.is_admin(secret)
