@@ -125,7 +125,11 @@ def build_app(
         counts_bytes=int(MEMO_SHARES["token_counts"] * memo_bytes),
     )
     ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder, meter)
-    rewriter = Rewriter(ctx, memo_bytes=memo_bytes)
+    rewriter = Rewriter(
+        ctx,
+        memo_bytes=memo_bytes,
+        prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
+    )
     views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
 
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
@@ -213,6 +217,7 @@ def build_app(
         with contextlib.suppress(asyncio.CancelledError):
             await collecting
         await activity.flush()  # the last requests' activity, before the store closes
+        await rewriter.close()  # summaries written ahead: cancelled before their upstreams
         await upstreams.close()
         await catalog.close()
         await ctx.meter.close()

@@ -1,5 +1,5 @@
-"""`agentproxy serve | validate | simulate | demo | replay | store`; `--log-level` before or
-after the command."""
+"""`agentproxy serve | validate | simulate | demo | replay | store | run`; `--log-level` before
+or after the command."""
 
 from __future__ import annotations
 
@@ -155,6 +155,38 @@ def _parser() -> argparse.ArgumentParser:
     store.add_argument("--config", required=True, help="the configuration the proxy runs with")
     store.add_argument("--json", action="store_true", help="print JSON")
     store.set_defaults(run=_store)
+
+    run = commands.add_parser(
+        "run",
+        parents=[common],
+        help="start an agent pointed at the proxy: agentproxy run -- claude|codex|CMD ...",
+        description="Start an agent already pointed at the proxy: Claude Code "
+        "(ANTHROPIC_BASE_URL), Codex (a temporary CODEX_HOME whose provider is the proxy) or "
+        "any command (OPENAI_BASE_URL, ANTHROPIC_BASE_URL). Uses the proxy answering on "
+        "--port, else starts one in this process for as long as the agent runs. Prints "
+        "where the inspector shows the session; exits with the agent's exit code.",
+    )
+    upstream = run.add_mutually_exclusive_group()
+    upstream.add_argument(
+        "--config", help="the proxy's configuration: the proxy answering on its server.port "
+        "is used, else one is started with it"
+    )  # fmt: skip
+    upstream.add_argument(
+        "--model", metavar="PROVIDER/NAME",
+        help="start a proxy serving this one model, as `serve --model` does",
+    )  # fmt: skip
+    upstream.add_argument(
+        "--simulate", action="store_true",
+        help="start a proxy on the built-in simulated model (offline; to try it out)",
+    )  # fmt: skip
+    run.add_argument("--api-base", metavar="URL", help="with --model: the provider's API")
+    run.add_argument("--port", type=int,
+                     help="where the proxy is, or is started [server.port, else 4000; "
+                     "a started one: a free port]")  # fmt: skip
+    run.add_argument("--key", help="the proxy API key to send [AGENTPROXY_API_KEY]")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                     help="the agent: claude, codex, or any command")  # fmt: skip
+    run.set_defaults(run=_run)
     return parser
 
 
@@ -307,6 +339,23 @@ def _simulate(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_simulator(args.host, args.port, sim))
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from proxy.runtime.run_agent import RunOptions, run_agent
+
+    if args.api_base is not None and args.model is None:
+        print("agentproxy run: --api-base goes with --model", file=sys.stderr)
+        return 2
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    options = RunOptions(
+        command=command, config=args.config, model=args.model, api_base=args.api_base,
+        simulate=args.simulate, port=args.port, key=args.key,
+    )  # fmt: skip
+    try:
+        return run_agent(options)
+    except KeyboardInterrupt:  # before the agent started: it forwards signals from then on
+        return 130
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -156,6 +156,15 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.compaction_prepared = Counter(
+            "agentproxy_compaction_prepared",
+            "Summaries written ahead of the compaction trigger, by result: started, used (a "
+            "crossing turn took it), wasted (written but never used: the history changed, the "
+            "session went idle, the process stopped), failed, skipped (the global bound or a "
+            "budget).",
+            ["result"],
+            registry=r,
+        )
         self.store_duration = Histogram(
             "agentproxy_store_duration_seconds",
             "Time per store operation, by backend and operation.",

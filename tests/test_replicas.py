@@ -28,6 +28,8 @@ BUDGET_CALLS = GROWTH_TURNS + 5  # room for the loop's four answered turns and o
 
 
 def config(sim_url: str, store: str) -> str:
+    # Summaries inline (prepare_at: null): one written ahead lives in the replica that wrote
+    # it, and a crossing turn served by the other summarizes again.
     return sim_config(
         sim_url,
         textwrap.dedent(
@@ -36,7 +38,7 @@ def config(sim_url: str, store: str) -> str:
             policies:
               - name: agents
                 offload: {{min_tokens: 2000}}
-                compaction: {{trigger: 0.7}}
+                compaction: {{trigger: 0.7, prepare_at: null}}
                 loops: {{window: 6, repeats: 3}}
                 budgets:
                   - {{name: turns, scope: session, limits: {{calls: {BUDGET_CALLS}}}}}

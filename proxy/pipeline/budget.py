@@ -126,6 +126,26 @@ class BudgetStage:
             return None
         return [*messages, notes[0]]  # one note is enough, however many limits are near
 
+    async def allows(self, ex: Exchange, ctx: StageContext, prompt: int, completion: int) -> bool:
+        """Whether a call of the proxy's own for this exchange's scopes (a summary written
+        ahead of need), of about `prompt` tokens in and `completion` out, stays within every
+        limit; an unreadable spend says no (the call is optional)."""
+        now = time.time()
+        for spec in ex.policy.budgets:
+            for scope_id in self._scope_ids(ex, spec):
+                try:
+                    key = self._key(spec, scope_id, now)
+                    spend = Spend.of(await ctx.state.counters(SPACE, key), now)
+                except StoreError:
+                    return False
+                for limit, cap in spec.limits.items():
+                    ahead = _ahead(limit, prompt, completion) if limit != "calls" else 0
+                    if limit == "cost_usd" and spend.value(limit, now) >= cap:
+                        return False
+                    if spend.value(limit, now) + ahead > cap:
+                        return False
+        return True
+
     async def _spend(
         self, ex: Exchange, ctx: StageContext, spec: BudgetSpec, scope_id: str, now: float
     ) -> Spend | None:

@@ -8,6 +8,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange, Usage
 from proxy.pipeline import capabilities, recall
+from proxy.pipeline.aside import AsideCharges
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.budget import BudgetStage
 from proxy.pipeline.capabilities import CapabilityStage
@@ -41,18 +42,22 @@ MEMO_SHARES = {
 
 
 class Rewriter:
-    def __init__(self, ctx: StageContext, memo_bytes: int = 256 * MB) -> None:
+    def __init__(
+        self, ctx: StageContext, memo_bytes: int = 256 * MB, prepared_summaries: int = 4
+    ) -> None:
         self.ctx = ctx
         size = {name: max(1, int(share * memo_bytes)) for name, share in MEMO_SHARES.items()}
+        # Guards run after the rewrites: a loop note appended at the end then costs the
+        # incremental stages nothing, and budgets judge the request as it will be sent.
+        self.budgets = BudgetStage()
         self.compaction = CompactionStage(
             memo_chars=size["compaction_histories"],
             outputs_bytes=size["compaction_outputs"],
             truncated_bytes=size["truncated_arguments"],
             checkpoint_bytes=size["checkpoints"],
+            prepared=prepared_summaries,
+            ledger=AsideCharges(ctx, self.budgets),  # summaries written ahead: their spend
         )
-        # Guards run after the rewrites: a loop note appended at the end then costs the
-        # incremental stages nothing, and budgets judge the request as it will be sent.
-        self.budgets = BudgetStage()
         self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
         self.repair = RepairStage()
         self.loops = LoopStage(size["loop_calls"])
@@ -79,6 +84,10 @@ class Rewriter:
         """Drop everything remembered about these sessions (idle: the store may evict their
         data next, and no memo may then name what it no longer holds)."""
         self.chain.forget(sessions)
+
+    async def close(self) -> None:
+        """Shutdown: background work (summaries written ahead) cancelled and awaited."""
+        await self.compaction.close()
 
     async def before_call(self, ex: Exchange) -> None:
         """Repair, offload, fit to the target window; offer recall if anything left."""

@@ -149,6 +149,9 @@ class ServerSettings:
     # A session idle this long leaves the process's memory (its next turn reads what it needs
     # back from the store), so memory follows the sessions active lately, not all ever seen.
     memo_idle_s: float = 60.0
+    # Summaries written ahead of the trigger (compaction.prepare_at), in flight at once in the
+    # process; one per session at most (read at start).
+    max_prepared_summaries: int = 4
     # A block of this many KiB or more gets a mapping of its own rather than grow the main heap
     # (None: glibc's default, which rises to 32 MiB): proxy/runtime/heap.py. Read at start.
     mmap_threshold_kb: int | None = 32
@@ -256,6 +259,10 @@ class CompactionSpec:
     truncate_head_chars: int = 200  # how much of a truncated argument stays
     summarizer_model: str | None = None  # an alias; None = the request's own model
     summarizer_timeout_s: float = 60.0
+    # Past this fraction of the trigger, the summary the next compaction needs is written in
+    # the background, so the turn that crosses the trigger does not wait for it (None or
+    # >= 1: off).
+    prepare_at: float | None = 0.75
     # The session's intent, kept verbatim beside every summary: the first user message, or
     # (when set) the lines of user messages this regular expression finds, e.g. "^GOAL:.*".
     intent: str | None = None

@@ -8,6 +8,9 @@ Proactive: when the estimate (messages + tool schemas, with room kept for the an
      structured summary, and checkpoint that;
   d. if the summarizer fails, is too slow or answers without the required sections, cut the
      middle out instead (the intent and a marker).
+Ahead of time (prepared.py): past `prepare_at` of the trigger, the summary of step b is
+written in the background; the turn that crosses the trigger takes it when the prefix it
+summarizes still holds (waiting for it if still being written), else summarizes inline.
 A compaction event (a, b, d) compacts to `target`, well under the trigger, so the next event is
 several turns away rather than on the very next turn.
 Reactive (overflow.py): the same steps to a tighter target once the provider said it
@@ -25,11 +28,13 @@ the trigger costs that estimate and nothing else.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.pipeline.archive import Entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.compaction.budget import (
     Budget,
@@ -52,15 +57,17 @@ from proxy.pipeline.compaction.intent import intent_of
 from proxy.pipeline.compaction.memo import DEFAULT_MAX_CHARS, Seen, SeenHistories
 from proxy.pipeline.compaction.overflow import compact_after_overflow
 from proxy.pipeline.compaction.plan import Plan
+from proxy.pipeline.compaction.prepared import Ledger, PreparedSummaries
 from proxy.pipeline.compaction.summarize import (
     STAGE,
     history_entry,
     replace_stretch,
+    summary_replacement,
     summary_room,
 )
 from proxy.pipeline.compaction.truncate import Truncator
 from proxy.pipeline.messages import Message
-from proxy.policies.spec import Policy
+from proxy.policies.spec import CompactionSpec, Policy
 
 # A stretch smaller than this share of the window is not worth a summarizer call.
 MIN_STRETCH_SHARE = 0.05
@@ -79,7 +86,11 @@ class CompactionStage:
         outputs_bytes: int = OUTPUTS_BYTES,
         truncated_bytes: int = 16 * 1024 * 1024,
         checkpoint_bytes: int = 16 * 1024 * 1024,
+        prepared: int = 4,
+        ledger: Ledger | None = None,
     ) -> None:
+        # Summaries written ahead of the trigger: `prepared` in flight in the process at most.
+        self.prepared = PreparedSummaries(prepared, ledger)
         self.index = CheckpointIndex(sessions, checkpoint_bytes)
         self.truncator = Truncator(truncated_bytes)
         self.seen = SeenHistories(memo_chars)
@@ -106,6 +117,11 @@ class CompactionStage:
             named=[self.seen.memo, self._outputs, self.recoveries, self.index.states],
             led=[self.truncator.memo, self.index.memo],
         )
+        self.prepared.forget(sessions)
+
+    async def close(self) -> None:
+        """Shutdown: the summaries still being written ahead are cancelled."""
+        await self.prepared.close()
 
     def enabled(self, policy: Policy) -> bool:
         return policy.compaction.enabled
@@ -135,6 +151,8 @@ class CompactionStage:
             # Only a session that overflowed has a smaller window than the catalog's, and such
             # a session is in memory (or, after a restart, overflows once more and is loaded).
             if tokens <= budget.limit(spec.trigger):
+                if tokens > _prepare_limit(spec, budget.limit(spec.trigger)):
+                    self._prepare_first(ex, seen, ctx, budget)
                 return None
             state = await self.index.state(ctx.store, ex.identity.session)
         budget = budget.capped(state.cap_for(_model(ex)))
@@ -237,7 +255,9 @@ class CompactionStage:
         if horizon > plan.base or plan.tokens() > trigger:
             await self._truncate(ex, ctx, state, plan, horizon, recent, trigger)
         if plan.tokens() > trigger:
-            await self._summarize(ex, ctx, state, plan, recent, budget.window, target)
+            await self._summarize(ex, ctx, plan, recent, (budget.window, trigger, target), state)
+        elif plan.tokens() > _prepare_limit(spec, trigger):
+            self._prepare(ex, ctx, plan, keep_tokens, (budget.window, trigger, target))
         output = plan.output()
         if ex.prompt is not None:  # what is sent, for the calibration
             ex.prompt.sent(plan.tokens(), len(output if output is not None else messages))
@@ -293,55 +313,198 @@ class CompactionStage:
             tokens_after=plan.tokens(), arguments=done.arguments, new=done.stored,
         )  # fmt: skip
 
+    def _prepare_first(self, ex: Exchange, seen: Seen, ctx: StageContext, budget: Budget) -> None:
+        """A session under the trigger that never compacted: the first stretch, ahead."""
+        if ex.dry_run or self.prepared.limit <= 0:
+            return
+        spec = ex.policy.compaction
+        head = head_length(seen.messages)
+        plan = Plan(seen, head, budget.fixed, base=head, tail=seen.messages[head:])
+        trigger = budget.limit(spec.trigger)
+        target = budget.limit(min(spec.target, spec.trigger))
+        keep_tokens = min(int(spec.keep_recent * budget.window), target // 2)
+        self._prepare(ex, ctx, plan, keep_tokens, (budget.window, trigger, target))
+
+    def _prepare(
+        self,
+        ex: Exchange,
+        ctx: StageContext,
+        plan: Plan,
+        keep_tokens: int,
+        limits: tuple[int, int, int],
+    ) -> None:
+        """Past prepare_at of the trigger: start the summary the crossing turn will need,
+        unless the session has one that still fits. The stretch is cut by _summarize's rule,
+        counting what will come until the trigger as part of the verbatim recent part: the
+        crossing turn then keeps about what it would have kept, not that much more."""
+        if ex.dry_run or self.prepared.limit <= 0:
+            return
+        session = ex.identity.session
+        pending = self.prepared.pending(session)
+        if pending is not None:
+            hashes = plan.seen.prefix_hashes(pending.mark.length)
+            if self.prepared.drop_stale(session, plan.base, hashes):
+                return
+        window, trigger, target = limits
+        spec = ex.policy.compaction
+        coming = max(0, trigger - plan.tokens())
+        recent = recent_start(
+            plan.seen.costs, plan.base, max(0, keep_tokens - coming), spec.keep_messages
+        )
+        stretch = _stretch_of(ex, plan, recent, window)
+        if stretch is None:
+            return
+        # Its room as it will be at the crossing, with what comes until then kept as well.
+        room = summary_room(window, target, stretch.kept + coming, tokens_of(stretch.intent))
+        mark = Mark(stretch.cut, key_of(plan.seen.prefix_hashes(stretch.cut)[-1]))
+        self.prepared.start(ex, ctx, stretch.messages, plan.base, mark, room)
+
     async def _summarize(
+        self,
+        ex: Exchange,
+        ctx: StageContext,
+        plan: Plan,
+        recent: int,
+        limits: tuple[int, int, int],
+        state: SessionState,
+    ) -> None:
+        """`limits`: (window, trigger, target) in tokens."""
+        window, _, target = limits
+        if await self._use_prepared(ex, ctx, plan, limits, state):
+            return
+        stretch = _stretch_of(ex, plan, recent, window)
+        if stretch is None:
+            return
+        before = plan.tokens()
+        archived = stretch.archived
+        if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
+            return  # nothing leaves the context unless it is stored
+        room = summary_room(window, target, stretch.kept, tokens_of(stretch.intent))
+        started = time.perf_counter()
+        replacement, kind = await replace_stretch(
+            ex, ctx, stretch.intent, stretch.messages, archived.ref, room
+        )
+        seconds = round(time.perf_counter() - started, 3)
+        await self._checkpoint(ex, ctx, state, plan, stretch, replacement, kind)
+        action = "summarized" if kind == "summary" else "middle_out"
+        record(
+            ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
+            messages=len(stretch.messages), ref=archived.ref, summarizer_seconds=seconds,
+        )  # fmt: skip
+
+    async def _use_prepared(
+        self,
+        ex: Exchange,
+        ctx: StageContext,
+        plan: Plan,
+        limits: tuple[int, int, int],
+        state: SessionState,
+    ) -> bool:
+        """The summary written ahead for this session, if its prefix still holds and it brings
+        the history well under the trigger: waited for if still being written (a second call
+        would only take longer)."""
+        session = ex.identity.session
+        pending = self.prepared.pending(session)
+        if pending is None:
+            return False
+        hashes = plan.seen.prefix_hashes(pending.mark.length)
+        prepared = self.prepared.take(session, plan.base, hashes)
+        if prepared is None:
+            return False
+        window, trigger, target = limits
+        started = time.perf_counter()
+        summary = await prepared.summary()
+        waited = round(time.perf_counter() - started, 3)
+        if summary is None:
+            return False  # counted as failed; summarized inline instead
+        stretch = _stretch_at(ex, plan, prepared.mark.length, window)
+        # The room it was written for: whether it fits is checked next, not cut to fit.
+        before = plan.tokens()
+        replacement, kind = summary_replacement(
+            ex, ctx, stretch.intent, stretch.messages, stretch.archived.ref, prepared.room, summary
+        )
+        # Well under the trigger, or the next compaction would come a turn or two later:
+        # no further above the target than halfway to the trigger.
+        if stretch.kept + tokens_of(replacement) > (target + trigger) // 2:
+            self.prepared.waste(prepared)
+            return False
+        if stretch.archived.ref not in await ctx.archive.keep(ex, STAGE, [stretch.archived]):
+            self.prepared.waste(prepared)
+            return False  # nothing leaves the context unless it is stored
+        self.prepared.used(prepared)
+        await self._checkpoint(ex, ctx, state, plan, stretch, replacement, kind)
+        action = "summarized" if kind == "summary" else "middle_out"
+        record(
+            ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
+            messages=len(stretch.messages), ref=stretch.archived.ref, summarizer_seconds=waited,
+            prepared=True,
+        )  # fmt: skip
+        return True
+
+    async def _checkpoint(
         self,
         ex: Exchange,
         ctx: StageContext,
         state: SessionState,
         plan: Plan,
-        recent: int,
-        window: int,
-        target: int,
+        stretch: Stretch,
+        replacement: list[Message],
+        kind: str,
     ) -> None:
-        messages = plan.seen.messages
-        cut = choose_cut(messages, plan.base, recent)
-        if cut is None:
-            return  # nothing old enough to summarize without splitting a tool call
-        if sum(plan.seen.costs[plan.base : cut]) < MIN_STRETCH_SHARE * window:
-            return  # the target is out of reach; a summarizer call per turn would not help
-        before = plan.tokens()
-        raw = messages[plan.base : cut]
-        stretch = [*plan.inserted, *raw]
-        archived = history_entry(ex, stretch, plan.base, cut - 1)
-        if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
-            return  # nothing leaves the context unless it is stored
-        ref = archived.ref
-        pattern = ex.policy.compaction.intent
-        intent = intent_of(plan.inserted, raw, pattern, window, ref)
-        kept = before - tokens_of(plan.inserted) - sum(plan.seen.costs[plan.base : cut])
-        kept += sum(t for i, t in plan.saved.items() if plan.base <= i < cut)  # saved there
-        room = summary_room(window, target, kept, tokens_of(intent))
-        started = time.perf_counter()
-        replacement, kind = await replace_stretch(ex, ctx, intent, stretch, ref, room)
-        seconds = round(time.perf_counter() - started, 3)
-        mark = Mark(cut, key_of(plan.seen.prefix_hashes(cut)[-1]))
-        checkpoint = Checkpoint(mark, kind, tuple(replacement), ref)
+        """Keep the replacement of the stretch for later turns, and apply it to this one."""
+        mark = Mark(stretch.cut, key_of(plan.seen.prefix_hashes(stretch.cut)[-1]))
+        checkpoint = Checkpoint(mark, kind, tuple(replacement), stretch.archived.ref)
         try:
             await self.index.add(ctx.store, ex.identity.session, state, checkpoint)
         except Exception as exc:  # this turn still fits; the next one recomputes
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
-        plan.rebase(cut, checkpoint.fresh_messages())
-        action = "summarized" if kind == "summary" else "middle_out"
-        record(
-            ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
-            messages=len(stretch), ref=ref, summarizer_seconds=seconds,
-        )  # fmt: skip
+        plan.rebase(stretch.cut, checkpoint.fresh_messages())
 
     async def _save(self, ex: Exchange, ctx: StageContext, state: SessionState) -> None:
         try:
             await self.index.save(ctx.store, ex.identity.session, state)
         except Exception as exc:
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(slots=True)
+class Stretch:
+    """What a summary replaces: messages[base:cut] after what replaced the earlier ones."""
+
+    cut: int
+    messages: list[Message]  # [*plan.inserted, *raw]
+    archived: Entry  # the raw stretch, for the archive
+    intent: list[Message]
+    kept: int  # tokens of the history without the stretch
+
+
+def _stretch_of(ex: Exchange, plan: Plan, recent: int, window: int) -> Stretch | None:
+    """The stretch a compaction summarizes now, or None: nothing old enough to summarize
+    without splitting a tool call, or too small to be worth a summarizer call."""
+    cut = choose_cut(plan.seen.messages, plan.base, recent)
+    if cut is None:
+        return None
+    if sum(plan.seen.costs[plan.base : cut]) < MIN_STRETCH_SHARE * window:
+        return None  # the target is out of reach; a summarizer call per turn would not help
+    return _stretch_at(ex, plan, cut, window)
+
+
+def _stretch_at(ex: Exchange, plan: Plan, cut: int, window: int) -> Stretch:
+    raw = plan.seen.messages[plan.base : cut]
+    stretch = [*plan.inserted, *raw]
+    archived = history_entry(ex, stretch, plan.base, cut - 1)
+    pattern = ex.policy.compaction.intent
+    intent = intent_of(plan.inserted, raw, pattern, window, archived.ref)
+    costs = plan.seen.costs
+    kept = plan.tokens() - tokens_of(plan.inserted) - sum(costs[plan.base : cut])
+    kept += sum(t for i, t in plan.saved.items() if plan.base <= i < cut)  # saved there
+    return Stretch(cut, stretch, archived, intent, kept)
+
+
+def _prepare_limit(spec: CompactionSpec, trigger: int) -> float:
+    """Past this many tokens, the next compaction's summary is written ahead (inf: off)."""
+    at = spec.prepare_at
+    return at * trigger if at is not None and at < 1 else float("inf")
 
 
 def _model(ex: Exchange) -> str:

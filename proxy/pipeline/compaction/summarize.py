@@ -88,7 +88,6 @@ async def replace_stretch(
     the summarizer fails, is too slow or answers without the required sections; the kind
     ("summary" or "middle_out") comes with it. `room`: the tokens the summary may take."""
     spec = ex.policy.compaction
-    recall = ex.policy.recall.enabled
     started = time.perf_counter()
     try:
         summary = await asyncio.wait_for(
@@ -100,7 +99,22 @@ async def replace_stretch(
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         waited = round(time.perf_counter() - started, 3)
         record(ex, ctx, STAGE, "summarizer_failed", error=error, seconds=waited)
-        return middle_out(intent, stretch, ref, recall), "middle_out"
+        return middle_out(intent, stretch, ref, ex.policy.recall.enabled), "middle_out"
+    return summary_replacement(ex, ctx, intent, stretch, ref, room, summary)
+
+
+def summary_replacement(
+    ex: Exchange,
+    ctx: StageContext,
+    intent: list[Message],
+    stretch: list[Message],
+    ref: str,
+    room: int,
+    summary: str,
+) -> tuple[list[Message], str]:
+    """What replaces the stretch given the summarizer's answer: the intent and the summary,
+    or the intent and a marker when the summary lacks its sections; and which it is."""
+    recall = ex.policy.recall.enabled
     missing = missing_sections(summary)
     if missing:  # a summary that lost its structure has likely lost the task too
         record(ex, ctx, STAGE, "summary_rejected", missing=missing, chars=len(summary))

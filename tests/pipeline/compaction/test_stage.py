@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -393,6 +394,9 @@ async def test_generated_histories_always_come_out_valid(fails: bool) -> None:
 # --- a 50-turn session against the simulated model ----------------------------------------
 
 
+INLINE = Policy(name="inline", compaction=replace(SPEC, prepare_at=None))
+
+
 async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event(
     upstreams: Upstreams, sim_target: Deployment, small_sim: Simulator
 ) -> None:
@@ -407,7 +411,8 @@ async def test_fifty_turns_stay_prefix_stable_with_one_summarizer_call_per_event
             content = f"# step {turn}\n" + "total += amount\n" * 40
             args = orjson.dumps({"path": f"src/step{turn}.py", "content": content}).decode()
             history.append(user(f"Step {turn}: write_file({args})"))
-        ex = exchange(history, deployment=sim_target, tools=TOOLS)
+        # Inline summaries only: one call per event (the prepared ones: test_prepared.py).
+        ex = exchange(history, policy=INLINE, deployment=sim_target, tools=TOOLS)
         out = await stage.run(ex, history, ctx) or history
         assert pairing_problems(out) == []
         reply = await send(upstreams, sim_target, {"model": "sim", "messages": out, "tools": TOOLS})
@@ -513,7 +518,10 @@ async def test_after_a_compaction_the_next_is_several_turns_away(
     summarize = Wordy()
     stage, ctx = CompactionStage(), context(summarize)
     deployment = target(window)
-    policy = Policy(name="p", compaction=CompactionSpec(keep_recent=keep_recent))
+    # Summarized inline, at the trigger (written ahead they keep a little more verbatim, and
+    # the next event comes sooner: test_prepared.py).
+    spec = CompactionSpec(keep_recent=keep_recent, prepare_at=None)
+    policy = Policy(name="p", compaction=spec)
     history: list[Message] = [SYSTEM, user(GOAL)]
     events: list[int] = []
     for turn in range(30):

@@ -1,0 +1,280 @@
+"""`agentproxy run -- claude|codex|CMD ...`: an agent started already pointed at the proxy.
+
+The proxy is the one answering on 127.0.0.1 at --port (else the configuration's server.port,
+else 4000), or, when none answers (or --model / --simulate ask for one), one embedded in this
+process: on --port if given, else on a free port, with the configuration's policies (--config,
+--model as `serve --model` does, or --simulate: the built-in simulated model, offline). It
+lives as long as the agent, its log in its store's folder. The agent gets a fresh session id
+(agent_env.py), and the inspector's address for it is printed before it starts.
+
+The agent runs in this process group, on this terminal: a key pressed there (Ctrl-C) reaches
+it directly, so SIGINT and SIGQUIT are forwarded only when this process is not the terminal's
+foreground (someone sent them to this process alone); SIGTERM and SIGHUP always are. The exit
+code is the agent's (128 + N when a signal N ended it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.policies.spec import Config
+from proxy.runtime.agent_env import agent_environment, agent_kind, command_path, make_codex_home
+
+DEFAULT_PORT = 4000
+HOST = "127.0.0.1"
+SIM_WINDOW = 200_000  # tokens: a coding agent's first turn (tools, instructions) fits
+SIM_KEY = "agentproxy-sim"  # what the proxy sends the simulator (never a key of the user's)
+HEALTH_TIMEOUT_S = 2.0
+USAGE = 2
+NOT_FOUND = 127
+FORWARDED_ALWAYS = (signal.SIGTERM, signal.SIGHUP)
+FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    command: Sequence[str]
+    config: str | None = None
+    model: str | None = None
+    api_base: str | None = None
+    simulate: bool = False
+    port: int | None = None
+    key: str | None = None
+
+
+def say_on_stderr(line: str) -> None:
+    print(f"agentproxy run: {line}", file=sys.stderr, flush=True)
+
+
+def run_agent(
+    options: RunOptions, environ: Mapping[str, str] = os.environ, say: Say = say_on_stderr
+) -> int:
+    """Start the agent (and the proxy when none runs); the agent's exit code."""
+    if not options.command:
+        say("name the agent to start after --, e.g. agentproxy run -- claude")
+        return USAGE
+    if command_path(options.command[0], environ) is None:
+        say(f"command not found: {options.command[0]} (not on PATH, or not executable)")
+        return NOT_FOUND
+    if sum((options.config is not None, options.model is not None, options.simulate)) > 1:
+        say("--config, --model and --simulate each say where the model is: give one")
+        return USAGE
+    from proxy.policies.loader import ConfigError, load_config
+    from proxy.policies.single_model import single_model_config
+
+    try:
+        config = (
+            single_model_config(options.model, options.api_base)
+            if options.model
+            else load_config(options.config)
+            if options.config
+            else None
+        )
+    except ConfigError as exc:
+        say(f"invalid configuration:\n{exc}")
+        return USAGE
+    key = options.key or environ.get("AGENTPROXY_API_KEY") or None
+    return asyncio.run(_run(options, config, key, environ, say))
+
+
+async def _run(
+    options: RunOptions, config: Config | None, key: str | None, environ: Mapping[str, str],
+    say: Say,
+) -> int:  # fmt: skip
+    kind = agent_kind(options.command[0])
+    async with contextlib.AsyncExitStack() as stack:
+        proxy_url = await _find_or_start(options, config, key, kind, stack, say)
+        if proxy_url is None:
+            return USAGE
+        session = f"run-{uuid.uuid4().hex[:12]}"
+        env = agent_environment(environ, proxy_url, session, key)
+        if kind == "codex":
+            home = make_codex_home(environ, proxy_url, session, say)
+            stack.callback(shutil.rmtree, home, ignore_errors=True)
+            env["CODEX_HOME"] = str(home)
+        inspector = f"{proxy_url}/ui#session={session}"
+        if kind == "other":  # an SDK sends no header of ours by itself
+            inspector += " (if it sends x-agentproxy-session: $AGENTPROXY_SESSION)"
+        say(f"session {session}: {inspector}")
+        return await launch(options.command, env)
+    return USAGE  # unreachable: the stack does not swallow exceptions
+
+
+async def _find_or_start(
+    options: RunOptions, config: Config | None, key: str | None, kind: str,
+    stack: contextlib.AsyncExitStack, say: Say,
+) -> str | None:  # fmt: skip
+    """The URL of the proxy the agent is to use (one started lives as long as `stack`), or
+    None when there is none to use, said why."""
+    from proxy.store.base import StoreError
+
+    port = options.port or (config.server.port if config else DEFAULT_PORT)
+    running = f"http://{HOST}:{port}"
+    if not (options.simulate or options.model) and await answers(running):
+        say(f"using the proxy running at {running}")
+        return running
+    if config is None and not options.simulate:
+        say(
+            f"no proxy answers at {running}, and none to start: give --config PATH "
+            "(your configuration: model_list with your providers), --model "
+            "PROVIDER/NAME (one model, its key from the environment, e.g. "
+            "--model anthropic/claude-sonnet-4-5), or --simulate (the built-in "
+            "simulated model, offline); or run `agentproxy serve` and give its --port"
+        )
+        return None
+    if config is not None and config.keys.api_keys and key is None:
+        say("this configuration sets keys.api_keys: give one with --key or AGENTPROXY_API_KEY")
+        return None
+    try:
+        url: str = await stack.enter_async_context(_embedded(config, options, kind, say))
+    except (OSError, StoreError) as exc:
+        say(f"cannot start the proxy: {exc}")
+        return None
+    return url
+
+
+async def answers(url: str) -> bool:
+    """Whether an AgentProxy answers its liveness check at `url`."""
+    timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            async with http.get(f"{url}/healthz") as response:
+                body = await response.json(content_type=None) if response.status == 200 else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("status") == "ok"
+
+
+@contextlib.asynccontextmanager
+async def _embedded(
+    config: Config | None, options: RunOptions, kind: str, say: Say
+) -> AsyncIterator[str]:
+    """The proxy in this process (and with --simulate the simulator), until the agent is
+    done; yields its URL."""
+    from proxy.app import build_app
+    from proxy.runtime.head_deadline import ProxyRunner
+    from proxy.sim.simulator import Simulator, run_simulator
+
+    async with contextlib.AsyncExitStack() as stack:
+        if config is None:  # --simulate
+            state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentproxy-")))
+            sim = Simulator(context_window=SIM_WINDOW, record=False)
+            sim_url = await stack.enter_async_context(run_simulator(sim))
+            config = simulated_config(sim_url, state, kind)
+        _log_to_file(config.store.path, say)
+        app = build_app(options.config, config=config, host=HOST)
+        runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, HOST, options.port or 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        what = "the simulated model" if options.simulate else (
+            f"model {options.model}" if options.model else f"config {options.config}"
+        )  # fmt: skip
+        say(f"started a proxy on http://{HOST}:{port} ({what}); it stops with the agent")
+        yield f"http://{HOST}:{port}"
+
+
+def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
+    """The simulator's models: `sim` (OpenAI chat and Responses) and `claude` (Anthropic
+    Messages), with the default policies; any other name is served by the one its agent
+    speaks natively: `claude` for Claude Code, `sim` for the rest."""
+    import dataclasses
+
+    from proxy.policies.loader import load_document
+
+    def model(alias: str, name: str, base: str) -> dict[str, Any]:
+        return {
+            "model_name": alias,
+            "litellm_params": {"model": name, "api_base": base, "api_key": SIM_KEY},
+            "model_info": {"max_input_tokens": SIM_WINDOW},
+        }
+
+    document = {
+        "store": {"path": str(state)},
+        "model_list": [
+            model("sim", "openai/sim", f"{sim_url}/v1"),
+            model("claude", "anthropic/claude-sim", sim_url),
+        ],
+    }
+    config = load_document("--simulate", document)
+    return dataclasses.replace(config, catch_all="claude" if kind == "claude" else "sim")
+
+
+def _log_to_file(folder: str, say: Say) -> None:
+    """The embedded proxy's log lines would land in the agent's terminal: a file in its
+    store's folder takes them."""
+    path = Path(folder).resolve() / "run.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    root = logging.getLogger()
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    say(f"the proxy's log: {path}")
+
+
+async def launch(command: Sequence[str], env: dict[str, str]) -> int:
+    """Run the agent on this terminal until it exits, forwarding the signals that would not
+    reach it otherwise; its exit code (128 + N when signal N ended it). The handlers are in
+    place before the agent starts: a Ctrl-C it gets at once must not end this process (and
+    the proxy) under it."""
+    loop = asyncio.get_running_loop()
+    early: list[signal.Signals] = []  # came while the agent was starting
+    process: asyncio.subprocess.Process | None = None
+
+    def forward(sig: signal.Signals) -> None:
+        if sig in FROM_TERMINAL and _terminal_foreground():
+            return  # the terminal sent it to the agent as well
+        if process is None:
+            early.append(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+
+    handled = (*FORWARDED_ALWAYS, *FROM_TERMINAL)
+    for sig in handled:
+        loop.add_signal_handler(sig, forward, sig)
+    try:
+        process = await asyncio.create_subprocess_exec(*command, env=env)
+        for sig in early:
+            forward(sig)
+        code = await process.wait()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+    return code if code >= 0 else 128 - code
+
+
+def _terminal_foreground() -> bool:
+    """Whether this process group is its terminal's foreground: a key like Ctrl-C then
+    signals the whole group, the agent too."""
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(tty) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(tty)

@@ -1,0 +1,120 @@
+"""The real Codex and Claude Code CLIs started by `agentproxy run`, told nothing but what `run`
+gives them: each reaches the proxy (one already running, with keys; or the embedded one on the
+simulator, as a newcomer would try it) and every answer belongs to the run's session."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from proxy.sim import Simulator, run_simulator
+from tests.support.agentproxy_run import agentproxy_run, session_noting_proxy
+from tests.support.sim_responders import ToolRoundTrip, codex_shell_round_trip
+
+from .conftest import CODEX_KEY_VAR, CODEX_MODEL, SCRATCH_FILES, ClaudeCode, Codex
+from .test_claude_code import bash_round_trip
+from .test_codex import output_text, shell_round_trip
+
+PROXY_KEY = "sk-proxy-run"
+UPSTREAM_KEY = "sk-sim-upstream-run"
+CLAUDE_MODEL = "claude-opus-5-5"  # what Claude Code asks for by default
+
+
+def proxy_config(tmp_path: Path, alias: str, model: str, base: str) -> Path:
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            store: {{path: {tmp_path / "state"}}}
+            keys:
+              api_keys: [{{name: runner, key: {PROXY_KEY}}}]
+            model_list:
+              - model_name: {alias}
+                litellm_params: {{model: {model}, api_base: "{base}", api_key: {UPSTREAM_KEY}}}
+                model_info: {{max_input_tokens: 400000}}
+            """
+        )
+    )
+    return config
+
+
+def codex_env(codex: Codex) -> dict[str, str]:
+    """The sealed environment of tests/clients, CODEX_HOME holding the user's own config: no
+    provider of ours, a model the proxy serves."""
+    env = codex.environment("http://127.0.0.1:9", "unused")
+    del env[CODEX_KEY_VAR]
+    (codex.home / "tmp").mkdir(parents=True, exist_ok=True)
+    (codex.codex_home / "config.toml").write_text(f'model = "{CODEX_MODEL}"\n')
+    return env
+
+
+def claude_env(claude_code: ClaudeCode) -> dict[str, str]:
+    """The sealed environment of tests/clients, with no base URL or key: `run` gives them."""
+    env = claude_code.environment("http://127.0.0.1:9", "unused")
+    del env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"]
+    (claude_code.home / "tmp").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+async def test_codex_started_by_run_reaches_a_running_proxy_in_the_runs_session(
+    codex: Codex, tmp_path: Path
+) -> None:
+    sim = Simulator(
+        context_window=400_000, api_key=UPSTREAM_KEY, responder=codex_shell_round_trip()
+    )
+    async with run_simulator(sim) as url:
+        config = proxy_config(tmp_path, CODEX_MODEL, "openai/gpt-sim", f"{url}/v1")
+        async with session_noting_proxy(config) as (proxy, sessions):
+            run = await agentproxy_run(
+                *("--port", str(proxy.port), "--key", PROXY_KEY, "--"),
+                *(str(codex.binary), "exec", "--skip-git-repo-check", "list the files here"),
+                env=codex_env(codex), cwd=codex.workdir,
+            )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert "The command listed:" in run.stdout
+    assert [r.status for r in sim.requests] == [200] * len(sim.requests)
+    trip = shell_round_trip(sim.requests[-1])
+    assert trip is not None and all(name in output_text(trip[1]) for name in SCRATCH_FILES)
+    assert sessions and set(sessions) == {run.session}
+    assert (codex.codex_home / "config.toml").read_text() == f'model = "{CODEX_MODEL}"\n'
+
+
+async def test_codex_started_by_run_on_the_simulator_answers(codex: Codex) -> None:
+    run = await agentproxy_run(
+        "--simulate", "--", str(codex.binary), "exec", "--skip-git-repo-check", "hello there",
+        env=codex_env(codex), cwd=codex.workdir,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert "You said: hello there" in run.stdout
+
+
+async def test_claude_code_started_by_run_reaches_a_running_proxy_in_the_runs_session(
+    claude_code: ClaudeCode, tmp_path: Path
+) -> None:
+    sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY, responder=ToolRoundTrip())
+    env = claude_env(claude_code)
+    async with run_simulator(sim) as url:
+        config = proxy_config(tmp_path, CLAUDE_MODEL, "anthropic/claude-sim", url)
+        async with session_noting_proxy(config) as (proxy, sessions):
+            run = await agentproxy_run(
+                *("--port", str(proxy.port), "--key", PROXY_KEY, "--"),
+                *(str(claude_code.binary), "-p", "list the files here"),
+                "--dangerously-skip-permissions",
+                env=env, cwd=claude_code.workdir,
+            )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert all(r.status == 200 for r in sim.requests), [r.status for r in sim.requests]
+    assert bash_round_trip(sim.requests[-1]) is not None
+    assert all(name in run.stdout for name in SCRATCH_FILES), run.stdout
+    assert sessions and set(sessions) == {run.session}
+
+
+async def test_claude_code_started_by_run_on_the_simulator_answers(
+    claude_code: ClaudeCode,
+) -> None:
+    run = await agentproxy_run(
+        "--simulate", "--", str(claude_code.binary), "-p", "hello there",
+        env=claude_env(claude_code), cwd=claude_code.workdir,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.startswith("You said:"), run.stdout  # the simulator's echo

@@ -1,0 +1,300 @@
+"""`agentproxy run -- CMD`: a scripted agent (the openai SDK, configured by nothing but the
+environment it is given) reaches the proxy, embedded or already running; its exit code and the
+signals sent to `run` pass through; Claude Code and Codex get their settings (the real CLIs are
+in tests/clients/test_run_agents.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.runtime.agent_env import codex_config
+from tests.conftest import free_port
+from tests.runtime.test_server import refused
+from tests.support.agentproxy_run import ROOT, agentproxy_run, clean_env, start_run
+
+# An SDK agent: base URL and key from the environment `agentproxy run` gave it.
+AGENT = """
+import os, sys, openai
+client = openai.OpenAI(max_retries=0)
+raw = client.chat.completions.with_raw_response.create(
+    model=sys.argv[1], messages=[{"role": "user", "content": "hello proxy"}],
+    extra_headers={"x-agentproxy-session": os.environ["AGENTPROXY_SESSION"]},
+)
+print(raw.parse().choices[0].message.content)
+print(raw.headers["x-agentproxy-session"], raw.headers["x-agentproxy-model"])
+sys.exit(int(sys.argv[2]))
+"""
+WAITER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("ready", flush=True)
+time.sleep(60)
+"""
+# Counts the SIGINTs it gets (each delivery, as the C handler sees it), then reads a line.
+COUNTER = """
+import os, signal, sys
+read_end, write_end = os.pipe()
+os.set_blocking(write_end, False)
+os.set_blocking(read_end, False)
+signal.signal(signal.SIGINT, lambda *_: None)
+signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+print("ready", flush=True)
+line = input()
+got = len(os.read(read_end, 100))
+print(f"read {line} after {got} SIGINT", flush=True)
+sys.exit(5)
+"""
+# `agentproxy run` on a terminal of its own (a pty), as a user types into it.
+AT_TERMINAL = r"""
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "proxy", "run", "--simulate", "--",
+                              sys.executable, "-c", sys.argv[1]])
+seen = b""
+def until(text, deadline):
+    global seen
+    while text not in seen and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                break
+until(b"ready", time.monotonic() + 60)
+os.write(fd, b"\x03")  # Ctrl-C
+time.sleep(0.5)
+os.write(fd, b"typed\n")
+until(b"SIGINT", time.monotonic() + 30)
+print(seen.decode(errors="replace"))
+print("exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+# Stands in for `claude` / `codex` on PATH: shows what it was started with.
+SHOW = """#!{python}
+import json, os, pathlib
+home = pathlib.Path(os.environ.get("CODEX_HOME", "/nonexistent"))
+print(json.dumps({{
+    "env": {{k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "OPENAI_",
+                                                                   "AGENTPROXY_", "CODEX_"))}},
+    "config": (home / "config.toml").read_text() if home.is_dir() else None,
+    "links": {{p.name: os.readlink(p) for p in home.iterdir() if p.is_symlink()}}
+             if home.is_dir() else {{}},
+}}))
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return clean_env(tmp_path / "home")
+
+
+def list_dir(folder: Path) -> list[str]:
+    return [str(entry) for entry in folder.iterdir()]
+
+
+def fake_agent(tmp_path: Path, name: str) -> str:
+    """A PATH whose `name` is SHOW."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    script = folder / name
+    script.write_text(SHOW.format(python=sys.executable))
+    script.chmod(0o755)
+    return f"{folder}:{Path(sys.executable).parent}:/usr/bin:/bin"
+
+
+async def test_a_scripted_agent_reaches_the_embedded_simulated_proxy_and_its_code_passes(
+    env: dict[str, str],
+) -> None:
+    run = await agentproxy_run("--simulate", "--", sys.executable, "-c", AGENT, "any-model", "3",
+                               env=env)  # fmt: skip
+    assert run.exit_code == 3, run.stderr
+    answer, headers = run.stdout.splitlines()
+    assert answer == "You said: hello proxy"
+    assert headers == f"{run.session} sim"  # served under the catch-all alias
+    assert f"/ui#session={run.session}" in run.stderr
+    started = run.started_url
+    assert started is not None, run.stderr
+    assert refused(started)  # the embedded proxy stopped with the agent
+
+
+async def test_a_proxy_already_running_is_used(
+    proxy: TestServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    port = str(proxy.port)
+    run = await agentproxy_run("--port", port, "--", sys.executable, "-c", AGENT, "sim", "0",
+                               env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert f"using the proxy running at http://127.0.0.1:{port}" in run.stderr
+    assert run.started_url is None
+    answer, headers = run.stdout.splitlines()
+    assert answer == "You said: hello proxy"
+    assert headers == f"{run.session} sim"
+    assert f"http://127.0.0.1:{port}/ui#session={run.session}" in run.stderr
+
+
+async def test_with_a_configuration_and_no_proxy_running_one_is_started_with_it(
+    config_path: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    port = str(free_port())
+    run = await agentproxy_run("--config", str(config_path), "--port", port, "--",
+                               sys.executable, "-c", AGENT, "sim", "0", env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.started_url == f"http://127.0.0.1:{port}"  # where --port said
+    assert run.stdout.splitlines()[0] == "You said: hello proxy"
+    assert f"/ui#session={run.session}" in run.stderr
+    log = tmp_path / ".agentproxy" / "run.log"  # the store's folder: out of the terminal
+    assert "loopback" in log.read_text()  # the start-up warning about keys went there
+    assert "loopback" not in run.stderr
+
+
+async def test_with_a_model_one_is_started_serving_it_under_any_name(
+    sim_server: TestServer, env: dict[str, str]
+) -> None:
+    env["OPENAI_API_KEY"] = "sk-sim-upstream-secret"  # the provider's, as serve --model reads it
+    sim_url = str(sim_server.make_url("/v1"))
+    agent = (sys.executable, "-c", AGENT, "gpt-anything", "0")
+    run = await agentproxy_run("--model", "openai/sim", "--api-base", sim_url, "--", *agent,
+                               env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.splitlines() == ["You said: hello proxy", f"{run.session} sim"]
+
+
+async def test_with_no_proxy_and_nothing_to_start_one_with_it_says_what_to_give(
+    env: dict[str, str],
+) -> None:
+    run = await agentproxy_run("--port", str(free_port()), "--", "true", env=env)
+    assert run.exit_code == 2
+    assert all(flag in run.stderr for flag in ("--config", "--model", "--simulate")), run.stderr
+
+
+async def test_a_command_not_found_is_named_and_exits_127(env: dict[str, str]) -> None:
+    run = await agentproxy_run("--simulate", "--", "no-such-agent-here", env=env)
+    assert run.exit_code == 127
+    assert "command not found: no-such-agent-here" in run.stderr
+    assert run.started_url is None  # said before anything started
+
+
+async def test_a_configuration_with_keys_wants_one(env: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "keys.yaml"
+    config.write_text(
+        "model_list: [{model_name: sim, litellm_params: {model: openai/sim, "
+        "api_base: 'http://127.0.0.1:9/v1', api_key: x}}]\n"
+        "keys: {api_keys: [{name: me, key: sk-mine}]}\n"
+        f"server: {{port: {free_port()}}}\n"
+    )
+    run = await agentproxy_run("--config", str(config), "--", "true", env=env)
+    assert run.exit_code == 2
+    assert "--key" in run.stderr and "AGENTPROXY_API_KEY" in run.stderr
+
+
+async def test_an_agent_ended_by_a_signal_exits_128_plus_it(env: dict[str, str]) -> None:
+    kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    run = await agentproxy_run("--simulate", "--", sys.executable, "-c", kill_self, env=env)
+    assert run.exit_code == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGTERM, 7), (signal.SIGINT, 130)])
+async def test_a_signal_sent_to_run_reaches_the_agent(
+    env: dict[str, str], sent: signal.Signals, code: int
+) -> None:
+    process = await start_run("--simulate", "--", sys.executable, "-c", WAITER, env=env)
+    assert process.stdout is not None and process.stderr is not None
+    assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
+    process.send_signal(sent)
+    assert await asyncio.wait_for(process.wait(), 30) == code
+    started = (await process.stderr.read()).decode()
+    url = started.split("started a proxy on ")[1].split()[0]
+    assert refused(url)
+
+
+def test_at_a_terminal_the_agent_is_its_foreground_reads_it_and_gets_ctrl_c(
+    env: dict[str, str],
+) -> None:
+    driven = subprocess.run(
+        [sys.executable, "-c", AT_TERMINAL, COUNTER],
+        env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "read typed after 1 SIGINT" in driven.stdout, driven.stdout + driven.stderr
+    assert driven.stdout.rstrip().endswith("exit 5")
+
+
+async def test_claude_code_is_pointed_at_the_proxy_with_the_runs_session(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "claude")
+    env["ANTHROPIC_CUSTOM_HEADERS"] = "x-team: red"  # the user's own stay
+    run = await agentproxy_run("--simulate", "--", "claude", "-p", "hi", env=env)
+    assert run.exit_code == 0, run.stderr
+    seen = json.loads(run.stdout)["env"]
+    assert seen["ANTHROPIC_BASE_URL"] == run.started_url
+    headers = seen["ANTHROPIC_CUSTOM_HEADERS"].splitlines()
+    assert headers == ["x-team: red", f"x-agentproxy-session: {run.session}"]
+    assert seen["ANTHROPIC_AUTH_TOKEN"]  # some key, or Claude Code asks to log in
+
+    keyed = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "claude", env=env)
+    assert json.loads(keyed.stdout)["env"]["ANTHROPIC_AUTH_TOKEN"] == "sk-mine"
+
+
+async def test_codex_gets_a_temporary_codex_home_on_the_users_config(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "codex")
+    user_home = tmp_path / "home" / ".codex"
+    (user_home / "sessions").mkdir(parents=True)
+    user_config = 'model = "gpt-sim"\nmodel_provider = "openai"\n\n[tui]\nnotifications = true\n'
+    (user_home / "config.toml").write_text(user_config)
+    run = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "codex", env=env)
+    assert run.exit_code == 0, run.stderr
+    shown = json.loads(run.stdout)
+    config = tomllib.loads(shown["config"])
+    assert config["model"] == "gpt-sim" and config["tui"] == {"notifications": True}
+    assert config["model_provider"] == "agentproxy"
+    assert config["model_providers"]["agentproxy"] == {
+        "name": "AgentProxy",
+        "base_url": f"{run.started_url}/v1",
+        "env_key": "AGENTPROXY_API_KEY",
+        "wire_api": "responses",
+        "request_max_retries": 0,
+        "http_headers": {"x-agentproxy-session": run.session},
+    }
+    assert shown["env"]["AGENTPROXY_API_KEY"] == "sk-mine"
+    assert shown["links"] == {"sessions": str(user_home / "sessions")}  # history kept
+    assert shown["env"]["CODEX_HOME"] not in list_dir(Path(shown["env"]["CODEX_HOME"]).parent)
+    assert (user_home / "config.toml").read_text() == user_config
+
+
+def test_codex_config_replaces_a_provider_table_of_ours_and_keeps_the_rest() -> None:
+    user = (
+        'model_provider = "agentproxy"\n'
+        "[model_providers.agentproxy]\n"
+        'base_url = "http://old"\n'
+        "[model_providers.agentproxy.http_headers]\n"
+        'x = "y"\n'
+        "[model_providers.other]\n"
+        'name = "other"\n'
+        'base_url = "http://other"\n'
+    )
+    config = tomllib.loads(codex_config(user, "http://127.0.0.1:4000", "run-1"))
+    assert config["model_providers"]["agentproxy"]["base_url"] == "http://127.0.0.1:4000/v1"
+    assert config["model_providers"]["other"]["base_url"] == "http://other"
+
+
+async def test_a_codex_config_that_is_not_toml_is_left_out_and_said(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "codex")
+    user_home = tmp_path / "home" / ".codex"
+    user_home.mkdir(parents=True)
+    (user_home / "config.toml").write_text("model = \n")
+    run = await agentproxy_run("--simulate", "--", "codex", env=env)
+    assert run.exit_code == 0, run.stderr
+    assert "left out of Codex's configuration" in run.stderr
+    assert tomllib.loads(json.loads(run.stdout)["config"])["model_provider"] == "agentproxy"
