@@ -15,6 +15,7 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --anthropic --cells anth-77KB-json          # the Anthropic route
     python bench/cpu.py --cells chat-tiny-json --without rewrites    # what the rewrites cost
     python bench/cpu.py --cells chat-tiny-json --without all         # the request's shell alone
+    python bench/cpu.py --cells chat-30KB-json --record   # and a proxy recording every turn
 
 With `--anthropic` the proxy's configuration adds overhead.py's `anthropic/` deployment (which
 imports litellm). Traffic stays on 127.0.0.1; the upstream and clients are stopped on exit.
@@ -55,6 +56,9 @@ from overhead import (
 )
 
 BENCH_DIR = Path(__file__).resolve().parent
+RECORDING_POLICY = (
+    "policies:\n  - name: recorded\n    record: {enabled: true, max_mb_per_session: 1000000}\n"
+)
 PATHS = {"chat": CHAT_PATH, "anth": MESSAGES_PATH, "resp": RESPONSES_PATH}
 DEFAULT_CELLS = (
     "chat-tiny-json,chat-tiny-stream,chat-30KB-json,chat-30KB-stream,"
@@ -193,7 +197,7 @@ async def measure(
             for _ in range(args.blocks):
                 for target, url in urls.items():
                     before, gc_before = time.process_time(), collecting.spent
-                    with profiled(profile if target == "proxy" else None):
+                    with profiled(profile if target == args.profile_target else None):
                         done[target] += await client.load(url, args.requests // args.blocks)
                     used[target] += time.process_time() - before
                     in_gc[target] += collecting.spent - gc_before
@@ -224,6 +228,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
             runners.append(runner)
         if args.target in ("both", "proxy"):
             runner, ports["proxy"] = await serve(build_app(config, watch=False), proxy=True)
+            runners.append(runner)
+        if args.record:  # a second proxy recording every turn, its store a directory apart
+            recording = workdir / "recording"
+            recording.mkdir()
+            recorded = recording / config.name
+            recorded.write_text(
+                config.read_text() + f"store: {{path: {recording}}}\n" + RECORDING_POLICY
+            )
+            runner, ports["recorded"] = await serve(build_app(recorded, watch=False), proxy=True)
             runners.append(runner)
         profile = cProfile.Profile() if args.profile else None
         if hasattr(server, "freeze_heap"):  # as serve() does once listening (not before)
@@ -260,6 +273,21 @@ def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> Non
         reps = " ".join(f"{v:.0f}" for v in proxies)
         each = " ".join(f"{r:.2f}" for r in ratios)
         print(f"{cell:<20} {b:8.1f} {p:8.1f} {p / b:6.2f}x  {bg:4.0f}/{pg:<4.0f}   {reps} ({each})")
+    if any(target == "recorded" for target, _ in figures):
+        print("recording every turn (--record): CPU µs per request, median of reps")
+        print(f"{'cell':<20} {'proxy':>8} {'recorded':>9} {'ratio':>7}   ratio each rep")
+        for cell in cells:
+            p, r = (_median(figures.get((target, cell))) for target in ("proxy", "recorded"))
+            recorded, plain = (
+                figures.get(("recorded", cell)) or [],
+                figures.get(("proxy", cell)) or [],
+            )
+            pairs = zip(recorded, plain, strict=False)
+            each = " ".join(f"{a / b:.2f}" for a, b in pairs)
+            gc_p, gc_r = (_median(figures.get((t, cell))) for t in ("proxy gc", "recorded gc"))
+            print(
+                f"{cell:<20} {p:8.1f} {r:9.1f} {r / p:6.2f}x   {each}   (gc {gc_p:.0f}/{gc_r:.0f})"
+            )
 
 
 def _median(values: list[float] | None) -> float:
@@ -280,6 +308,12 @@ def main() -> int:
     parser.add_argument("--gc-off", action="store_true", help="no garbage collection at all")
     parser.add_argument("--profile", help="cProfile the proxy's measured runs into this file")
     parser.add_argument("--top", type=int, default=45, help="profile lines printed")
+    parser.add_argument(
+        "--profile-target", default="proxy", help="which one --profile profiles [proxy]"
+    )
+    parser.add_argument(
+        "--record", action="store_true", help="also a proxy recording every turn, compared"
+    )
     parser.add_argument(
         "--without",
         metavar="PARTS",

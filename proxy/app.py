@@ -30,10 +30,13 @@ from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
-from proxy.routes import admin, archive, health, ui
+from proxy.recording.sessions import TurnWriter
+from proxy.routes import admin, archive, health, sessions, ui
 from proxy.runtime.handover import Handover
+from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
 from proxy.state import (
+    BOARD,
     CATALOG,
     CONFIG,
     CONTROL,
@@ -41,6 +44,7 @@ from proxy.state import (
     FLOW,
     HANDOVER,
     METRICS,
+    RECORDINGS,
     STORE,
     STORE_HEALTH,
     UPSTREAMS,
@@ -115,6 +119,10 @@ def build_app(
         settings.event_log_path, settings.event_log_max_mb, settings.event_log_keep
     )
     recorder = Recorder(metrics, events)
+    recorder.board = app[BOARD] = SessionBoard()
+    turns = recorder.turns = app[RECORDINGS] = TurnWriter(
+        store, metrics, recorder.recording_stopped
+    )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.
     control = app[CONTROL] = Control(upstreams, metrics, state, recorder)
@@ -134,6 +142,7 @@ def build_app(
 
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
+        turns.forget(sessions)
         forget_sessions(sessions, named=[views.cache], led=meter.by_session())
 
     activity = Activity(
@@ -171,6 +180,7 @@ def build_app(
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)
+    app.add_routes(sessions.routes)
     app.add_routes(ui.routes)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -216,6 +226,7 @@ def build_app(
         collecting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collecting
+        await turns.close()  # the last turns recorded, before the store closes
         await activity.flush()  # the last requests' activity, before the store closes
         await rewriter.close()  # summaries written ahead: cancelled before their upstreams
         await upstreams.close()

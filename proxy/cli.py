@@ -92,8 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     simulate.add_argument("--port", type=int, default=9911, help="port to listen on [9911]")
+    # Claude Code and Codex open with 9-19k tokens: the default serves them (the demo and the
+    # tests that show compaction give their simulator a small window of their own).
     simulate.add_argument(
-        "--context-window", type=int, default=8192, help="tokens the model takes [8192]"
+        "--context-window", type=int, default=200_000, help="tokens the model takes [200000]"
     )
     simulate.add_argument("--api-key", help="require this key from callers")
     simulate.add_argument(
@@ -194,15 +196,15 @@ def _serve(args: argparse.Namespace) -> int:
     import socket
 
     from proxy.app import build_app
-    from proxy.logs.lines import use_format
+    from proxy.logs.lines import say, use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
     from proxy.runtime import heap, workers
     from proxy.runtime.handover import discard
     from proxy.runtime.recycle import RECYCLE_EXIT
-    from proxy.runtime.server import loop_unavailable, run, serve
+    from proxy.runtime.server import run, serve
+    from proxy.runtime.startup import startup_refusal
     from proxy.store.base import StoreError
-    from proxy.tracing import unavailable
 
     if args.api_base is not None and args.model is None:
         print("agentproxy serve: --api-base goes with --model", file=sys.stderr)
@@ -219,14 +221,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agentproxy: --workers {args.workers}: a number of 1 or more, or auto",
               file=sys.stderr)  # fmt: skip
         return 2
-    if refused := (
-        workers.refusal(config, count)
-        or unavailable(config.tracing)
-        or loop_unavailable(config.server.event_loop)
-    ):
-        print(f"agentproxy: {refused}; not starting", file=sys.stderr)
+    log_format = config.server.log_format  # read at start: every line from here on in it
+    use_format(log_format)
+    if refused := workers.refusal(config, count) or startup_refusal(config):
+        say(f"agentproxy: {refused}; not starting", log_format, error=True)
         return 2
-    use_format(config.server.log_format)
     # Before any fork, and before the app's first large block.
     logging.getLogger("agentproxy").info(heap.pin_mmap_threshold(config.server.mmap_threshold_kb))
     host = args.host or config.server.host
@@ -249,8 +248,8 @@ def _serve(args: argparse.Namespace) -> int:
             try:
                 current = load_config(args.config)
             except ConfigError as exc:
-                print(f"agentproxy: the configuration is invalid now, this worker starts with "
-                      f"the one the process started with:\n{exc}", file=sys.stderr)  # fmt: skip
+                say(f"agentproxy: the configuration is invalid now, this worker starts with the "
+                    f"one the process started with:\n{exc}", log_format, error=True)  # fmt: skip
         app = build_app(
             args.config, config=current, handle_sighup=True, host=host, handover=parented
         )
@@ -261,18 +260,21 @@ def _serve(args: argparse.Namespace) -> int:
             )  # fmt: skip
             recycled = run(serving, event_loop)
         except StoreError as exc:  # checked at start-up: see app.py's lifecycle
-            print(f"agentproxy: {exc}; not starting", file=sys.stderr)
+            say(f"agentproxy: {exc}; not starting", log_format, error=True)
             return 2
         except KeyboardInterrupt:  # before the signal handlers are in place (start-up)
             return 130
         return RECYCLE_EXIT if recycled else 0
 
     if not parented:
-        return serve_one(None, lambda event: print(banner, flush=True), False)
+        return serve_one(None, lambda event: say(banner, log_format), False)
     try:
-        return workers.run(count, host, port, serve_one, banner)
+        return workers.run(
+            count, host, port, serve_one, banner, say=lambda text: say(text, log_format)
+        )
     except OSError as exc:  # the port: taken, or not ours to bind
-        print(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", file=sys.stderr)
+        say(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", log_format,
+            error=True)  # fmt: skip
         return 2
     finally:
         discard(config.store.path)
@@ -317,8 +319,11 @@ def _replay(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from proxy.policies.exposure import exposure_warnings
     from proxy.policies.loader import validate_paths
+    from proxy.runtime.startup import startup_refusals
 
-    errors, warnings = validate_paths(args.paths, also_warn=exposure_warnings)
+    errors, warnings = validate_paths(
+        args.paths, also_warn=exposure_warnings, also_refuse=startup_refusals
+    )
     for line in warnings:
         print(f"warning: {line}")
     for line in errors:

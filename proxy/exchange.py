@@ -39,6 +39,14 @@ class Usage:
     def uncached(self) -> int:
         return max(0, self.prompt_tokens - self.cache_read - self.cache_write)
 
+    def described(self) -> dict[str, int]:
+        """As a recorded turn and the sessions routes give it (prompt includes cached)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cache_read,
+        }
+
     def add(self, other: Usage) -> None:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
@@ -290,6 +298,14 @@ class Exchange:
     failure: Exception | None = None
     # The guards' per-session record (store/guard_record.py), once a guard has read it.
     guard_record: dict[str, Any] | None = None
+    # A recorded request's native body as parsed, for the recording: a chat body's shallow
+    # copy (the stages replace what they change, never mutate it), another wire's view's
+    # (never mutated); None otherwise.
+    received: dict[str, Any] | None = None
+    # The body last sent upstream (control sets it on every call), for the recording.
+    sent: dict[str, Any] | None = None
+    # What a recorded session's stream wrote to the client, as written (None: not recorded).
+    streamed: list[bytes] | None = None
 
     def __post_init__(self) -> None:
         client, identity = self.client, self.identity

@@ -26,6 +26,7 @@ the proxy's calls out of it, and (streaming) a relay that writes the client's ev
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
@@ -33,10 +34,11 @@ from aiohttp import web
 
 from proxy import tracing
 from proxy.control.control import Control
-from proxy.errors import ProxyError, status_of
+from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
+from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
-from proxy.http.keys import OUTCOME_STATUS
+from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
@@ -44,6 +46,7 @@ from proxy.pipeline.messages import Message
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder
+from proxy.recording.sessions import Finished, secrets_of
 from proxy.runtime import eager
 from proxy.sessions.lineage import Lineage
 from proxy.store.activity import Activity
@@ -51,6 +54,8 @@ from proxy.store.base import Store
 from proxy.tracing import Tracing
 from proxy.tracing import span as trace_span
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply, UpstreamStream
+
+log = logging.getLogger("agentproxy")
 
 
 class Held(Protocol):
@@ -147,6 +152,52 @@ class Flow:
             return response
 
     async def _serve(
+        self, request: web.Request, ex: Exchange, answers: Answers
+    ) -> web.StreamResponse:
+        """`_respond`, then the turn to the recorder (the sessions board; the recording of a
+        session whose policy records it), whatever the outcome."""
+        recorded = ex.policy.record.enabled
+        if recorded and ex.client.stream:
+            ex.streamed = []  # the relay keeps what it writes
+        response: web.StreamResponse | None = None
+        failure: ProxyError | None = None
+        try:
+            response = await self._respond(request, ex, answers)
+            return response
+        except ProxyError as error:
+            failure = error
+            raise
+        finally:
+            self._finished(request, ex, response, failure, recorded)
+
+    def _finished(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        response: web.StreamResponse | None,
+        failure: ProxyError | None,
+        recorded: bool,
+    ) -> None:
+        if failure is not None:
+            status = failure.status
+        elif response is None:
+            status = STATUS_CLIENT_GONE  # cancelled: the client left
+        else:
+            status = request.get(OUTCOME_STATUS, response.status)
+        turn = None
+        if recorded:
+            body = response.body if isinstance(response, web.Response) else None
+            turn = Finished(
+                ex,
+                request.get(RAW_BODY),
+                status,
+                body if isinstance(body, bytes) else None,
+                None if failure is None else _error_fields(failure),
+                secrets_of(ex.config, presented_key(request)),
+            )
+        self.recorder.finished(ex, status, turn)
+
+    async def _respond(
         self, request: web.Request, ex: Exchange, answers: Answers
     ) -> web.StreamResponse:
         try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
@@ -249,6 +300,17 @@ class Flow:
                 raise
             self.stream_failed(ex, error)
             await relay.fail(error)
+        except Exception:
+            if not relay.started:
+                raise  # the HTTP shell answers it (an internal_error in the client's format)
+            # A bug of ours after bytes went out: no other answer can replace the stream, so
+            # end it with an error event the client reads rather than leave it hanging.
+            request_id = ex.identity.request_id
+            log.exception("request %s failed inside the proxy while relaying", request_id)
+            failure = InternalError(f"the proxy failed while relaying (request id {request_id})")
+            failure.unsent = True  # no upstream's fault: not counted against one
+            self.stream_failed(ex, failure)
+            await relay.fail(failure)
 
     def stream_failed(self, ex: Exchange, error: StreamFailure) -> None:
         """A stream that began and then failed is a failed request, everywhere."""
@@ -337,6 +399,12 @@ class Flow:
         if last:
             recall.withdraw(ex.body)
         self.recorder.record(ex, "recall", "answered", count=len(calls))
+
+
+def _error_fields(error: ProxyError) -> dict[str, Any]:
+    """The proxy's own error as a recorded event's fields."""
+    return {"status": error.status, "type": error.type, "code": error.code,
+            "message": error.message}  # fmt: skip
 
 
 def _round(number: int, calls: list[dict[str, Any]]) -> dict[str, int]:

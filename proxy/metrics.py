@@ -192,6 +192,15 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.recorded_turns = Counter(
+            "agentproxy_recorded_turns",
+            "Turns of sessions whose policy records them (record.enabled), by outcome: "
+            "recorded, stopped (the turn that would pass record.max_mb_per_session: the "
+            "session's recording ends), skipped (after it ended), failed (the store refused or "
+            "failed: the request went on), dropped (the writer fell behind).",
+            ["outcome"],
+            registry=r,
+        )
         self.store_collections = Counter(
             "agentproxy_store_collections",
             "Store collections (expiry and the size cap), by result: ok, failed.",

@@ -10,7 +10,9 @@ from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
+from proxy.recording.sessions import TurnWriter
 from proxy.runtime.handover import Handover
+from proxy.sessions.board import SessionBoard
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
@@ -27,3 +29,5 @@ FLOW = web.AppKey("flow", Flow)
 VIEWS = web.AppKey("views", ViewMemo)
 EVENTS = web.AppKey("events", EventLog)
 HANDOVER = web.AppKey("handover", Handover)
+BOARD = web.AppKey("board", SessionBoard)
+RECORDINGS = web.AppKey("recordings", TurnWriter)

@@ -50,6 +50,33 @@ def test_validate_accepts_a_good_file_and_names_errors_in_a_bad_one(tmp_path: Pa
     assert f"{bad}:4: model_list[0].litellm_params.model" in result.stderr
 
 
+# An installation without the extras (`pip install .`): their modules cannot be imported.
+WITHOUT_EXTRAS = """\
+import sys
+from proxy import cli
+for name in ("opentelemetry", "opentelemetry.sdk", "opentelemetry.exporter", "uvloop"):
+    sys.modules[name] = None
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_validate_refuses_what_serve_refuses_without_the_extras(tmp_path: Path) -> None:
+    config = tmp_path / "agentproxy.yaml"
+    extras = "tracing: {enabled: true}\nserver: {event_loop: uvloop}\n"
+    config.write_text(sim_config("http://127.0.0.1:9911") + extras)
+    run = [sys.executable, "-c", WITHOUT_EXTRAS]
+    served = subprocess.run([*run, "serve", "--config", str(config), "--port",
+                             str(free_port())], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    checked = subprocess.run([*run, "validate", str(config)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+    assert served.returncode == 2 and checked.returncode == 1, served.stderr + checked.stderr
+    for refused in ("pip install 'agentproxy[otel]'", "pip install 'agentproxy[speed]'"):
+        assert refused in served.stderr and f"error: {config}: " in checked.stderr
+        assert refused in checked.stderr
+    assert "configuration rejected" in checked.stderr
+
+
 def test_serve_refuses_an_invalid_config(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_list: [{model_name: x}]\n")

@@ -50,8 +50,12 @@ def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     users = re.findall(r"^USER (\S+)", dockerfile, re.M)
     assert users and users[-1] not in {"root", "0"}
-    assert re.search(r"^HEALTHCHECK .*\n?.*/healthz", dockerfile, re.M)
+    # /healthz on the port the proxy listens on (proxy/runtime/healthcheck.py)
+    assert re.search(
+        r"^HEALTHCHECK .*\n?.*CMD python -m proxy.runtime.healthcheck$", dockerfile, re.M
+    )
     for source in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
         for name in source.split():
             assert (ROOT / name).exists(), f"Dockerfile copies missing {name}"
-    assert "pip install --no-cache-dir ." in dockerfile  # the README's install path
+    # The README's install path, with CI's pins and the extras.
+    assert "pip install --no-cache-dir -c constraints.txt '.[otel,speed]'" in dockerfile

@@ -288,6 +288,7 @@ class Control:
         ex: Exchange, upstream: Upstream, deployment: Deployment, stream: bool, span: Span | None
     ) -> Any:
         body, headers = ex.outgoing(deployment)
+        ex.sent = body
         try:
             if stream:
                 opened = await upstream.open_stream(

@@ -16,5 +16,7 @@ STATUS_CLIENT_GONE = 499
 # Set by handlers when the request failed after its status went out (a stream cut midway):
 # it is counted and logged with this status, not the 200 the client saw first.
 OUTCOME_STATUS = web.RequestKey("outcome_status", int)
+# The request's body as received (bytes, unparsed): what a recorded session keeps.
+RAW_BODY = web.RequestKey("raw_body", bytes)
 # The request's Exchange once its route opened one: the access line tells what it did.
 EXCHANGE = web.RequestKey("exchange", Exchange)

@@ -4,6 +4,8 @@ format asked for."""
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -152,9 +154,33 @@ class JsonLines(logging.Formatter):
 
 def use_format(log_format: str) -> None:
     """Every handler of the root logger writes `log_format` ("text" or "json") from now on,
-    with what clients sent escaped."""
+    with what clients sent escaped. In json, Python's warnings and an uncaught exception's
+    traceback go through them too (they would be written as plain text)."""
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, EscapeControlChars) for f in handler.filters):
             handler.addFilter(EscapeControlChars())
         if log_format == "json":
             handler.setFormatter(JsonLines())
+    if log_format == "json":
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
+
+
+def _log_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, error, trace)
+        return
+    logging.getLogger("agentproxy").critical("uncaught exception", exc_info=(kind, error, trace))
+
+
+def say(text: str, log_format: str, *, error: bool = False) -> None:
+    """A line the process writes outside its log: the start banner (stdout), why it does not
+    start (stderr). In `server.log_format: json`, one JSON object like every log line."""
+    if log_format == "json":
+        level = "error" if error else "info"
+        line = {"at": round(time.time(), 3), "level": level, "logger": "agentproxy"}
+        try:
+            text = orjson.dumps({**line, "message": text}).decode()
+        except orjson.JSONEncodeError:  # lone surrogates: escaped, as JsonLines does
+            text = orjson.dumps({**line, "message": printable(text)}).decode()
+    print(text, file=sys.stderr if error else sys.stdout, flush=True)

@@ -50,6 +50,7 @@ from proxy.policies.spec import (
     Policy,
     PolicyMatch,
     RecallSpec,
+    RecordSpec,
     RepairSpec,
     RetrySpec,
     ServerSettings,
@@ -167,10 +168,13 @@ def sources_fingerprint(path: str | os.PathLike[str]) -> tuple[object, ...]:
 
 
 def validate_paths(
-    paths: Sequence[str], also_warn: Callable[[Config], Iterable[str]] | None = None
+    paths: Sequence[str],
+    also_warn: Callable[[Config], Iterable[str]] | None = None,
+    also_refuse: Callable[[Config], Iterable[str]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(error lines, warning lines) for `agentproxy validate PATH...`; each PATH is one config.
-    `also_warn` adds warnings about a valid config (what `serve` would warn about too)."""
+    `also_warn` adds warnings about a valid config (what `serve` would warn about too), and
+    `also_refuse` errors (what `serve` would refuse to start with: a missing extra)."""
     errors: list[str] = []
     warnings: list[str] = []
     for path in paths:
@@ -181,6 +185,7 @@ def validate_paths(
             warnings += [str(issue) for issue in exc.warnings]
         else:
             warnings += [*(also_warn(config) if also_warn else ()), *config.warnings]
+            errors += [f"{path}: {why}" for why in (also_refuse(config) if also_refuse else ())]
     return errors, warnings
 
 
@@ -854,8 +859,25 @@ def _policy(
         circuit=_section(CircuitSpec, {**defaults.circuit, **raw.get("circuit", {})}),
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
+        record=_record(entry, raw.get("record"), report),
         degraded=raw.get("degraded", False),
     )
+
+
+def _record(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> RecordSpec:
+    """The record section, its redaction patterns compiled into one alternation."""
+    spec = _section(RecordSpec, raw)
+    for index, pattern in enumerate(spec.redact):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            message = f"not a regular expression: {exc}"
+            report.errors.append(entry.issue(("record", "redact", index), message))
+            return spec
+    if not spec.redact:
+        return spec
+    joined = "|".join(f"(?:{pattern})" for pattern in spec.redact)
+    return replace(spec, redact_pattern=re.compile(joined))
 
 
 def _compaction(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> CompactionSpec:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -278,6 +279,20 @@ class RecallSpec:
     max_rounds: int = 3
 
 
+@dataclass(frozen=True, slots=True)
+class RecordSpec:
+    """Keep each turn of a session (request received and sent, answer, events) in the store,
+    content-addressed, for replay and the inspector (proxy/recording/sessions.py)."""
+
+    enabled: bool = False
+    max_mb_per_session: float = 50.0
+    # Regular expressions whose matches are replaced by "[redacted]" before anything is
+    # stored (keys the proxy knows are always redacted).
+    redact: tuple[str, ...] = ()
+    # The patterns compiled once by the loader (one alternation); None: none configured.
+    redact_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+
 ErrorClass = Literal["transient", "overflow", "logical", "fatal"]
 
 
@@ -367,6 +382,7 @@ class Policy:
     circuit: CircuitSpec = CircuitSpec()
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()
+    record: RecordSpec = RecordSpec()
     # When every recovery failed, answer with a normal completion that explains the outage
     # (marked x-agentproxy-degraded) so an agent loop continues instead of crashing.
     degraded: bool = False

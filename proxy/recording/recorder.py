@@ -1,5 +1,7 @@
 """The one seam through which every rewrite, decision and failure becomes visible: a note for
-the `x-agentproxy-applied` header, a counter, and a line in the event log, always together."""
+the `x-agentproxy-applied` header, a counter, and a line in the event log, always together;
+and, once a request is done, its turn: to the sessions board (GET /admin/sessions) and, for a
+session whose policy records it, to the store (proxy/recording/sessions.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import Any
 from proxy.exchange import Exchange
 from proxy.metrics import GUARDS, Metrics
 from proxy.recording.events import EventLog
+from proxy.recording.sessions import Finished, TurnWriter
+from proxy.sessions.board import SessionBoard
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
 # class, fallbacks by source and target, upstream errors by reason): not counted again here.
@@ -18,6 +22,8 @@ class Recorder:
     def __init__(self, metrics: Metrics, events: EventLog) -> None:
         self.metrics = metrics
         self.events = events
+        self.board: SessionBoard | None = None  # set by the app: what /admin/sessions lists
+        self.turns: TurnWriter | None = None  # set by the app: recorded sessions' writer
 
     def record(self, ex: Exchange, stage: str, action: str, **fields: Any) -> None:
         ex.note(stage, action, **fields)
@@ -30,3 +36,15 @@ class Recorder:
             metrics.child(metrics.tokens_saved, stage).inc(before - after)
             ex.rewrite.tokens_saved += before - after
         self.events.write(ex, stage, action, fields)
+
+    def finished(self, ex: Exchange, status: int, record: Finished | None) -> None:
+        """A request is done, whatever its outcome: its turn to the board, and to its
+        session's recording when `record` (queued: written off the request's path)."""
+        if self.board is not None:
+            self.board.saw(ex, status)
+        if record is not None and self.turns is not None:
+            self.turns.submit(record)
+
+    def recording_stopped(self, ex: Exchange, fields: dict[str, Any]) -> None:
+        """A session's recording reached record.max_mb_per_session: it ends here."""
+        self.record(ex, "record", "stopped", **fields)

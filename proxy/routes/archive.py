@@ -17,7 +17,7 @@ from proxy.errors import NotFound, ServiceUnavailable
 from proxy.http.auth import authenticate, is_admin
 from proxy.sessions.identity import may_read, name_in_scope, owner_of, scoped
 from proxy.state import CONFIG, STORE
-from proxy.store.base import BlobInfo, StoreError
+from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError
 
 routes = web.RouteTableDef()
 
@@ -32,7 +32,11 @@ async def get_archived(request: web.Request) -> web.Response:
         found = await request.app[STORE].get(ref)
     except StoreError as exc:
         raise _unavailable(exc) from exc
-    if found is None or not (admin or may_read(owner_of(key, keys), key, found[0].owner)):
+    if (
+        found is None
+        or found[0].kind in RECORDING_KINDS
+        or not (admin or may_read(owner_of(key, keys), key, found[0].owner))
+    ):
         raise NotFound(f"no archived content with reference '{ref}' for this API key")
     info, data = found
     if request.query.get("raw") in ("1", "true"):
@@ -54,7 +58,7 @@ async def list_archived(request: web.Request) -> web.Response:
     except StoreError as exc:
         raise _unavailable(exc) from exc
     mine = sorted(
-        (b for b in blobs if may_read(owner, key, b.owner)),
+        (b for b in blobs if b.kind not in RECORDING_KINDS and may_read(owner, key, b.owner)),
         key=lambda b: (b.created_at, b.ref),
         reverse=True,
     )

@@ -81,6 +81,7 @@ def run(
     port: int,
     serve_one: Callable[[socket.socket, Callable[[str], None], bool], int],
     banner: str,
+    say: Callable[[str], None] = lambda text: print(text, flush=True),
 ) -> int:
     """Fork `workers` processes, each calling `serve_one(listening socket, tell, replacing)`
     (`tell(READY)` once it listens, `tell(LEAVING)` when it leaves for a successor;
@@ -125,14 +126,16 @@ def run(
         signal.signal(sig, forward)
     for _ in range(workers):
         fork()
-    _announce(list(children), news, banner)
+    _announce(list(children), news, banner, say)
     try:
         return _supervise(children, lambda: stopping, forward, fork, news)
     finally:
         listener.close()
 
 
-def _announce(children: list[BaseProcess], news: Connection, banner: str) -> None:
+def _announce(
+    children: list[BaseProcess], news: Connection, banner: str, say: Callable[[str], None]
+) -> None:
     """Print the banner once every worker listens (nothing if one fails first)."""
     waiting = len(children)
     while waiting:
@@ -142,7 +145,7 @@ def _announce(children: list[BaseProcess], news: Connection, banner: str) -> Non
             return  # a worker exited before it was ready (or never got there): see _supervise
         if news.recv()[0] == READY:
             waiting -= 1
-    print(f"{banner} [{len(children)} workers]", flush=True)
+    say(f"{banner} [{len(children)} workers]")
 
 
 def _supervise(

@@ -123,9 +123,13 @@ def scripted_reply(body: JSON) -> Reply:
     summary = summary_reply(messages, max_output_tokens(body))
     if summary is not None:
         return limit_reply(summary, body)
-    if messages[-1].get("role") == "tool":
-        return Reply(_quote_tool_results(messages))
-    calls = _planned_calls(body) if messages[-1].get("role") == "user" else []
+    # Claude Code ends a turn with `role: "system"` entries after the user's message: the turn
+    # is what came before them.
+    turn = _without_trailing_system(messages)
+    ending = turn[-1]
+    if ending.get("role") == "tool":
+        return Reply(_quote_tool_results(turn))
+    calls = _planned_calls(body, ending) if ending.get("role") == "user" else []
     if calls:
         digest = request_digest(body)
         tool_calls = tuple(
@@ -158,6 +162,13 @@ def reply_from_message(message: JSON, body: JSON) -> Reply:
         )
     finish = message.get("finish_reason") or ("tool_calls" if calls else "stop")
     return Reply(message.get("content"), tuple(calls), finish)
+
+
+def _without_trailing_system(messages: list[JSON]) -> list[JSON]:
+    end = len(messages)
+    while end > 1 and messages[end - 1].get("role") == "system":
+        end -= 1
+    return messages[:end]
 
 
 def _last_user_text(messages: list[JSON]) -> str:
@@ -196,13 +207,13 @@ def _tool_schemas(body: JSON) -> dict[str, Any]:
     return schemas
 
 
-def _planned_calls(body: JSON) -> list[tuple[str, JSON]]:
+def _planned_calls(body: JSON, ending: JSON) -> list[tuple[str, JSON]]:
     """Which tools to call, honouring tool_choice and parallel_tool_calls like OpenAI does."""
     schemas = _tool_schemas(body)
     choice = body.get("tool_choice")
     if not schemas or choice == "none":
         return []
-    text = text_of(body["messages"][-1].get("content"))
+    text = text_of(ending.get("content"))
     calls = _calls_with_json(text, schemas)
     forced = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
     if forced:

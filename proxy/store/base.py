@@ -28,6 +28,13 @@ class BlobInfo:
     meta: dict[str, Any] = field(default_factory=dict)  # tool name, call id, message count...
 
 
+# A recorded session's blobs (proxy/recording/sessions.py): kept with the session's archive,
+# expiring with it, but no archive themselves: never searched, listed or served as one.
+RECORD_PART = "record_part"
+RECORD_TURN = "record_turn"
+RECORDING_KINDS = frozenset({RECORD_PART, RECORD_TURN})
+
+
 def content_ref(session: str, kind: str, data: bytes) -> str:
     """Deterministic: one session's identical content always maps to the same reference."""
     digest = xxhash.xxh3_128(session.encode() + b"\0" + kind.encode() + b"\0" + data)

@@ -77,6 +77,22 @@ class InstrumentedStore(_Timed):
             raise
         self._written(info.kind, len(data))
 
+    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+        """Several blobs at once where the backend can (one transaction, one round trip)."""
+        many = getattr(self.inner, "put_many", None)
+        try:
+            async with self._op("put"):
+                if many is not None:
+                    await many(items)
+                else:
+                    for info, data in items:
+                        await self.inner.put(info, data)
+        except OwnerFull as exc:
+            self._owner_full(items[0][0].owner or "" if items else "", exc)
+            raise
+        for info, data in items:
+            self._written(info.kind, len(data))
+
     def _owner_evicted(self, owner: str, sessions: list[str]) -> None:
         m = self.metrics
         m.child(m.store_sessions_removed, "owner_share").inc(len(sessions))

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import orjson
 from cachetools import LRUCache
 
-from proxy.store.base import BlobInfo, StoreError, snippet
+from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -224,6 +224,56 @@ class LocalStore:
             # keeps its first info (idempotent), so only a real insert goes to the cache.
             self._remember(("blob", info.ref), (info, data))
 
+    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+        """Several blobs of one owner in one transaction, not fsynced: a recording's turns.
+        All or none: refused as a whole (OwnerFull) when they would pass the owner's share."""
+        if not items:
+            return
+        size = sum(len(data) for _, data in items)
+        if self.pressure.at_cap(size):
+            await self.pressure.room_for(size, f"local store {self.file}")
+        self.pressure.claim(size)
+        owner = session_owner(items[0][0].session)
+        share = self.owner_share
+        limit = self.pressure.share_of(share) if share is not None and owner else None
+        live_after = time.time() - self.live_s
+        rows = [(*_row_of(info), data) for info, data in items]
+
+        def insert(db: sqlite3.Connection) -> tuple[list[bool] | None, list[str]]:
+            # Not fsynced (WAL: durable at the next checkpoint): a recording lost to a power
+            # cut loses history of what happened, never what a context needs back.
+            db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                return write(db)
+            finally:
+                db.execute("PRAGMA synchronous=FULL")
+
+        def write(db: sqlite3.Connection) -> tuple[list[bool] | None, list[str]]:
+            with _immediate(db):
+                evicted: list[str] = []
+                fresh = [not _has(db, info.ref) for info, _ in items]
+                adding = sum(len(data) for (_, data), new in zip(items, fresh, strict=True) if new)
+                if limit is not None and adding:
+                    excess = _owner_excess(db, owner, adding, limit, "")
+                    if excess > 0:
+                        need = excess + int(limit * (1 - LOW_WATER))
+                        evicted = _evict_owner(db, owner, need, live_after)
+                        excess = _owner_excess(db, owner, adding, limit, "")
+                    if excess > 0:
+                        return None, evicted
+                db.executemany("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                return fresh, evicted
+
+        inserted, evicted = await self._run("put", insert)
+        if evicted:
+            self._forget(evicted)
+            if self.on_owner_evicted is not None:
+                self.on_owner_evicted(owner, evicted)
+        if inserted is None:
+            self.pressure.release(size)
+            assert limit is not None
+            raise OwnerFull(owner_full_message(f"local store {self.file}", owner, limit))
+
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         cached = self._cache.get(("blob", ref))
         if cached is not None and cached[0] is not None:
@@ -256,7 +306,7 @@ class LocalStore:
         def select(db: sqlite3.Connection) -> list[tuple[BlobInfo, str]]:
             # SQLite's lower() folds ASCII only: let it pre-filter ASCII phrases inside the
             # database, and check every candidate (and non-ASCII phrases) with Python's lower().
-            where = "session = ?"
+            where = f"session = ? AND kind NOT IN {tuple(sorted(RECORDING_KINDS))!r}"
             params: tuple[Any, ...] = (session,)
             if needle.isascii():
                 where += " AND instr(lower(CAST(data AS TEXT)), ?) > 0"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.store.base import BlobInfo, snippet
+from proxy.store.base import RECORDING_KINDS, BlobInfo, snippet
 
 
 class MemoryStore:
@@ -14,6 +14,10 @@ class MemoryStore:
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
         self._blobs.setdefault(info.ref, (info, data))
+
+    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+        for info, data in items:
+            await self.put(info, data)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         return self._blobs.get(ref)
@@ -27,7 +31,7 @@ class MemoryStore:
         for info, data in self._blobs.values():
             text = data.decode("utf-8", "replace")
             at = text.lower().find(needle)
-            if info.session == session and at >= 0:
+            if info.session == session and at >= 0 and info.kind not in RECORDING_KINDS:
                 found.append((info, snippet(text, at, len(phrase))))
                 if len(found) >= limit:
                     break

@@ -50,7 +50,7 @@ from redis.retry import Retry
 
 from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
-from proxy.store.base import BlobInfo, StoreError, snippet
+from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -273,6 +273,43 @@ class RedisStore:
         if written:
             self._remember(info, data)  # an existing ref keeps its first info
 
+    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+        """Several blobs in one round trip (a pipeline of the same script as `put`): a
+        recording's turns. One refused for its owner's share refuses the rest after it."""
+        if not items:
+            return
+        r = self.redis
+        size = sum(len(data) for _, data in items)
+        if self.pressure.at_cap(size):
+            await self.pressure.room_for(size, f"redis {r.where}")
+        self.pressure.claim(size)
+        owner = session_owner(items[0][0].session)
+        share = self.owner_share
+        limit = self.pressure.share_of(share) if share is not None and owner else 0
+
+        async def write() -> list[int]:
+            async with r.client.pipeline(transaction=False) as pipe:
+                for info, data in items:
+                    keys = [
+                        r.key("blob", info.ref), r.key("blobs", info.session), *self._index(),
+                        *self._owner_index(owner),
+                    ]  # fmt: skip
+                    args = [
+                        _info_bytes(info), data, info.ref, r.ttl_ms, info.session,
+                        info.created_at, owner, limit,
+                    ]  # fmt: skip
+                    await r.put_blob(keys=keys, args=args, client=pipe)
+                written: list[int] = await pipe.execute()
+                return written
+
+        written = await r.run("put", write)
+        if any(w < 0 for w in written):  # the owner's idle sessions go first, as for `put`
+            await self._evict_owner(owner, size, limit)
+            written = await r.run("put", write)  # those written already answer 0
+        if any(w < 0 for w in written):
+            self.pressure.release(size)
+            raise OwnerFull(owner_full_message(f"redis {r.where}", owner, limit))
+
     async def _evict_owner(self, owner: str, size: int, limit: int) -> None:
         """Delete the owner's least recently active sessions that are not live, until
         writing `size` bytes leaves it at LOW_WATER of its share."""
@@ -305,6 +342,8 @@ class RedisStore:
         needle = phrase.lower()
         found: list[tuple[BlobInfo, str]] = []
         for info, data in await self._session_blobs(session, "search", with_data=True):
+            if info.kind in RECORDING_KINDS:
+                continue
             text = data.decode("utf-8", "replace")
             at = text.lower().find(needle)
             if at >= 0:

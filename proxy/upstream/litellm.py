@@ -51,10 +51,27 @@ def _import_litellm() -> ModuleType:
     litellm.telemetry = False
     litellm.suppress_debug_info = True
     litellm.num_retries = 0
+    _log_through_ours()
     # litellm brings ~340k long-lived objects; each full collection walked them all (~200 ms,
     # measured: every request in flight stalled). Frozen, the collector skips them.
     gc.freeze()
     return litellm
+
+
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
+def _log_through_ours() -> None:
+    """litellm's loggers write through a handler of their own (plain text, even with
+    server.log_format: json, and again through ours): their records go through the process's
+    handlers alone. The handler's filters (litellm's secret redaction) move to the logger."""
+    for name in LITELLM_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            for kept in handler.filters:
+                if kept not in logger.filters:
+                    logger.addFilter(kept)
 
 
 class LiteLLMUpstream:

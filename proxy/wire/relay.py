@@ -17,13 +17,15 @@ from aiohttp import web
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
+from proxy.upstream.priming import data_of, is_json_object
 
 
 class StreamRelay:
     # How an error event starts on this wire: OpenAI chat's is a bare data line.
     error_prefix = b"event: error\ndata: "
-    # Bytes only an event carrying a piece of the answer (text, tool arguments, reasoning) has
-    # on this wire: the first such event is the time to first token.
+    # Bytes every event carrying a piece of the answer (text, tool arguments, reasoning) has on
+    # this wire, whatever its JSON spacing: only an event with one is parsed, and only until
+    # the first piece came (`carries_token` says whether it is one: the time to first token).
     token_marks: tuple[bytes, ...] = ()
 
     def __init__(self, request: web.Request, ex: Exchange, response: web.StreamResponse) -> None:
@@ -46,6 +48,8 @@ class StreamRelay:
         if not self.response.prepared:
             self.response.headers["server-timing"] = self.ex.server_timing()
             await self.response.prepare(self.request)
+        if self.ex.streamed is not None:  # a recorded session: the answer as the client got it
+            self.ex.streamed.append(data)
         waited = time.perf_counter()
         await self.response.write(data)
         self.ex.timing.client_wait += time.perf_counter() - waited
@@ -109,7 +113,16 @@ class StreamRelay:
             yield batch
 
     def _has_token(self, batch: list[bytes]) -> bool:
-        return any(mark in event for event in batch for mark in self.token_marks)
+        for event in batch:
+            if any(mark in event for mark in self.token_marks):
+                data = _parsed(event)
+                if data is not None and self.carries_token(data):
+                    return True
+        return False
+
+    def carries_token(self, data: dict[str, Any]) -> bool:
+        """The event (parsed) carries a piece of the answer."""
+        return False
 
     async def release(self, held: Any) -> None:
         """What `run` held back, without the proxy's own calls, and the stream's end."""
@@ -117,3 +130,20 @@ class StreamRelay:
 
     async def _relay(self, source: UpstreamStream) -> Any:
         raise NotImplementedError
+
+
+def _parsed(event: bytes) -> dict[str, Any] | None:
+    """An event's data as a JSON object; None when it is not one (the relay says so itself)."""
+    payload = data_of(event)
+    if payload is None or not is_json_object(payload):
+        return None
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def nonempty(value: object) -> bool:
+    """A piece of text (or of tool arguments): a string with something in it."""
+    return isinstance(value, str) and value != ""

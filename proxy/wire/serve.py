@@ -14,6 +14,7 @@ from proxy.exchange import ClientRequest, Exchange, Identity
 from proxy.flow import Answers, Flow
 from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
+from proxy.http.keys import RAW_BODY
 from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
 from proxy.sessions.identity import SessionName, owner_of, parent_session_id, scoped
@@ -31,6 +32,7 @@ async def read_request(request: web.Request) -> tuple[Config, ApiKey | None, byt
     config = request.app[CONFIG].current
     key = authenticate(request, config.keys)
     raw = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+    request[RAW_BODY] = raw  # a reference: read again only if the session is recorded
     return config, key, raw
 
 
@@ -131,6 +133,9 @@ def open_exchange(
         policy=_select_policy(request.headers, config, alias, key),
         client=client,
     )
+    if ex.policy.record.enabled:  # chat: its body is the client's; else its view's is
+        view = client.view
+        ex.received = dict(body) if view is None else getattr(view, "body", None)
     return ex
 
 

@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -165,6 +166,7 @@ class Codex:
     model: str = CODEX_MODEL
     provider_options: dict[str, str | int | bool] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    config_toml: str | None = None  # a config.toml as given (the README's), not config()
 
     @property
     def codex_home(self) -> Path:
@@ -192,9 +194,18 @@ class Codex:
         ]
         return "\n".join(lines) + "\n"
 
+    def given_config(self) -> str | None:
+        """`config_toml`, once every provider in it is checked to be on loopback."""
+        if self.config_toml is None:
+            return None
+        for provider in tomllib.loads(self.config_toml).get("model_providers", {}).values():
+            if not _is_loopback(urlsplit(provider.get("base_url", "")).hostname or ""):
+                raise ValueError(f"refusing to point Codex at {provider}: loopback only")
+        return self.config_toml
+
     def environment(self, base_url: str, api_key: str) -> dict[str, str]:
         self.codex_home.mkdir(parents=True, exist_ok=True)
-        (self.codex_home / "config.toml").write_text(self.config(base_url))
+        (self.codex_home / "config.toml").write_text(self.given_config() or self.config(base_url))
         return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.home),

@@ -15,80 +15,32 @@ from proxy.policies.loader import ConfigError, load_config, validate_paths
 from proxy.policies.spec import FallbackSpec
 from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory, base_url
-from tests.test_cli import start_serve
+from tests.test_cli import ROOT, start_serve
 
-# Written the way LiteLLM's documentation writes its proxy config: bare model names, rpm/tpm,
-# keys from the environment, its three settings sections and environment_variables.
-LITELLM_CONFIG = """\
-model_list:
-  - model_name: gpt-4o
-    litellm_params:
-      model: gpt-4o                        # no provider prefix: LiteLLM finds openai
-      api_base: {small}/v1
-      api_key: os.environ/SIM_KEY
-      rpm: 480
-      tpm: 100000
-      timeout: 300
-      stream_timeout: 60
-    model_info:
-      id: deployment-1
-      mode: chat
-      max_input_tokens: 1000
-  - model_name: gpt-4o-mini
-    litellm_params:
-      model: openai/gpt-4o-mini
-      api_base: {mini}/v1
-      api_key: os.environ/SIM_KEY
-      temperature: 0.2
-  - model_name: gpt-4o-128k
-    litellm_params:
-      model: openai/gpt-4o
-      api_base: {large}/v1
-      api_key: os.environ/SIM_KEY
-    model_info:
-      max_input_tokens: 32000
-  - model_name: claude-sonnet
-    litellm_params:
-      model: anthropic/claude-sonnet-4-5
-      api_key: os.environ/ANTHROPIC_API_KEY
-    tpm: 20000
-    rpm: 3
-
-litellm_settings:
-  drop_params: true
-  set_verbose: false
-  num_retries: 1
-  request_timeout: 30
-  success_callback: ["langfuse"]
-  context_window_fallbacks:
-    - gpt-4o: ["gpt-4o-128k"]
-
-router_settings:
-  routing_strategy: simple-shuffle
-  redis_host: localhost
-  redis_port: 6379
-  allowed_fails: 3
-  cooldown_time: 30
-  fallbacks: [{{"gpt-4o": ["gpt-4o-mini"]}}]
-
-general_settings:
-  master_key: sk-1234
-  database_url: "postgresql://user:pass@localhost:5432/litellm"
-  store_model_in_db: true
-
-environment_variables:
-  SIM_KEY: sk-sim-upstream-secret
-  ANTHROPIC_API_KEY: sk-ant-from-the-config
-"""
-
+# Shipped for users (docs/configuration.md points at it), written the way LiteLLM's
+# documentation writes its proxy config: bare model names, rpm/tpm, keys from the environment,
+# its three settings sections and environment_variables. Its deployments call the simulator.
+EXAMPLE = ROOT / "examples" / "litellm-config.yaml"
 SIM = "http://127.0.0.1:9911"
 
 
 def litellm_config(tmp_path: Path, small: str = SIM, mini: str = SIM, large: str = SIM) -> Path:
+    """The example, its three simulator deployments (in order) pointed at these URLs."""
+    text = EXAMPLE.read_text()
+    assert text.count(SIM) == 3
+    for url in (small, mini, large):
+        text = text.replace(SIM, url, 1)
     path = tmp_path / "config.yaml"
-    text = LITELLM_CONFIG.format(small=small, mini=mini, large=large)
     path.write_text(f"{text}\nstore: {{path: {tmp_path / 'state'}}}\n")
     return path
+
+
+def line_of(text: str) -> int:
+    """The example's line that holds `text` (its first)."""
+    (number,) = [n for n, line in enumerate(EXAMPLE.read_text().splitlines(), 1) if text in line][
+        :1
+    ]
+    return number
 
 
 # --- what the loader makes of it ---------------------------------------------------------------
@@ -120,6 +72,12 @@ def test_the_settings_that_have_an_equivalent_are_mapped(
     assert master is not None and (master.name, master.models) == ("master", None)
 
 
+def test_the_shipped_example_validates_as_it_is() -> None:
+    errors, warnings = validate_paths([str(EXAMPLE)])
+    assert errors == []
+    assert sum("LiteLLM settings with no equivalent here" in w for w in warnings) == 1
+
+
 def test_what_does_not_map_is_named_in_one_warning_with_its_line(tmp_path: Path) -> None:
     path = litellm_config(tmp_path)
     config = load_config(path)
@@ -131,23 +89,24 @@ def test_what_does_not_map_is_named_in_one_warning_with_its_line(tmp_path: Path)
     )
     assert warning.splitlines() == [
         f"{path}: LiteLLM settings with no equivalent here, not applied:",
-        f"  {path}:7: model_list[0].litellm_params.rpm {rate}",
-        f"  {path}:8: model_list[0].litellm_params.tpm {rate}",
-        f"  {path}:20: model_list[1].litellm_params.temperature (not sent: 'gpt-4o-mini' is "
-        "called directly)",
-        f"  {path}:32: model_list[3].tpm {rate}",
-        f"  {path}:33: model_list[3].rpm {rate}",
-        f"  {path}:36: litellm_settings.drop_params",
-        f"  {path}:37: litellm_settings.set_verbose",
-        f"  {path}:40: litellm_settings.success_callback",
-        f"  {path}:45: router_settings.routing_strategy (the deployments of an alias are used "
-        "in turn)",
-        f"  {path}:46: router_settings.redis_host (state is shared through store: {{backend: "
-        "redis, url: ...})",
-        f"  {path}:47: router_settings.redis_port (state is shared through store: {{backend: "
-        "redis, url: ...})",
-        f"  {path}:54: general_settings.database_url (keys are configured in keys.api_keys)",
-        f"  {path}:55: general_settings.store_model_in_db",
+        f"  {path}:{line_of('rpm: 480')}: model_list[0].litellm_params.rpm {rate}",
+        f"  {path}:{line_of('tpm: 100000')}: model_list[0].litellm_params.tpm {rate}",
+        f"  {path}:{line_of('temperature')}: model_list[1].litellm_params.temperature (not "
+        "sent: 'gpt-4o-mini' is called directly)",
+        f"  {path}:{line_of('tpm: 20000')}: model_list[3].tpm {rate}",
+        f"  {path}:{line_of('rpm: 3')}: model_list[3].rpm {rate}",
+        f"  {path}:{line_of('drop_params')}: litellm_settings.drop_params",
+        f"  {path}:{line_of('set_verbose')}: litellm_settings.set_verbose",
+        f"  {path}:{line_of('success_callback')}: litellm_settings.success_callback",
+        f"  {path}:{line_of('routing_strategy')}: router_settings.routing_strategy (the "
+        "deployments of an alias are used in turn)",
+        f"  {path}:{line_of('redis_host')}: router_settings.redis_host (state is shared through "
+        "store: {backend: redis, url: ...})",
+        f"  {path}:{line_of('redis_port')}: router_settings.redis_port (state is shared through "
+        "store: {backend: redis, url: ...})",
+        f"  {path}:{line_of('database_url')}: general_settings.database_url (keys are "
+        "configured in keys.api_keys)",
+        f"  {path}:{line_of('store_model_in_db')}: general_settings.store_model_in_db",
     ]
     assert "postgresql" not in warning  # names, never values
     assert f"LiteLLM {path}: litellm_settings.num_retries: 1 -> retry.attempts: 2" in config.notes

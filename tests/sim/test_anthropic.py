@@ -62,6 +62,35 @@ async def test_system_messages_need_the_mid_conversation_beta(
     assert first.betas == []
 
 
+async def test_a_tool_named_before_a_system_entry_is_called(
+    client: anthropic.AsyncAnthropic,
+) -> None:
+    """Claude Code's turn ends with system entries: the scripted model reads the user's
+    message before them, calls the tool it names, then quotes the result."""
+    tools: Any = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    asked: list[Any] = [
+        {"role": "user", "content": 'Bash({"command": "ls"})'},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /repo"}]},
+    ]
+    call = await client.beta.messages.create(
+        model="claude-sim", max_tokens=50, messages=asked, tools=tools, betas=[MID_CONVERSATION]
+    )
+    (use,) = call.content
+    assert use.type == "tool_use" and (use.name, use.input) == ("Bash", {"command": "ls"})
+    answered: list[Any] = [
+        *asked[:1],
+        {"role": "assistant", "content": [use.model_dump()]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                      "content": "main.py"}]},
+        asked[1],
+    ]  # fmt: skip
+    reply = await client.beta.messages.create(
+        model="claude-sim", max_tokens=50, messages=answered, tools=tools,
+        betas=[MID_CONVERSATION],
+    )  # fmt: skip
+    assert reply.content[0].type == "text" and reply.content[0].text == "Bash returned: main.py"
+
+
 @pytest.mark.parametrize(
     ("messages", "message"),
     [

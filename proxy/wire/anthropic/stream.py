@@ -25,7 +25,7 @@ from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.anthropic.replies import error_body, passthrough_body
 from proxy.wire.anthropic.upstream import anthropic_usage
 from proxy.wire.anthropic.view import AnthropicView, assistant_message
-from proxy.wire.relay import StreamRelay
+from proxy.wire.relay import StreamRelay, nonempty
 
 Event = tuple[str, dict[str, Any]]  # (event name, parsed data)
 
@@ -91,6 +91,13 @@ class Relay(StreamRelay):
     """Writes one Anthropic response stream to the client over the rounds' upstream streams."""
 
     token_marks = (b"content_block_delta",)  # text, tool input JSON or thinking
+
+    def carries_token(self, data: dict[str, Any]) -> bool:
+        # Not a tool's opening `partial_json: ""`, nor a thinking block's signature.
+        delta = data.get("delta") if data.get("type") == "content_block_delta" else None
+        return isinstance(delta, dict) and any(
+            nonempty(delta.get(key)) for key in ("text", "partial_json", "thinking")
+        )
 
     def __init__(
         self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: AnthropicView

@@ -19,7 +19,7 @@ from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import is_json_object
 from proxy.wire.chat.replies import passthrough_body
-from proxy.wire.relay import StreamRelay
+from proxy.wire.relay import StreamRelay, nonempty
 
 DONE = b"data: [DONE]\n\n"
 
@@ -71,6 +71,9 @@ class HeldCalls:
         return out
 
 
+PIECES = ("content", "reasoning_content", "reasoning")  # a delta's text, by provider
+
+
 class Relay(StreamRelay):
     """Writes one response stream to the client, over one or more upstream streams (the
     recall rounds), and ends it: with [DONE], or with an error event once bytes went out
@@ -78,14 +81,20 @@ class Relay(StreamRelay):
 
     error_prefix = b"data: "
     # A content piece (the opening chunk's content is empty), tool call arguments, reasoning.
-    token_marks = (b'"content":"', b'"arguments":"', b'"reasoning')
+    token_marks = (b'"content"', b'"arguments"', b'"reasoning')
 
-    def _has_token(self, batch: list[bytes]) -> bool:
-        return any(
-            mark in event and mark + b'"' not in event
-            for event in batch
-            for mark in self.token_marks
-        )
+    def carries_token(self, data: dict[str, Any]) -> bool:
+        for choice in data.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if any(nonempty(delta.get(key)) for key in PIECES):
+                return True
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and nonempty(function.get("arguments")):
+                    return True
+        return False
 
     async def release(self, held: HeldCalls) -> None:
         """The held events, without the proxy's own calls, and the end of the stream."""

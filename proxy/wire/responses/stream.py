@@ -24,7 +24,7 @@ from proxy.pipeline.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.chat.replies import passthrough_body
-from proxy.wire.relay import StreamRelay
+from proxy.wire.relay import StreamRelay, nonempty
 from proxy.wire.responses.replies import reply_message, without_recall_items
 from proxy.wire.responses.upstream import responses_usage
 from proxy.wire.responses.view import CALLS, ResponsesView
@@ -49,7 +49,11 @@ class Held:
 
 class Relay(StreamRelay):
     # response.output_text.delta, response.function_call_arguments.delta, reasoning deltas.
-    token_marks = (b'.delta"',)
+    token_marks = (b".delta",)
+
+    def carries_token(self, data: dict[str, Any]) -> bool:
+        kind = data.get("type")
+        return isinstance(kind, str) and kind.endswith(".delta") and nonempty(data.get("delta"))
 
     def __init__(
         self,
@@ -155,8 +159,13 @@ def _name(event: bytes) -> str:
     if event.startswith(b"event:"):
         return event[6 : event.find(b"\n")].strip().decode()
     payload = data_of(event) or b""
-    at = payload.find(b'"type":"')
+    at = payload.find(b'"type"')
     if at < 0:
         return ""
-    end = payload.find(b'"', at + 8)
-    return payload[at + 8 : end].decode()
+    # `"type":"x"`, or spaced as JSON allows (`"type" : "x"`).
+    value = payload[at + 6 : at + 64].lstrip(b" \t\r\n")
+    if not value.startswith(b":"):
+        return ""
+    value = value[1:].lstrip(b" \t\r\n")
+    end = value.find(b'"', 1)
+    return value[1:end].decode() if value.startswith(b'"') and end > 0 else ""

@@ -1,0 +1,98 @@
+"""The sessions this process served lately, for GET /admin/sessions: who (owner, key, the name
+the client knows), what (model, turns, context tokens received and sent, usage, cost), when,
+the guards' state, and each one's last turns (what the stages and guards did, errors and
+recoveries). Kept whatever the recording says; a recorded session's full timeline is in the
+store (proxy/recording/sessions.py).
+
+In process memory, bounded: the least recently active sessions go first, each keeps its last
+TURNS turns. Keyed by the scoped session (ex.identity.session): owners never mix.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import LRUCache
+
+from proxy.exchange import Exchange
+
+SESSIONS = 2000  # sessions remembered, at most
+TURNS = 32  # turns remembered per session
+EVENTS = 40  # events remembered per turn
+
+
+@dataclass(slots=True)
+class SessionSummary:
+    session: str  # scoped: owner/name
+    name: str  # as the client knows it
+    owner: str
+    key: str | None
+    model: str = ""
+    policy: str = ""
+    recorded: bool = False
+    turns: int = 0
+    tokens_received: int = 0  # context tokens as received, estimated (four bytes a token)
+    tokens_sent: int = 0  # as sent upstream, after the rewrites
+    prompt_tokens: int = 0  # what the provider reported
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    errors: int = 0
+    first_at: float = field(default_factory=time.time)
+    last_at: float = 0.0
+    guard: dict[str, Any] = field(default_factory=dict)
+    timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=TURNS))
+
+
+class SessionBoard:
+    def __init__(self, sessions: int = SESSIONS) -> None:
+        self._sessions: LRUCache[str, SessionSummary] = LRUCache(sessions)
+
+    def saw(self, ex: Exchange, status: int) -> None:
+        """A request of the session finished (answered, refused or failed)."""
+        identity = ex.identity
+        summary = self._sessions.get(identity.session)
+        if summary is None:
+            key = identity.key.name if identity.key is not None else None
+            summary = SessionSummary(identity.session, identity.session_name, identity.owner, key)
+            self._sessions[identity.session] = summary
+        received = ex.client.body_bytes // 4
+        sent = received if ex.dry_run else max(0, received - ex.rewrite.tokens_saved)
+        now = time.time()
+        summary.model, summary.policy = ex.alias, ex.policy.name
+        summary.recorded = ex.policy.record.enabled
+        summary.turns += 1
+        summary.tokens_received += received
+        summary.tokens_sent += sent
+        summary.last_at = now
+        summary.errors += status >= 400
+        usage = ex.accounting.usage
+        if usage is not None:
+            summary.prompt_tokens += usage.prompt_tokens
+            summary.completion_tokens += usage.completion_tokens
+        if ex.accounting.cost_usd:
+            summary.cost_usd += ex.accounting.cost_usd
+        if ex.guard_record is not None:
+            summary.guard = dict(ex.guard_record)
+        summary.timeline.append(
+            {
+                "at": round(now, 3),
+                "status": status,
+                "model": ex.alias,
+                "context": {"received": received, "sent": sent},
+                "usage": None if usage is None else usage.described(),
+                "cost_usd": ex.accounting.cost_usd,
+                "recoveries": ex.recovery.recoveries(),
+                "events": [
+                    {"stage": n.stage, "action": n.action, **n.fields} for n in ex.notes[:EVENTS]
+                ],
+            }
+        )
+
+    def sessions(self) -> list[SessionSummary]:
+        return list(self._sessions.values())
+
+    def get(self, session: str) -> SessionSummary | None:
+        return self._sessions.get(session)
