@@ -174,7 +174,21 @@ function renderList(sessions) {
 
 // ---- one session ---------------------------------------------------------------------------
 
-async function showSession(id) {
+// `#session=` names a session by its id, or by the name its client gave it (what
+// `agentproxy run` prints): the list says which id that is, the most recent one first.
+async function resolve(wanted) {
+  const rows = (await api("/admin/sessions")).data || [];
+  if (rows.some((s) => s.id === wanted)) return { id: wanted, note: "" };
+  const named = rows.filter((s) => s.session === wanted);
+  if (!named.length) return { id: wanted, note: "" };  // a recorded session not listed here
+  history.replaceState(null, "", "#session=" + encodeURIComponent(named[0].id));
+  const note = named.length > 1
+    ? `${named.length} sessions are named “${wanted}”: the most recent one is shown.`
+    : "";
+  return { id: named[0].id, note };
+}
+
+async function showSession(wanted) {
   show("session-view");
   clearTimeout(listTimer);
   if (keyNeeded && !key()) {
@@ -182,8 +196,9 @@ async function showSession(id) {
     return;
   }
   try {
+    const { id, note } = await resolve(wanted);
     const session = await api("/admin/sessions/" + encodeURIComponent(id));
-    say("");
+    say(note);
     renderSession(session);
   } catch (error) {
     failed(error);
@@ -282,6 +297,7 @@ function renderTurn(turn, number) {
     usage.prompt_tokens !== undefined
       ? el("span", {}, `usage ${count(usage.prompt_tokens)} in, ${count(usage.completion_tokens)} out`)
       : null,
+    turn.cost_usd ? el("span", {}, money(turn.cost_usd)) : null,
   );
   const events = el("ul", { class: "events" });
   for (const event of turn.events || []) events.append(renderEvent(event));
@@ -324,6 +340,15 @@ function renderEvent(event) {
   return item;
 }
 
+// What the request as sent had where the archived item was: the recording finds the text
+// that names its ref (an offload's pointer, a summary).
+function instead(ref, event) {
+  if (event.seen && typeof event.seen[ref] === "string") return event.seen[ref];
+  if (event.action === "summarized" && typeof event.summary === "string") return event.summary;
+  if (event.seen) return "nothing in the request as sent names it: it left the context";
+  return "not recorded: turn on record in this session's policy to keep the requests as sent";
+}
+
 // One archived item: its ref, and on demand what was stored beside what the model saw instead.
 function archived(ref, event) {
   const box = el("div", { class: "archived" });
@@ -338,14 +363,13 @@ function archived(ref, event) {
     }
     button.disabled = true;
     const stored = el("pre", { class: "stored" }, "loading…");
-    const seen = (event.seen && event.seen[ref]) || event.summary;
+    const seen = instead(ref, event);
     panel = el(
       "div", { class: "side-by-side" },
       el("div", {}, el("h4", {}, "archived: what left the context"), stored),
       el("div", {},
         el("h4", {}, "what the model saw instead"),
-        el("pre", { class: "seen" }, typeof seen === "string" ? seen
-          : "a pointer naming " + ref + " (the turn's sent body is not recorded here)")),
+        el("pre", { class: "seen" }, seen)),
     );
     box.append(panel);
     try {
@@ -373,8 +397,14 @@ function show(id) {
 function route() {
   showKeyState();
   const match = /^#session=(.+)$/.exec(location.hash);
-  if (match) showSession(decodeURIComponent(match[1]));
-  else showList();
+  if (!match) return showList();
+  let wanted = match[1];
+  try {
+    wanted = decodeURIComponent(wanted);
+  } catch {
+    // a stray "%": the hash as it is
+  }
+  return showSession(wanted);
 }
 
 setUpKey();
