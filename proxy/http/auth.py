@@ -69,11 +69,8 @@ def authenticate_admin(request: web.Request, keys: Keys) -> None:
         raise Unauthorized("admin routes need 'Authorization: Bearer <admin key>'")
 
 
-def is_admin(request: web.Request, keys: Keys) -> bool:
-    """Whether the caller may act as the admin on a route that also serves API keys: it
-    presents the admin key, or, with none configured, is a loopback client presenting no key
-    (as every admin route serves it then)."""
+def presents_admin_key(request: web.Request, keys: Keys) -> bool:
+    """Whether the caller presents the configured admin key (on a route that also serves API
+    keys: there, no admin key configured means no caller is the admin)."""
     secret = presented_key(request)
-    if keys.admin_digest is None:
-        return secret is None and is_loopback(request)
     return secret is not None and keys.is_admin(secret)

@@ -1,7 +1,7 @@
 """Recall for people: read what left the context, by reference, or list a session's archive.
 
 A blob is readable only by the tenant that created it (its key, or its team with
-`keys.session_scope: team`), or by the admin (the inspector at /ui shows every tenant's
+`keys.session_scope: team`), or with the admin key (the inspector at /ui shows every tenant's
 sessions to it), and a session id names a session of the caller's own. Someone
 else's reference answers exactly like an unknown one, so existence is not revealed.
 """
@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import NotFound, ServiceUnavailable
-from proxy.http.auth import authenticate, is_admin
+from proxy.http.auth import authenticate, presents_admin_key
 from proxy.sessions.identity import may_read, name_in_scope, owner_of, scoped
 from proxy.state import CONFIG, STORE
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError
@@ -25,7 +25,7 @@ routes = web.RouteTableDef()
 @routes.get("/v1/agentproxy/archive/{ref}")
 async def get_archived(request: web.Request) -> web.Response:
     keys = request.app[CONFIG].current.keys
-    admin = is_admin(request, keys)  # every tenant's, as GET /admin/sessions shows them all
+    admin = presents_admin_key(request, keys)  # every tenant's, as /admin/sessions shows them
     key = None if admin else authenticate(request, keys)
     ref = request.match_info["ref"]
     try:

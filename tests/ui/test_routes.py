@@ -127,14 +127,18 @@ async def test_the_admin_key_reads_every_tenants_archive_a_key_its_own(
     assert (await get(proxy, f"/v1/agentproxy/archive/{ref}", wrong))[0] == 401
 
 
-async def test_without_an_admin_key_loopback_reads_every_archive_a_key_its_own(
+async def test_without_an_admin_key_nobody_reads_another_tenants_archive(
     start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer
 ) -> None:
+    """Loopback sees every session then (as every admin route), but the archive stays walled:
+    the admin read needs the admin key itself."""
     keys = KEYS.replace("  admin_key: admin-secret\n", "")
     proxy = await start(start_proxy, tmp_path, sim_server, keys)
     ref = await stored(proxy, "alice's result", "key:alice")
-    assert (await get(proxy, f"/v1/agentproxy/archive/{ref}"))[0] == 200  # as /admin/* then
+    assert (await get(proxy, f"/v1/agentproxy/archive/{ref}"))[0] == 401
+    assert (await get(proxy, f"/v1/agentproxy/archive/{ref}", ADMIN))[0] == 401
     assert (await get(proxy, f"/v1/agentproxy/archive/{ref}", BOB))[0] == 404
+    assert (await get(proxy, f"/v1/agentproxy/archive/{ref}", ALICE))[0] == 200
 
 
 def test_the_route_module_serves_only_listed_files() -> None:
