@@ -35,12 +35,15 @@ LOG = "\n".join(
 )
 
 
-def config(sim_url: str, data: Path) -> str:
-    return textwrap.dedent(
-        f"""\
+def config(sim_url: str, data: Path, *, keys: bool = True, record: bool = True) -> str:
+    keyed = f"""\
         keys:
           admin_key: {ADMIN}
           api_keys: [{{name: alice, key: {ALICE}}}]
+        """
+    return textwrap.dedent(
+        f"""\
+        {keyed.strip() if keys else ""}
         store: {{path: {data}}}
         model_list:
           - model_name: sim
@@ -49,7 +52,7 @@ def config(sim_url: str, data: Path) -> str:
                           output_cost_per_token: 0.000002}}
         policies:
           - name: inspected
-            record: {{enabled: true}}
+            record: {{enabled: {str(record).lower()}}}
             offload: {{min_tokens: 500, preview_lines: 2}}
         """
     )
@@ -209,3 +212,42 @@ async def test_a_person_finds_the_session_and_reads_what_was_offloaded(
     assert seen["direct_hash"] == seen["hash"] != f"#session={SESSION}"
     assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
     assert shot.stat().st_size > 10_000
+
+
+def glance(browser: Any, url: str) -> dict[str, Any]:
+    """An open proxy's inspector, on loopback: no key asked, the board's last turns."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(f"{url}/ui")
+    wait.until(ready.element_to_be_clickable((By.LINK_TEXT, SESSION))).click()
+    button = wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, "button.show-archived")))
+    button.click()
+    stored = browser.find_element(By.CSS_SELECTOR, "pre.stored")
+    wait.until(lambda _: "E-4417" in stored.text)
+    return {
+        "instead": browser.find_element(By.CSS_SELECTOR, "pre.seen").text,
+        "timeline": browser.find_element(By.ID, "session-facts").text,
+        "console": browser.get_log("browser"),
+    }
+
+
+async def test_an_open_proxy_shows_its_sessions_without_a_key(
+    driver: Any, aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    upstream: TestServer = await aiohttp_server(Simulator(context_window=WINDOW).app())
+    path = tmp_path / "agentproxy.yaml"
+    url = str(upstream.make_url("")).rstrip("/")
+    path.write_text(config(url, tmp_path / "data", keys=False, record=False))
+    proxy = await start_proxy(path)
+    async with aiohttp.ClientSession() as http:
+        url = proxy.make_url("/v1/chat/completions")
+        body = {"model": "sim", "messages": histories()[1]}
+        async with http.post(url, json=body, headers={"x-agentproxy-session": SESSION}) as r:
+            assert r.status == 200 and "offload.offloaded" in r.headers["x-agentproxy-applied"]
+    seen = await asyncio.to_thread(glance, driver, str(proxy.make_url("")).rstrip("/"))
+    assert "last turns in memory" in seen["timeline"]
+    assert seen["instead"].startswith("not recorded")
+    assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
