@@ -8,8 +8,6 @@ that more than one owner uses is refused until --key picks one.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,19 +26,10 @@ class SessionError(Exception):
 
 
 def recording_reader() -> ReadTurns:
-    """`recorded_turns(store, session_key)` from proxy/recording/ (issue 32, item 1), found
-    where it lives and imported only now."""
-    import proxy.recording
+    """`recorded_turns(store, session_key)`, imported only when a session is replayed."""
+    from proxy.recording.sessions import recorded_turns
 
-    for module in pkgutil.iter_modules(proxy.recording.__path__):
-        found = getattr(importlib.import_module(f"proxy.recording.{module.name}"),
-                        "recorded_turns", None)  # fmt: skip
-        if callable(found):
-            return found  # type: ignore[no-any-return]
-    raise SessionError(
-        "this build cannot read recorded sessions yet (proxy/recording/ has no "
-        "recorded_turns); replay a JSONL trace instead"
-    )
+    return recorded_turns
 
 
 def owners(keys: Keys, key_name: str | None) -> dict[str, str | None]:

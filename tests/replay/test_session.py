@@ -16,19 +16,12 @@ from proxy import cli
 from proxy.replay import session as sessions
 from proxy.replay.engine import parse_applied
 from proxy.replay.trace import read_trace
+from proxy.state import RECORDINGS
 from tests.conftest import ProxyFactory
 from tests.replay.test_live import TraceUpstream
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = read_trace(ROOT / "examples" / "traces" / "coding-agent-chat.jsonl")[:3]
-
-
-def recording_merged() -> bool:
-    try:
-        sessions.recording_reader()
-    except sessions.SessionError:
-        return False
-    return True
 
 
 def keyed_config(tmp_path: Path) -> Path:
@@ -100,19 +93,6 @@ def test_a_session_id_two_owners_use_needs_key(
     assert "no recorded session 's2' (searched: key:alice, key:bob)" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(recording_merged(), reason="recording is merged: the full path runs below")
-def test_without_recording_the_session_path_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = keyed_config(tmp_path)
-    assert cli.main(["replay", "--session", "s1", "--config", str(config)]) == 2
-    assert "cannot read recorded sessions yet" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(
-    not recording_merged(),
-    reason="completed at merge: needs proxy/recording's recorded_turns (issue 32, item 1)",
-)
 async def test_a_session_recorded_by_a_running_proxy_replays_to_the_same_figures(
     tmp_path: Path,
     aiohttp_server: Any,
@@ -142,6 +122,7 @@ async def test_a_session_recorded_by_a_running_proxy_replays_to_the_same_figures
             ) as response:
                 assert response.status == 200
                 live.append(parse_applied(response.headers.get("x-agentproxy-applied")))
+    await proxy.app[RECORDINGS].flush()  # the writer lingers a moment for more turns
     args = ["replay", "--session", "s1", "--config", str(config), "--json"]
     assert await asyncio.to_thread(cli.main, args) == 0
     out = json.loads(capsys.readouterr().out)
