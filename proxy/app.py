@@ -31,7 +31,7 @@ from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
-from proxy.routes import admin, archive, health, sessions
+from proxy.routes import admin, archive, health, sessions, ui
 from proxy.runtime.handover import Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
@@ -181,6 +181,7 @@ def build_app(
     app.add_routes(health.routes)
     app.add_routes(archive.routes)
     app.add_routes(sessions.routes)
+    app.add_routes(ui.routes)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # A store that takes no writes would only show later, as overflows. A directory does

@@ -22,6 +22,8 @@ def test_installed_package_validates_the_docker_config(tmp_path: Path) -> None:
         timeout=300,
     )  # fmt: skip
     assert (target / "proxy" / "policies" / "config.schema.json").is_file()
+    for name in ("index.html", "inspector.js", "inspector.css", "favicon.svg"):  # /ui
+        assert (target / "proxy" / "ui" / name).is_file(), name
     paths = [str(target)] + [p for p in sys.path if p and Path(p).resolve() != ROOT]
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "validate", str(ROOT / "policies" / "local.yaml")],

@@ -67,3 +67,10 @@ def authenticate_admin(request: web.Request, keys: Keys) -> None:
     secret = presented_key(request)
     if secret is None or not keys.is_admin(secret):
         raise Unauthorized("admin routes need 'Authorization: Bearer <admin key>'")
+
+
+def presents_admin_key(request: web.Request, keys: Keys) -> bool:
+    """Whether the caller presents the configured admin key (on a route that also serves API
+    keys: there, no admin key configured means no caller is the admin)."""
+    secret = presented_key(request)
+    return secret is not None and keys.is_admin(secret)

@@ -1,7 +1,8 @@
 """Recall for people: read what left the context, by reference, or list a session's archive.
 
 A blob is readable only by the tenant that created it (its key, or its team with
-`keys.session_scope: team`), and a session id names a session of the caller's own. Someone
+`keys.session_scope: team`), or with the admin key (the inspector at /ui shows every tenant's
+sessions to it), and a session id names a session of the caller's own. Someone
 else's reference answers exactly like an unknown one, so existence is not revealed.
 """
 
@@ -13,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import NotFound, ServiceUnavailable
-from proxy.http.auth import authenticate
+from proxy.http.auth import authenticate, presents_admin_key
 from proxy.sessions.identity import may_read, name_in_scope, owner_of, scoped
 from proxy.state import CONFIG, STORE
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError
@@ -24,7 +25,8 @@ routes = web.RouteTableDef()
 @routes.get("/v1/agentproxy/archive/{ref}")
 async def get_archived(request: web.Request) -> web.Response:
     keys = request.app[CONFIG].current.keys
-    key = authenticate(request, keys)
+    admin = presents_admin_key(request, keys)  # every tenant's, as /admin/sessions shows them
+    key = None if admin else authenticate(request, keys)
     ref = request.match_info["ref"]
     try:
         found = await request.app[STORE].get(ref)
@@ -33,7 +35,7 @@ async def get_archived(request: web.Request) -> web.Response:
     if (
         found is None
         or found[0].kind in RECORDING_KINDS
-        or not may_read(owner_of(key, keys), key, found[0].owner)
+        or not (admin or may_read(owner_of(key, keys), key, found[0].owner))
     ):
         raise NotFound(f"no archived content with reference '{ref}' for this API key")
     info, data = found

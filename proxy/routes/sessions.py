@@ -28,6 +28,7 @@ from proxy.store.shares import session_owner
 
 routes = web.RouteTableDef()
 CHARS_PER_TOKEN = 4  # as the board estimates context tokens
+SEEN_CHARS = 8_000  # of the text the model saw in place of an archived item
 
 
 @routes.get("/admin/sessions")
@@ -132,9 +133,10 @@ def _unlisted(session: str, recorded: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _recorded(turn: dict[str, Any], full: bool) -> dict[str, Any]:
     """A recorded turn as a timeline row: context in and out, events (a summary with the
-    summarizer's text as the model saw it), errors; with ?full=1 the bodies too."""
+    summarizer's text as the model saw it, an offload with its pointer), errors; with ?full=1
+    the bodies too."""
     sent = turn.get("sent")
-    events = [_with_summary(event, sent) for event in turn.get("events", [])]
+    events = [_with_seen(event, sent) for event in turn.get("events", [])]
     row = {
         "at": turn.get("at"),
         "status": turn.get("status"),
@@ -153,12 +155,25 @@ def _tokens(body: Any) -> int | None:
     return None if body is None else len(orjson.dumps(body)) // CHARS_PER_TOKEN
 
 
-def _with_summary(event: dict[str, Any], sent: Any) -> dict[str, Any]:
-    ref = event.get("ref")
-    if event.get("action") != "summarized" or not isinstance(ref, str) or sent is None:
+def _with_seen(event: dict[str, Any], sent: Any) -> dict[str, Any]:
+    """The event with what the model saw in place of what it archived: a summary's text as
+    `summary`, and for each archived ref (`ref`, `refs`) the text of the request as sent that
+    names it (an offload's pointer) in `seen`, at most SEEN_CHARS of each."""
+    listed = event.get("refs")
+    named = [event.get("ref"), *(listed if isinstance(listed, list) else ())]
+    refs = [r for r in named if isinstance(r, str)]
+    if not refs or sent is None:
         return event
-    text = next((t for t in _strings(sent) if ref in t), None)
-    return {**event, "summary": text} if text is not None else event
+    strings = _strings(sent)
+    seen: dict[str, str] = {}
+    for ref in refs:
+        text = next((t for t in strings if ref in t), None)
+        if text is not None:
+            seen[ref] = text[:SEEN_CHARS]
+    out = {**event, "seen": seen}
+    if event.get("action") == "summarized" and event.get("ref") in seen:
+        out["summary"] = next(t for t in strings if event["ref"] in t)
+    return out
 
 
 def _strings(value: Any) -> list[str]:
