@@ -80,6 +80,18 @@ async def test_the_validate_line_passes_on_a_fresh_clone() -> None:
     assert returncode == 0, output
 
 
+async def test_the_replay_line_runs_on_a_fresh_clone() -> None:
+    line = next(
+        line for code in blocks("sh") for line in code.splitlines() if "agentproxy replay" in line
+    )
+    command = line.split("#")[0].split()
+    assert command[0] == ".venv/bin/agentproxy"
+    binary = Path(sys.executable).parent / "agentproxy"
+    returncode, output = await run(str(binary), *command[1:])
+    assert returncode == 0, output
+    assert "every request valid" in output
+
+
 def test_the_codex_provider_points_at_the_responses_route() -> None:
     (code,) = blocks("toml")
     config: dict[str, Any] = tomllib.loads(code)
