@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from proxy import __version__
 
@@ -311,9 +311,23 @@ def _replay(args: argparse.Namespace) -> int:
     from proxy.replay.command import run
 
     # The report is the output; per-request log lines would only interleave with it.
-    for name in ("agentproxy", "aiohttp.access"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    return run(args)
+    with _quieter(logging.ERROR, "agentproxy", "aiohttp.access"):
+        return run(args)
+
+
+@contextlib.contextmanager
+def _quieter(level: int, *names: str) -> Iterator[None]:
+    """These loggers at `level` for the command, as they were after (main() may be called
+    in-process: a test, an embedding program)."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, was in zip(loggers, before, strict=True):
+            logger.setLevel(was)
 
 
 def _validate(args: argparse.Namespace) -> int:

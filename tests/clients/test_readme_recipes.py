@@ -74,7 +74,7 @@ def at_proxy(text: str, proxy: TestServer) -> str:
 async def test_the_claude_code_recipe_runs_as_written(
     claude_code: ClaudeCode, readme_proxy: TestServer
 ) -> None:
-    env, argv = split_env(readme_line("claude"))
+    env, argv = split_env(readme_line("claude", "--model"))
     assert argv[0] == "claude" and set(env) == {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
     run = await claude_code.run(
         'Bash({"command": "ls"})',  # the simulated model calls a tool named so
