@@ -371,6 +371,9 @@ class _Split:
         self._lists: dict[int, list[int]] = {}  # id of a list hashed this turn -> hashes
         self._seen: list[tuple[list[Any], list[int]]] = []  # (the lists hashed, their hashes)
         self._rests: list[tuple[dict[str, Any], str]] = []  # bodies' rests split this turn
+        # Bodies split this turn, by id (held, so the id stays theirs): a request sent as
+        # received (a native view's untouched body) is the same object, split once.
+        self._bodies: dict[int, tuple[Any, str | None, list[Any], str, int | None]] = {}
         self.hashed = 0  # messages serialized and hashed
 
     def body(
@@ -385,10 +388,14 @@ class _Split:
         equal to that turn's: taken, not hashed."""
         if not isinstance(body, dict):
             return None
-        key = _list_key(body)
-        items: list[Any] = body[key] if key is not None else []
-        rest = {k: v for k, v in body.items() if k != key} if key is not None else body
-        rest_ref = self._rest(rest)
+        split = self._bodies.get(id(body))
+        if split is None:
+            key = _list_key(body)
+            items: list[Any] = body[key] if key is not None else []
+            rest = {k: v for k, v in body.items() if k != key} if key is not None else body
+            at = list(body).index(key) if key is not None else None  # where it goes back
+            split = self._bodies[id(body)] = (body, key, items, self._rest(rest), at)
+        _, key, items, rest_ref, at = split
         base_ref: str | None
         if prior is not None:
             base_ref, before = prior
@@ -404,7 +411,6 @@ class _Split:
             keep = next(i for i, (a, b) in enumerate(zip(before, mine, strict=False)) if a != b)
         refs = [self._ref(digest) for digest in mine[keep:]]
         base = base_ref if keep else None
-        at = list(body).index(key) if key is not None else None  # where it goes back
         shape = {"body": rest_ref, "key": key, "at": at, "base": base, "keep": keep}
         return {**shape, "new": refs}
 
