@@ -490,7 +490,9 @@ def _lineage(ex: Exchange) -> tuple[object | None, object | None, int, str]:
 
 def _list_key(body: dict[str, Any]) -> str | None:
     """Where a body keeps the list the recording stores entry by entry."""
-    return next((k for k in ("messages", "input") if isinstance(body.get(k), list)), None)
+    if isinstance(body.get("messages"), list):
+        return "messages"
+    return "input" if isinstance(body.get("input"), list) else None
 
 
 def _held(item: Queued) -> int:
