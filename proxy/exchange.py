@@ -175,6 +175,20 @@ class NativeFit:
     max_output_tokens: int | None = None  # the most output the request may ask for
 
 
+@dataclass(frozen=True, slots=True)
+class NativePrefix:
+    """How a native request's history list (`key`: "messages", "input") starts, as its view
+    found it: `turn` names this request (an opaque token, holding nothing), `base` the turn
+    of the session's view it was compared with (None: none), whose list's first `shared`
+    entries this one's repeats (`==`). The recording hashes only the rest when it recorded
+    that very turn."""
+
+    key: str
+    turn: object = field(default_factory=object)
+    base: object | None = None
+    shared: int = 0
+
+
 class RequestView(Protocol):
     """A client's request in a wire format other than chat, as the exchange needs it: `body`
     is then its chat-shaped view (what the stages rewrite), and this renders the native
@@ -196,6 +210,10 @@ class RequestView(Protocol):
 
     def fit(self, fit: NativeFit) -> None:
         """Render from now on without what `fit` takes away."""
+        ...
+
+    def native_prefix(self) -> NativePrefix:
+        """Which leading entries of the native history equal the previous turn's."""
         ...
 
 

@@ -48,11 +48,15 @@ _compiled: LRUCache[tuple[re.Pattern[str] | None, tuple[str, ...]], Redaction] =
 
 def matcher(pattern: re.Pattern[str] | None, secrets: tuple[str, ...]) -> Redaction:
     """The policy's patterns and the secrets (taken literally) as one Redaction."""
+    given = (pattern, secrets)
+    found = _compiled.get(given)  # every turn of one key and policy: looked up as it comes
+    if found is None:
+        found = _compiled[given] = _compile(pattern, secrets)
+    return found
+
+
+def _compile(pattern: re.Pattern[str] | None, secrets: tuple[str, ...]) -> Redaction:
     secrets = tuple(sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len))[::-1]
-    key = (pattern, secrets)
-    found = _compiled.get(key)
-    if found is not None:
-        return found
     parts = [re.escape(secret) for secret in secrets]
     if pattern is not None:
         parts.append(pattern.pattern)
@@ -61,8 +65,7 @@ def matcher(pattern: re.Pattern[str] | None, secrets: tuple[str, ...]) -> Redact
     literals = tuple(orjson.dumps(secret)[1:-1] for secret in secrets)
     escaped = any(lit != s.encode() for lit, s in zip(literals, secrets, strict=True))
     joined = re.compile("|".join(f"(?:{part})" for part in parts))
-    made = _compiled[key] = Redaction(joined, literals, pattern is not None or escaped)
-    return made
+    return Redaction(joined, literals, pattern is not None or escaped)
 
 
 def scrub(value: Any, redact: re.Pattern[str] | None) -> Any:

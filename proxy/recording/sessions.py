@@ -86,8 +86,9 @@ class _Known:
     parts: dict[int, str] = field(default_factory=dict)  # xxh3 of a part's raw JSON -> ref
     stored: set[str] = field(default_factory=set)  # refs known to be in the store already
     last_turn: str | None = None
-    # The last turns recorded, by their ex.rewrite.turn: (their ref, their request's hashes),
-    # for the turn the chain compares the next one with (not always the last recorded).
+    # The last turns recorded, by their token (ex.rewrite.turn; a native view's): (their ref,
+    # their request's hashes), for the turn the chain or the view compares the next one with
+    # (not always the last recorded).
     recent: dict[object, tuple[str, list[int]]] = field(default_factory=dict)
     last_lists: dict[str, list[int]] = field(default_factory=dict)
 
@@ -255,12 +256,12 @@ class TurnWriter:
             return []
         spec = ex.policy.record
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
+        this, base, shared, key = _lineage(ex)
         if ex.received is not None:  # the body as parsed, never mutated
-            # A chat body's messages are those the chain compared with an earlier turn: as
-            # far as they agree, that turn's hashes are theirs (not hashed again).
-            base = ex.rewrite.stable_base
-            prior = known.recent.get(base) if ex.client.view is None and base else None
-            keep = ex.rewrite.stable_prefix if prior is not None else 0
+            # As far as its list agrees with the turn it was compared with, that turn's
+            # hashes are its entries' (not hashed again), if this recording holds that turn.
+            prior = known.recent.get(base) if base is not None else None
+            keep = shared if prior is not None and _list_key(ex.received) == key else 0
             request = split.body(ex.received, "request", keep, prior)
         else:
             request = split.body(_parsed(turn.raw), "request", 0)
@@ -310,8 +311,8 @@ class TurnWriter:
         known.bytes += adding
         known.seq += 1
         known.last_turn = ref
-        if ex.rewrite.turn is not None:
-            known.recent[ex.rewrite.turn] = (ref, split.hashes.get("request", []))
+        if this is not None:
+            known.recent[this] = (ref, split.hashes.get("request", []))
             if len(known.recent) > RECENT_TURNS:
                 del known.recent[next(iter(known.recent))]
         known.last_lists = split.hashes
@@ -370,6 +371,9 @@ class _Split:
         self._lists: dict[int, list[int]] = {}  # id of a list hashed this turn -> hashes
         self._seen: list[tuple[list[Any], list[int]]] = []  # (the lists hashed, their hashes)
         self._rests: list[tuple[dict[str, Any], str]] = []  # bodies' rests split this turn
+        # Bodies split this turn, by id (held, so the id stays theirs): a request sent as
+        # received (a native view's untouched body) is the same object, split once.
+        self._bodies: dict[int, tuple[Any, str | None, list[Any], str, int | None]] = {}
         self.hashed = 0  # messages serialized and hashed
 
     def body(
@@ -384,10 +388,14 @@ class _Split:
         equal to that turn's: taken, not hashed."""
         if not isinstance(body, dict):
             return None
-        key = next((k for k in ("messages", "input") if isinstance(body.get(k), list)), None)
-        items: list[Any] = body[key] if key is not None else []
-        rest = {k: v for k, v in body.items() if k != key} if key is not None else body
-        rest_ref = self._rest(rest)
+        split = self._bodies.get(id(body))
+        if split is None:
+            key = _list_key(body)
+            items: list[Any] = body[key] if key is not None else []
+            rest = {k: v for k, v in body.items() if k != key} if key is not None else body
+            at = list(body).index(key) if key is not None else None  # where it goes back
+            split = self._bodies[id(body)] = (body, key, items, self._rest(rest), at)
+        _, key, items, rest_ref, at = split
         base_ref: str | None
         if prior is not None:
             base_ref, before = prior
@@ -403,7 +411,6 @@ class _Split:
             keep = next(i for i, (a, b) in enumerate(zip(before, mine, strict=False)) if a != b)
         refs = [self._ref(digest) for digest in mine[keep:]]
         base = base_ref if keep else None
-        at = list(body).index(key) if key is not None else None  # where it goes back
         shape = {"body": rest_ref, "key": key, "at": at, "base": base, "keep": keep}
         return {**shape, "new": refs}
 
@@ -466,6 +473,26 @@ def _answer(
 
 def _holds(raw: bytes, redaction: Redaction) -> bool:
     return any(literal in raw for literal in redaction.literals)
+
+
+def _lineage(ex: Exchange) -> tuple[object | None, object | None, int, str]:
+    """This turn (a token), the turn its history was compared with, how many leading entries
+    of its list are equal to that one's, and which list: the chain's comparison for a chat
+    body; the view's of the native entries for another wire's (equal chat views do not prove
+    equal items: encrypted reasoning, signatures)."""
+    view = ex.client.view
+    if view is None:
+        rewrite = ex.rewrite
+        return rewrite.turn, rewrite.stable_base, rewrite.stable_prefix, "messages"
+    prefix = view.native_prefix()
+    return prefix.turn, prefix.base, prefix.shared, prefix.key
+
+
+def _list_key(body: dict[str, Any]) -> str | None:
+    """Where a body keeps the list the recording stores entry by entry."""
+    if isinstance(body.get("messages"), list):
+        return "messages"
+    return "input" if isinstance(body.get("input"), list) else None
 
 
 def _held(item: Queued) -> int:

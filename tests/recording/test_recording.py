@@ -47,6 +47,8 @@ def config(url: str, store: str, record: str = "{enabled: true}") -> str:
         policies:
           - name: recorded
             record: {record}
+          - name: unrecorded
+            record: {{enabled: false}}
         """
     )
 
@@ -433,3 +435,147 @@ async def test_an_edited_history_reads_back_as_sent_not_as_the_turn_before(
     turns = await turns_of(proxy, "key:alice", "edits", 4)
     assert [t["request"]["messages"] for t in turns] == [one, edited, dropped, one]
     assert [t["sent"]["messages"] for t in turns] == [one, edited, dropped, one]
+
+
+async def post(
+    proxy: TestServer, wire: str, body: dict[str, Any], name: str, **headers: str
+) -> Any:
+    """One turn of a native wire, its body sent as these bytes."""
+    path, auth = (
+        ("/v1/responses", {"authorization": f"Bearer {ALICE}"})
+        if wire == "responses"
+        else ("/v1/messages", {"x-api-key": ALICE, "anthropic-version": "2023-06-01"})
+    )
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            str(proxy.make_url(path)),
+            data=orjson_bytes(body),
+            headers={"content-type": "application/json", **auth, **session(name), **headers},
+        ) as response:
+            assert response.status == 200, await response.text()
+            return await response.json()
+
+
+REASONING = {
+    "model": "sim",
+    "reasoning": {"effort": "low"},
+    "include": ["reasoning.encrypted_content"],
+    "store": False,
+}
+THINKING = {
+    "model": "claude",
+    "max_tokens": 2000,
+    "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"},
+}
+
+
+def user(wire: str, text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text} if wire == "anthropic" else {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]
+    }  # fmt: skip
+
+
+async def _turn(
+    proxy: TestServer,
+    wire: str,
+    history: list[dict[str, Any]],
+    name: str,
+    summary: bool = False,
+    **headers: str,
+) -> list[dict[str, Any]]:
+    """Sends `history`; the answer as the next turn re-sends it (its signed reasoning too).
+    With `summary`, a Responses turn's reasoning is sealed with its summary (other bytes)."""
+    if wire == "responses":
+        body = {**REASONING, "input": history}
+        if summary:
+            body["reasoning"] = {"effort": "low", "summary": "auto"}
+        answer = await post(proxy, wire, body, name, **headers)
+        return list(answer["output"])
+    answer = await post(proxy, wire, {**THINKING, "messages": history}, name, **headers)
+    return [{"role": "assistant", "content": answer["content"]}]
+
+
+def _seal(wire: str, entries: list[dict[str, Any]]) -> str:
+    """The first reasoning item's encrypted content (thinking block's signature) in `entries`."""
+    if wire == "responses":
+        return next(e["encrypted_content"] for e in entries if e.get("type") == "reasoning")
+    blocks = (b for e in entries if isinstance(e["content"], list) for b in e["content"])
+    return next(b["signature"] for b in blocks if b.get("type") == "thinking")
+
+
+def _resign(wire: str, entry: dict[str, Any], seal: str) -> dict[str, Any]:
+    """`entry` (a reasoning item, or an assistant message with a thinking block) with another
+    valid encrypted content (signature): its chat view the same, its bytes not."""
+    if wire == "responses":
+        return {**entry, "encrypted_content": seal} if entry.get("type") == "reasoning" else entry
+    if entry["role"] != "assistant":
+        return entry
+    content = [
+        {**b, "signature": seal} if b.get("type") == "thinking" else b for b in entry["content"]
+    ]
+    return {**entry, "content": content}
+
+
+@pytest.mark.parametrize("wire", ["responses", "anthropic"])
+async def test_a_resigned_early_item_reads_back_with_its_new_bytes(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, wire: str
+) -> None:
+    """A native turn hashes only the items its view found new against the last turn's; an
+    early reasoning item (thinking block) whose encrypted content (signature) changed, its
+    chat view the same, is one of them: recorded as sent, not as the turn before had it."""
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    key = "input" if wire == "responses" else "messages"
+    one = [user(wire, "first")]
+    two = [*one, *await _turn(proxy, wire, one, "signed"), user(wire, "second")]
+    answer = await _turn(proxy, wire, two, "signed", summary=True)
+    old, new = _seal(wire, two), _seal(wire, answer)
+    assert old != new
+    three = [*[_resign(wire, e, new) for e in two], *answer, user(wire, "third")]
+    assert three[: len(two)] != two
+    await _turn(proxy, wire, three, "signed")
+    turns = await turns_of(proxy, "key:alice", "signed", 3)
+    assert [t["request"][key] for t in turns] == [one, two, three]
+    assert [t["sent"][key] for t in turns] == [one, two, three]
+    assert _seal(wire, turns[2]["request"][key]) == new
+
+
+@pytest.mark.parametrize("wire", ["responses", "anthropic"])
+async def test_a_native_turn_after_an_unrecorded_one_hashes_it_all(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, wire: str
+) -> None:
+    """The view compares a turn with the session's last view, which may be a turn the
+    recording never took (another policy, dropped, failed): then nothing is taken from the
+    last recorded turn on the view's word, and what was sent is what reads back."""
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    key = "input" if wire == "responses" else "messages"
+    one = [user(wire, "first")]
+    two = [*one, *await _turn(proxy, wire, one, "gap"), user(wire, "second")]
+    answer = await _turn(proxy, wire, two, "gap", summary=True)
+    edited = [*[_resign(wire, e, _seal(wire, answer)) for e in two], *answer]
+    skipped = [*edited, user(wire, "unrecorded")]
+    later = [*skipped, *await _turn(proxy, wire, skipped, "gap", **UNRECORDED), user(wire, "4")]
+    await _turn(proxy, wire, later, "gap")
+    turns = await turns_of(proxy, "key:alice", "gap", 3)
+    assert [t["request"][key] for t in turns] == [one, two, later]
+
+
+@pytest.mark.parametrize("wire", ["responses", "anthropic"])
+async def test_native_turns_hash_their_new_items_only(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, wire: str
+) -> None:
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    key = "input" if wire == "responses" else "messages"
+    history = [user(wire, "step 0")]
+    added = 1
+    for step in range(1, 12):
+        answer = await _turn(proxy, wire, history, "long")
+        history += [*answer, user(wire, f"step {step}")]
+        added += len(answer) + 1
+    await _turn(proxy, wire, history, "long")
+    turns = await turns_of(proxy, "key:alice", "long", 12)
+    assert turns[-1]["request"][key] == history
+    # each entry once (the reasoning items too), not the whole history every turn
+    assert proxy.app[RECORDINGS].hashed <= added
+
+
+UNRECORDED = {"x-agentproxy-policy": "unrecorded"}

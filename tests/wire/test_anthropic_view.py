@@ -275,6 +275,20 @@ async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> Non
                 assert (untouched, rewritten) == expected, seed
 
 
+def test_the_native_prefix_counts_the_messages_equal_to_the_last_turns() -> None:
+    """What the recording takes from the last turn: native messages, never view messages."""
+    for seed in range(300):
+        first, second = _turns(seed)
+        previous = AnthropicView.of(first)
+        prefix = AnthropicView.of(second, previous).native_prefix()
+        old, new = first["messages"], second["messages"]
+        equal = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
+        shared = min(len(old), len(new)) if equal is None else equal
+        assert prefix.key == "messages" and prefix.shared == shared, seed
+        base = previous.native_prefix().turn if shared else None
+        assert prefix.base is base and prefix.turn is not previous.native_prefix().turn, seed
+
+
 def test_the_shared_history_is_the_previous_views_very_messages() -> None:
     first = _turns(3)[0]
     second = copy.deepcopy(first)

@@ -214,6 +214,28 @@ async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> Non
         assert sent[0] == sent[1], seed
 
 
+def test_the_native_prefix_counts_the_input_items_equal_to_the_last_turns() -> None:
+    """What the recording takes from the last turn: native items, never view messages."""
+
+    def items(body: dict[str, Any]) -> list[Any]:
+        given = body["input"]
+        return [{"role": "user", "content": given}] if isinstance(given, str) else given
+
+    for seed in range(300):
+        first, second = _turns(seed)
+        previous = ResponsesView.of(first)
+        prefix = ResponsesView.of(second, previous).native_prefix()
+        old, new = items(first), items(second)
+        equal = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
+        shared = min(len(old), len(new)) if equal is None else equal
+        assert prefix.key == "input" and prefix.shared == shared, seed
+        base = previous.native_prefix().turn if shared else None
+        assert prefix.base is base and prefix.turn is not previous.native_prefix().turn, seed
+    view = ResponsesView.of(codex_body())
+    again = ResponsesView.of(codex_body(), view).native_prefix()
+    assert again.base is view.native_prefix().turn
+
+
 def test_the_shared_input_is_the_previous_views_very_messages() -> None:
     first = codex_body()
     second = copy.deepcopy(first)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.exchange import Exchange, NativeFit, OneShot
+from proxy.exchange import Exchange, NativeFit, NativePrefix, OneShot
 from proxy.policies.spec import Deployment
 from proxy.upstream.no_chat import learn_no_chat, serves_no_chat
 
@@ -94,6 +94,9 @@ class SummaryView:
 
     def fit(self, fit: NativeFit) -> None:
         pass
+
+    def native_prefix(self) -> NativePrefix:
+        return NativePrefix("")  # a turn of its own: nothing taken from an earlier one
 
 
 def send_in(child: Exchange, wire: SummaryWire, native: dict[str, Any]) -> SummaryView:

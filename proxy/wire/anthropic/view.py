@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.exchange import NativeFit
+from proxy.exchange import NativeFit, NativePrefix
 from proxy.pipeline.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
@@ -72,6 +72,8 @@ class AnthropicView:
     fresh: int = 0
     # What a fallback model cannot take of what the view does not show (exchange.NativeFit).
     _fit: NativeFit = AS_SENT
+    # This turn, and how many of its messages the last view's repeat (for the recording).
+    _prefix: NativePrefix = field(default_factory=lambda: NativePrefix("messages"))
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
@@ -113,6 +115,7 @@ class AnthropicView:
         shared = shared_prefix(self.body["messages"], previous.body["messages"])
         if not shared:
             return 0
+        self._prefix = NativePrefix("messages", self._prefix.turn, previous._prefix.turn, shared)
         before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
         lent = previous._built[before : previous._ends[shared - 1]]
         offset = len(self.messages) - before  # a system prompt gained or lost shifts the ends
@@ -175,6 +178,9 @@ class AnthropicView:
 
     def fit(self, fit: NativeFit) -> None:
         self._fit = AS_SENT if fit == AS_SENT else fit  # as sent: the client's own body again
+
+    def native_prefix(self) -> NativePrefix:
+        return self._prefix
 
     def remember_turn(self, content: list[Block]) -> None:
         """An assistant turn whose blocks must go back as they came (the client's own, or a

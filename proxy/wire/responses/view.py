@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.exchange import NativeFit
+from proxy.exchange import NativeFit, NativePrefix
 from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.wire.responses.upstream import speaks_responses
@@ -67,6 +67,8 @@ class ResponsesView:
     fresh: int = 0
     # What a fallback model cannot take of what the view does not show (exchange.NativeFit).
     _fit: NativeFit = AS_SENT
+    # This turn, and how many of its input items the last view's repeat (for the recording).
+    _prefix: NativePrefix = field(default_factory=lambda: NativePrefix("input"))
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
@@ -113,9 +115,11 @@ class ResponsesView:
     def _reuse(self, previous: ResponsesView) -> int:
         """Take the previous view's messages for the input both turns share, up to the last
         message boundary in it; the index of the first item left to map."""
+        shared = shared_prefix(self._items, previous._items)
+        if shared:
+            self._prefix = NativePrefix("input", self._prefix.turn, previous._prefix.turn, shared)
         if previous._repeated_ids:
             return 0
-        shared = shared_prefix(self._items, previous._items)
         k = bisect.bisect_right(previous._ends, shared, key=lambda end: end[0])
         if k == 0:
             return 0
@@ -187,6 +191,9 @@ class ResponsesView:
 
     def fit(self, fit: NativeFit) -> None:
         self._fit = AS_SENT if fit == AS_SENT else fit  # as sent: the client's own body again
+
+    def native_prefix(self) -> NativePrefix:
+        return self._prefix
 
     def remember_turn(self, output: list[Item]) -> None:
         """A reply the proxy continues itself: its items go back whole (reasoning first)."""
