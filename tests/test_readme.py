@@ -69,25 +69,26 @@ async def test_the_python_snippet_runs_against_local_yaml(local_proxy: TestServe
     assert returncode == 0, output
 
 
-async def test_the_validate_line_passes_on_a_fresh_clone() -> None:
+async def run_readme_line(command: str) -> tuple[int, str]:
+    """The README's sh line running `agentproxy <command>`, run as written from the checkout."""
     line = next(
-        line for code in blocks("sh") for line in code.splitlines() if "agentproxy validate" in line
+        line
+        for code in blocks("sh")
+        for line in code.splitlines()
+        if f"agentproxy {command}" in line
     )
-    command = line.split("#")[0].split()
-    assert command[0] == ".venv/bin/agentproxy"
-    binary = Path(sys.executable).parent / "agentproxy"
-    returncode, output = await run(str(binary), *command[1:])
+    argv = line.split("#")[0].split()
+    assert argv[0] == ".venv/bin/agentproxy"
+    return await run(str(Path(sys.executable).parent / "agentproxy"), *argv[1:])
+
+
+async def test_the_validate_line_passes_on_a_fresh_clone() -> None:
+    returncode, output = await run_readme_line("validate")
     assert returncode == 0, output
 
 
 async def test_the_replay_line_runs_on_a_fresh_clone() -> None:
-    line = next(
-        line for code in blocks("sh") for line in code.splitlines() if "agentproxy replay" in line
-    )
-    command = line.split("#")[0].split()
-    assert command[0] == ".venv/bin/agentproxy"
-    binary = Path(sys.executable).parent / "agentproxy"
-    returncode, output = await run(str(binary), *command[1:])
+    returncode, output = await run_readme_line("replay")
     assert returncode == 0, output
     assert "every request valid" in output
 

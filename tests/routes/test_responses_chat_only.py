@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.upstream.chat_only import lacks_route
+from proxy.upstream.missing_routes import lacks_route
 from tests.conftest import ProxyFactory
 
 KEY = "sk-proxy-chat-only-1"
