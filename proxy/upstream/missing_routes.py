@@ -26,8 +26,14 @@ log = logging.getLogger("agentproxy.upstream")
 SCAN_BYTES = 64 * 1024
 
 
-def lacks_route(status: int, body: bytes) -> bool:
-    """A 404 that says the route is missing, not that an OpenAI model or object is."""
+def lacks_route(status: int, body: bytes, phrases: tuple[str, ...] = ()) -> bool:
+    """A 404 that says the route is missing, not that an OpenAI model or object is; or a
+    400/404 error that says so in one of `phrases` (OpenAI's "This model is only supported in
+    v1/responses and not in v1/chat/completions.", for its Responses-only models)."""
+    if phrases and status in (400, 404):
+        text = body[:SCAN_BYTES].decode("utf-8", "replace")
+        if any(phrase in text for phrase in phrases):
+            return True
     if status != 404:
         return False
     try:
@@ -41,9 +47,12 @@ def lacks_route(status: int, body: bytes) -> bool:
 class MissingRoute:
     """The deployments learnt not to serve `route`; `then` says what the proxy does instead."""
 
-    def __init__(self, route: str, then: str, size: int = 4096) -> None:
+    def __init__(
+        self, route: str, then: str, size: int = 4096, phrases: tuple[str, ...] = ()
+    ) -> None:
         self.route = route
         self.then = then
+        self.phrases = phrases  # what an error body says when the route is missing
         self._learnt: LRUCache[tuple[str, str | None], bool] = LRUCache(size)
 
     def lacked_by(self, deployment: Deployment) -> bool:
@@ -56,7 +65,7 @@ class MissingRoute:
         (learnt now, logged once per deployment)."""
         if self.lacked_by(deployment):
             return True
-        if not lacks_route(status, body):
+        if not lacks_route(status, body, self.phrases):
             return False
         self._learnt[(deployment.model, deployment.api_base)] = True
         log.warning(
