@@ -227,7 +227,13 @@ class AlternateWire(Protocol):
         """The wire whose native upstream then sends it."""
         ...
 
-    def applies(self, deployment: Deployment) -> bool: ...
+    def reaches(self, deployment: Deployment) -> bool:
+        """Whether that wire's native upstream speaks to the deployment (its chat aside)."""
+        ...
+
+    def applies(self, deployment: Deployment) -> bool:
+        """Whether the request goes in that wire: learnt to serve no chat, and reached."""
+        ...
 
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The chat request in that wire."""

@@ -169,12 +169,12 @@ class Rewriter:
         it, or as OpenAI for a Responses-only model: the request goes as Responses from now
         on, when the client's wire has a way there (proxy/upstream/no_chat.py)."""
         alternate = ex.client.alternate
-        if alternate is None or ex.wire_for(deployment) != ex.client.wire:
-            return False  # no way but chat, or its error came from the other wire
+        if alternate is None or not alternate.reaches(deployment):
+            return False  # no way there but chat
+        if alternate.applies(deployment):
+            return False  # its error came from the other wire
         if not no_chat.learn_no_chat(deployment, error.status, error.body):
             return False
-        if not alternate.applies(deployment):
-            return False  # learnt, but that wire's upstream does not speak to it either
         record(ex, self.ctx, STAGE, no_chat.NOTE)
         return True
 

@@ -2,14 +2,16 @@
 
 Two are learnt: /v1/responses, behind an `openai/` model whose server speaks only chat completions
 (llama.cpp, vLLM builds without it: its Responses clients then go as chat, chat_only.py), and
-/v1/chat/completions, behind one that serves only Responses (OpenAI's codex and pro models: the
-proxy's own summaries then go as Responses, no_chat.py).
+/v1/chat/completions, behind one that serves only Responses (OpenAI's codex and pro models: its
+chat clients' requests and the proxy's own summaries then go as Responses, no_chat.py).
 
 A server without the route answers 404 with a body that is not OpenAI's: `{"detail":"Not
 Found"}`, plain text, an error without OpenAI's `type`/`code`; OpenAI's own 404 for an unknown
-model (`"code": "model_not_found"`) stays a 404. Only the upstream's own answer on the route
-teaches it, so no tenant can poison it; it is a fact about the operator's deployment (its model
-and address), remembered in process, bounded, and logged once per deployment.
+model (`"code": "model_not_found"`) stays a 404. A route may also name what its error says
+when it is missing (OpenAI's "only supported in v1/responses", a 400 or 404). Only the
+upstream's own answer on the route teaches it, so no tenant can poison it; it is a fact about
+the operator's deployment (its model and address), remembered in process, bounded, and logged
+once per deployment.
 """
 
 from __future__ import annotations

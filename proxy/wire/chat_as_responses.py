@@ -1,10 +1,12 @@
 """A chat client's request to a deployment learnt to serve only /v1/responses
 (proxy/upstream/no_chat.py: OpenAI's codex and pro models, a Codex-style server): sent as a
 Responses request by the Responses wire's native upstream, its answer read back as a chat
-completion, its events as chat chunks. The chat wire uses the Responses wire only through this
-shared module (the exchange's `AlternateWire`), so neither wire's folder imports the other.
+completion (its events as chat chunks: chat_as_responses_stream.py). The chat wire's folder
+imports nothing of the Responses wire's but through these shared modules (the exchange's
+`AlternateWire`, set on every chat request and consulted per deployment: a fallback to one that
+speaks chat gets chat).
 
-What goes: messages (system and developer as instructions-like input messages, text and image
+What goes: messages (system and developer as input messages of that role, text and image
 parts, assistant text and tool calls, tool results), function tools and tool_choice, the output
 limit, temperature, top_p, parallel_tool_calls, reasoning_effort, response_format, user,
 metadata; `store: false`. Other chat fields (n, logprobs, stop, seed, ...) are not sent.
@@ -12,17 +14,14 @@ metadata; `store: false`. Other chat fields (n, logprobs, stop, seed, ...) are n
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamBadResponse
 from proxy.exchange import Exchange
 from proxy.policies.spec import Deployment
-from proxy.upstream.base import UpstreamReply, UpstreamStream
+from proxy.upstream.base import UpstreamReply
 from proxy.upstream.no_chat import serves_no_chat
-from proxy.upstream.priming import data_of
 from proxy.wire.responses.upstream import speaks_responses
 
 WIRE = "responses"
@@ -33,6 +32,10 @@ class ChatAsResponses:
     """The chat wire's `AlternateWire`: Responses, for a deployment that serves no chat."""
 
     wire = WIRE
+
+    @staticmethod
+    def reaches(deployment: Deployment) -> bool:
+        return speaks_responses(deployment)
 
     @staticmethod
     def applies(deployment: Deployment) -> bool:
@@ -85,8 +88,11 @@ def _input(messages: Any) -> list[dict[str, Any]]:
         if role == "assistant":
             if content:
                 items.append({"role": "assistant", "content": _text(content)})
-            for call in message.get("tool_calls") or ():
-                function = call.get("function") or {}
+            calls = message.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
+                if not isinstance(call, dict):
+                    continue
+                function = as_dict(call.get("function"))
                 items.append(
                     {
                         "type": "function_call",
@@ -186,12 +192,14 @@ def chat_completion(response: dict[str, Any], alias: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": response.get("created_at") or 0,
         "model": alias,
-        "choices": [{"index": 0, "message": message, "finish_reason": _finish(response, calls)}],
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": finish_reason(response, calls)}
+        ],
         "usage": chat_usage(response.get("usage")),
     }
 
 
-def _finish(response: dict[str, Any], calls: list[Any]) -> str:
+def finish_reason(response: dict[str, Any], calls: list[Any]) -> str:
     if calls:
         return "tool_calls"
     details = response.get("incomplete_details") or {}
@@ -231,102 +239,5 @@ class ChatReplies:
         return answer
 
 
-# --- streams --------------------------------------------------------------------------------
-
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
-
-
-def chat_stream(ex: Exchange, source: UpstreamStream) -> UpstreamStream:
-    """The source as chat chunks when it came from /v1/responses for this chat client."""
-    sent = ex.sent
-    if isinstance(sent, dict) and "input" in sent and "messages" not in sent:
-        return ChunksFromEvents(source, ex.alias)
-    return source
-
-
-class ChunksFromEvents:
-    """A Responses event stream read as chat completion chunks (then `data: [DONE]`): text
-    deltas, tool calls with their arguments, the finish reason, and a usage chunk."""
-
-    def __init__(self, source: UpstreamStream, alias: str) -> None:
-        self.source = source
-        self.headers = source.headers
-        self.alias = alias
-        self.id = "chatcmpl-"
-        self.calls: dict[str, int] = {}  # a function call item's id: its tool-call index
-
-    async def close(self) -> None:
-        await self.source.close()
-
-    async def events(self) -> AsyncIterator[list[bytes]]:
-        async for batch in self.source.events():
-            out: list[bytes] = []
-            for event in batch:
-                payload = data_of(event)
-                if payload is None:
-                    continue
-                try:
-                    data = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    raise UpstreamBadResponse(
-                        f"the upstream for '{self.alias}' sent a stream event that is not "
-                        f"JSON: {payload[:60]!r}"
-                    ) from None
-                if isinstance(data, dict):
-                    out.extend(self._chunks(data))
-            if out:
-                yield out
-
-    def _chunks(self, data: dict[str, Any]) -> list[bytes]:
-        kind = data.get("type")
-        if kind == "response.created":
-            self.id = f"chatcmpl-{(data.get('response') or {}).get('id') or ''}"
-            return [self._chunk({"role": "assistant", "content": ""})]
-        if kind == "response.output_text.delta":
-            return [self._chunk({"content": data.get("delta") or ""})]
-        if kind == "response.output_item.added":
-            item = data.get("item") or {}
-            if item.get("type") != "function_call":
-                return []
-            index = self.calls[item.get("id") or ""] = len(self.calls)
-            call = {
-                "index": index,
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": ""},
-            }
-            return [self._chunk({"tool_calls": [call]})]
-        if kind == "response.function_call_arguments.delta":
-            index = self.calls.get(data.get("item_id") or "")
-            if index is None:
-                return []
-            call = {"index": index, "function": {"arguments": data.get("delta") or ""}}
-            return [self._chunk({"tool_calls": [call]})]
-        if kind == "error" or kind == "response.failed":
-            error = data.get("error") or (data.get("response") or {}).get("error") or {}
-            raise UpstreamBadResponse(
-                f"the upstream for '{self.alias}' failed the response: "
-                f"{str(error.get('message') or kind)[:200]}"
-            )
-        if kind in TERMINAL:
-            response = data.get("response") or {}
-            finish = _finish(response, list(self.calls))
-            usage = {"id": self.id, "object": "chat.completion.chunk", "created": 0}
-            usage |= {"model": self.alias, "choices": [], "usage": chat_usage(response.get("usage"))}
-            return [
-                self._chunk({}, finish),
-                b"data: " + orjson.dumps(usage),
-                b"data: [DONE]",
-            ]
-        return []
-
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        chunk = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": self.alias,
-            "choices": [choice],
-        }
-        return b"data: " + orjson.dumps(chunk)
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}

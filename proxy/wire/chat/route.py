@@ -14,11 +14,12 @@ from proxy.http.headers import proxy_headers
 from proxy.sessions.identity import session_id
 from proxy.state import CONFIG
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
-from proxy.wire.chat_as_responses import ALTERNATE, ChatReplies, as_chat, chat_stream
 from proxy.wire.chat import degraded as chat_degraded
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.request import parse_chat_request
 from proxy.wire.chat.stream import Relay
+from proxy.wire.chat_as_responses import ALTERNATE, ChatReplies, as_chat
+from proxy.wire.chat_as_responses_stream import chat_stream
 from proxy.wire.provider_objects import refuse_chat_objects
 from proxy.wire.serve import (
     json_answer,
