@@ -217,6 +217,29 @@ class RequestView(Protocol):
         ...
 
 
+class AlternateWire(Protocol):
+    """Another wire a chat client's request goes out in, to a deployment that serves no chat
+    (learnt: proxy/upstream/no_chat.py); the chat wire's route gives one
+    (proxy/wire/chat_as_responses.py)."""
+
+    @property
+    def wire(self) -> str:
+        """The wire whose native upstream then sends it."""
+        ...
+
+    def reaches(self, deployment: Deployment) -> bool:
+        """Whether that wire's native upstream speaks to the deployment (its chat aside)."""
+        ...
+
+    def applies(self, deployment: Deployment) -> bool:
+        """Whether the request goes in that wire: learnt to serve no chat, and reached."""
+        ...
+
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The chat request in that wire."""
+        ...
+
+
 class OneShot(Protocol):
     """A request the proxy makes on its own (a summary) in one wire format other than chat:
     built from a system text, a user text and an output limit, its answer read back as text.
@@ -264,6 +287,8 @@ class ClientRequest:
     # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
     # the stages rewrite), and this renders the native request back from it.
     view: RequestView | None = None
+    # A chat client's: the wire its request goes in to a deployment that serves no chat.
+    alternate: AlternateWire | None = None
     stream: bool = False
     wants_usage: bool = False  # a chat client asked for the usage chunk (stream_options)
     body_bytes: int = 0  # size of the request body as received
@@ -383,10 +408,20 @@ class Exchange:
         when the deployment speaks it, else the chat-shaped request."""
         view = self.client.view
         if view is None:
+            alternate = self.client.alternate
+            if alternate is not None and alternate.applies(deployment):
+                return alternate.render(self.body), None
             return self.body, None
         if view.native_for(deployment):
             return view.render(self.body), self.client.forward_headers or None
         return view.translated(self.body), None
+
+    def wire_for(self, deployment: Deployment) -> str:
+        """The wire the request goes out in to `deployment` (its native upstream, if any)."""
+        alternate = self.client.alternate
+        if alternate is not None and alternate.applies(deployment):
+            return alternate.wire
+        return self.client.wire
 
     def estimated_prompt(self) -> int:
         """The prompt the decisions were made on (compaction measured it: counted, calibrated)

@@ -257,7 +257,7 @@ class Control:
         limit, which = self._time_limit(ex)
         if limit is not None and limit <= 0:
             raise self._timed_out(ex, which)
-        upstream = self.router.for_deployment(deployment, ex.client.wire)
+        upstream = self.router.for_deployment(deployment, ex.wire_for(deployment))
         ex.recovery.calls += 1
         waited = time.perf_counter()
         with call_span(ex, ex.recovery.calls) as span:

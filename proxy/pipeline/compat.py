@@ -22,7 +22,7 @@ from proxy.exchange import Exchange
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment, Policy
-from proxy.upstream import chat_only
+from proxy.upstream import chat_only, no_chat
 
 STAGE = "compat"
 NULL_CONTENT = "emptied_null_content"
@@ -108,6 +108,9 @@ class CompatStage:
             return None
         if ex.client.wire == "responses" and chat_only.is_chat_only(deployment):
             record(ex, ctx, STAGE, chat_only.NOTE)  # visible on every request it translates
+        alternate = ex.client.alternate
+        if alternate is not None and alternate.applies(deployment):
+            record(ex, ctx, STAGE, no_chat.NOTE)  # a chat request sent in another wire
         if not self.quirks.needs_empty_content(deployment):
             return None
         return adapt(ex, ctx, messages)

@@ -19,7 +19,7 @@ from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import Deployment
-from proxy.upstream import chat_only
+from proxy.upstream import chat_only, no_chat
 from proxy.upstream.base import UpstreamHTTPError
 
 MB = 1024 * 1024
@@ -138,6 +138,8 @@ class Rewriter:
         if deployment is not None and self._learnt_chat_only(ex, deployment, error):
             # A stream is re-asked whole by its route (responses/route.py), not re-opened here.
             return not ex.client.stream
+        if deployment is not None and self._learnt_no_chat(ex, deployment, error):
+            return True  # a stream too: it is re-opened as Responses, translated by its relay
         if ex.dry_run or ex.client.opaque_history or deployment is None:
             return False
         if not self.quirks.learn(deployment, error.body, ex.messages):
@@ -158,6 +160,22 @@ class Rewriter:
         if not chat_only.learn(deployment, error.status, error.body):
             return False
         record(ex, self.ctx, STAGE, chat_only.NOTE)
+        return True
+
+    def _learnt_no_chat(
+        self, ex: Exchange, deployment: Deployment, error: UpstreamHTTPError
+    ) -> bool:
+        """A chat request its `openai/` deployment answered on the route as a server without
+        it, or as OpenAI for a Responses-only model: the request goes as Responses from now
+        on, when the client's wire has a way there (proxy/upstream/no_chat.py)."""
+        alternate = ex.client.alternate
+        if alternate is None or not alternate.reaches(deployment):
+            return False  # no way there but chat
+        if alternate.applies(deployment):
+            return False  # its error came from the other wire
+        if not no_chat.learn_no_chat(deployment, error.status, error.body):
+            return False
+        record(ex, self.ctx, STAGE, no_chat.NOTE)
         return True
 
     def adapt_appended(self, ex: Exchange) -> None:

@@ -2,14 +2,16 @@
 
 Two are learnt: /v1/responses, behind an `openai/` model whose server speaks only chat completions
 (llama.cpp, vLLM builds without it: its Responses clients then go as chat, chat_only.py), and
-/v1/chat/completions, behind one that serves only Responses (OpenAI's codex and pro models: the
-proxy's own summaries then go as Responses, no_chat.py).
+/v1/chat/completions, behind one that serves only Responses (OpenAI's codex and pro models: its
+chat clients' requests and the proxy's own summaries then go as Responses, no_chat.py).
 
 A server without the route answers 404 with a body that is not OpenAI's: `{"detail":"Not
 Found"}`, plain text, an error without OpenAI's `type`/`code`; OpenAI's own 404 for an unknown
-model (`"code": "model_not_found"`) stays a 404. Only the upstream's own answer on the route
-teaches it, so no tenant can poison it; it is a fact about the operator's deployment (its model
-and address), remembered in process, bounded, and logged once per deployment.
+model (`"code": "model_not_found"`) stays a 404. A route may also name what its error says
+when it is missing (OpenAI's "only supported in v1/responses", a 400 or 404). Only the
+upstream's own answer on the route teaches it, so no tenant can poison it; it is a fact about
+the operator's deployment (its model and address), remembered in process, bounded, and logged
+once per deployment.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ log = logging.getLogger("agentproxy.upstream")
 SCAN_BYTES = 64 * 1024
 
 
-def lacks_route(status: int, body: bytes) -> bool:
-    """A 404 that says the route is missing, not that an OpenAI model or object is."""
+def lacks_route(status: int, body: bytes, phrases: tuple[str, ...] = ()) -> bool:
+    """A 404 that says the route is missing, not that an OpenAI model or object is; or a
+    400/404 error that says so in one of `phrases` (OpenAI's "This model is only supported in
+    v1/responses and not in v1/chat/completions.", for its Responses-only models)."""
+    if phrases and status in (400, 404):
+        text = body[:SCAN_BYTES].decode("utf-8", "replace")
+        if any(phrase in text for phrase in phrases):
+            return True
     if status != 404:
         return False
     try:
@@ -41,9 +49,12 @@ def lacks_route(status: int, body: bytes) -> bool:
 class MissingRoute:
     """The deployments learnt not to serve `route`; `then` says what the proxy does instead."""
 
-    def __init__(self, route: str, then: str, size: int = 4096) -> None:
+    def __init__(
+        self, route: str, then: str, size: int = 4096, phrases: tuple[str, ...] = ()
+    ) -> None:
         self.route = route
         self.then = then
+        self.phrases = phrases  # what an error body says when the route is missing
         self._learnt: LRUCache[tuple[str, str | None], bool] = LRUCache(size)
 
     def lacked_by(self, deployment: Deployment) -> bool:
@@ -56,7 +67,7 @@ class MissingRoute:
         (learnt now, logged once per deployment)."""
         if self.lacked_by(deployment):
             return True
-        if not lacks_route(status, body):
+        if not lacks_route(status, body, self.phrases):
             return False
         self._learnt[(deployment.model, deployment.api_base)] = True
         log.warning(

@@ -1,14 +1,19 @@
 """Deployments learnt to serve no /v1/chat/completions: an `openai/` model behind a server that
-serves only /v1/responses (OpenAI's codex and pro models; a Codex-style server). The proxy's own
-requests (summaries) to it then go as Responses (missing_routes.py says how it is learnt)."""
+serves only /v1/responses (OpenAI's codex and pro models; a Codex-style server). Chat clients'
+requests to it then go as Responses (proxy/wire/chat_as_responses.py), and so do the proxy's own
+(summaries). Learnt from a 404 that is not OpenAI's (missing_routes.py), or from OpenAI's own
+error for such a model on chat: "This model is only supported in v1/responses and not in
+v1/chat/completions."."""
 
 from __future__ import annotations
 
 from proxy.upstream.missing_routes import MissingRoute
 
+NOTE = "chat_as_responses"
 _CHAT = MissingRoute(
     "/v1/chat/completions",
-    "the proxy's own requests to it (summaries) now go in another wire it speaks",
+    "its chat clients' requests and the proxy's own (summaries) now go as Responses",
+    phrases=("only supported in v1/responses",),
 )
 serves_no_chat = _CHAT.lacked_by
 learn_no_chat = _CHAT.learn

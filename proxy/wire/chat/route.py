@@ -13,11 +13,13 @@ from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
 from proxy.sessions.identity import session_id
 from proxy.state import CONFIG
-from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.wire.chat import degraded as chat_degraded
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.request import parse_chat_request
 from proxy.wire.chat.stream import Relay
+from proxy.wire.chat_as_responses import ALTERNATE, ChatReplies, as_chat
+from proxy.wire.chat_as_responses_stream import chat_stream
 from proxy.wire.provider_objects import refuse_chat_objects
 from proxy.wire.serve import (
     json_answer,
@@ -52,6 +54,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             stream=stream,
             wants_usage=bool(options.get("include_usage")),
             body_bytes=len(raw),
+            alternate=ALTERNATE,  # to a deployment that serves only /v1/responses
         ),
     )
     if stream and not ex.client.wants_usage:
@@ -64,11 +67,11 @@ class ChatWire:
     """Chat Completions answers: JSON, SSE, provider errors and degraded answers."""
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
-        reply = await flow.complete(ex, chat)
+        reply = as_chat(await flow.complete(ex, ChatReplies(ex, chat)), ex.alias)
         return json_answer(ex, reply.body, reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
-        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r))
+        return await relay_stream(request, ex, flow, lambda r: ChatRelay(request, ex, r))
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
         """Provider errors pass through unchanged when they are JSON (anything else is
@@ -77,6 +80,14 @@ class ChatWire:
 
     def degraded(self, ex: Exchange, error: Exception) -> web.Response:
         return chat_degraded.answer(ex, error, proxy_headers(ex))
+
+
+class ChatRelay(Relay):
+    """The chat relay, over Responses events read as chat chunks when the request went as
+    Responses (proxy/wire/chat_as_responses.py)."""
+
+    async def _relay(self, source: UpstreamStream) -> Any:
+        return await super()._relay(chat_stream(self.ex, source))
 
 
 @routes.get("/v1/models")
