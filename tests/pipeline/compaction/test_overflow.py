@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.compaction.checkpoints import SessionState
 from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
 from proxy.pipeline.messages import Message, pairing_problems
 from proxy.policies.spec import CompactionSpec, Policy
@@ -195,3 +196,19 @@ async def test_the_learnt_window_never_falls_below_a_prompt_the_model_took() -> 
     assert state.floor_for("openai/other") == 0  # another model's window is its own
     restored = type(state).from_bytes(state.to_bytes())
     assert (restored.window_cap, restored.window_floor) == (state.window_cap, tokens_of(taken))
+
+
+def test_an_index_saved_in_estimates_forgets_its_learnt_window() -> None:
+    """Before the learnt window was kept in provider tokens it was an estimate (half the real
+    figure on code): such an index keeps its checkpoints, and the session learns its window
+    again at its next overflow."""
+    old = orjson.dumps(
+        {"checkpoints": [[4, "00000000000000aa"]], "truncation": None, "window_cap": 5_000,
+         "window_model": "openai/sim", "window_floor": 4_000}
+    )  # fmt: skip
+    state = SessionState.from_bytes(old)
+    assert [m.length for m in state.checkpoints] == [4]
+    assert (state.window_cap, state.window_floor) == (None, 0)
+    state.window_cap, state.window_model, state.window_floor = 9_000, "openai/sim", 7_000
+    restored = SessionState.from_bytes(state.to_bytes())
+    assert (restored.window_cap, restored.window_floor) == (9_000, 7_000)
