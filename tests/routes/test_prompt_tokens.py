@@ -37,18 +37,20 @@ async def start(
     start_proxy: ProxyFactory,
     tmp_path: Path,
     upstream: TestServer,
-    window: int,
+    window: int | None,
     model: str = "openai/sim",
     policy: str = "",
 ) -> TestServer:
+    """`window`: what the catalog declares; None: nothing (unknown unless litellm knows it)."""
     url = str(upstream.make_url("")).rstrip("/")
     text = f"""\
         store: {{path: {tmp_path}}}
         model_list:
           - model_name: sim
             litellm_params: {{model: {model}, api_base: "{url}/v1"}}
-            model_info: {{max_input_tokens: {window}}}
         """
+    if window is not None:
+        text += f"""    model_info: {{max_input_tokens: {window}}}\n"""
     path = tmp_path / "tokens.yaml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent(KEYS) + textwrap.dedent(policy))
     return await start_proxy(path)
@@ -88,7 +90,7 @@ class Agent:
         )
         reply = raw.parse()
         assert reply.usage is not None
-        estimate = int(raw.headers["x-agentproxy-prompt-tokens"])
+        estimate = int(raw.headers.get("x-agentproxy-prompt-tokens", 0))  # 0: window unknown
         call = {
             "id": f"c{step}",
             "type": "function",
@@ -234,20 +236,27 @@ def exact_tokens(messages: list[dict[str, Any]]) -> int:
     return estimate_prompt_tokens({"messages": messages}, o200k())
 
 
+@pytest.mark.parametrize(
+    ("declared", "model"),
+    [(18_000, "openai/gpt-4o"), (None, "openai/unknown-sim")],
+    ids=["larger-than-real", "unknown"],
+)
 async def test_a_window_learnt_from_an_overflow_is_applied_in_the_providers_units(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    declared: int | None,
+    model: str,
 ) -> None:
-    """The catalog declares a window the model does not have: its overflow teaches the
-    session the real one. On code (about twice the tokens its estimate says) the later turns
-    must then fill that window up to the trigger, not stop at half of it: the learnt window
-    and the budget it caps are in the same units. Another tenant sending the same session id
-    does not share it."""
-    window, declared = 12_000, 18_000
+    """The catalog declares a window the model does not have, or none: its overflow teaches
+    the session the real one. On code (about twice the tokens its estimate says) the later
+    turns must then be compacted ahead of the model's refusal and fill that window up to the
+    trigger, not stop at half of it: the learnt window and the budget it caps are in the same
+    units. Another tenant sending the same session id does not share it."""
+    window = 12_000
     sim = Simulator(context_window=window, tokenizer=o200k())
     upstream = await aiohttp_server(sim.app())
-    proxy = await start(
-        start_proxy, tmp_path, upstream, declared, model="openai/gpt-4o", policy=SMALL_MODEL
-    )
+    proxy = await start(start_proxy, tmp_path, upstream, declared, model=model, policy=SMALL_MODEL)
     agent = Agent(proxy, session="shared-name", output=CODE)
     agent.history[0] = {"role": "system", "content": "You are a careful coding agent."}
     after: list[int] = []
