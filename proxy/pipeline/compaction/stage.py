@@ -131,7 +131,7 @@ class CompactionStage:
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
-        budget = budget_for(ex, ctx)
+        budget = budget_for(ex, ctx) or self._learnt_budget(ex, ctx)
         if budget is None:
             return None
         spec = ex.policy.compaction
@@ -171,6 +171,13 @@ class CompactionStage:
                 self._outputs[ex.identity.session] = (size, output, seen.messages)
         return output
 
+    def _learnt_budget(self, ex: Exchange, ctx: StageContext) -> Budget | None:
+        """A window the catalog does not know: the one an overflow taught the session, if it
+        is in memory (after a restart the session overflows once more and is loaded)."""
+        state = self.index.peek(ex.identity.session)
+        cap = state.cap_for(_model(ex)) if state is not None else None
+        return budget_for(ex, ctx, window=cap) if cap else None
+
     async def after_overflow(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
@@ -187,11 +194,15 @@ class CompactionStage:
 
         `messages` is what was sent, perhaps this stage's own output (extended since, e.g. by
         recall rounds): it is mapped back to the agent's history so checkpoints keep matching."""
-        # In provider tokens, like the catalog's window: the meter's measure of what was sent,
-        # scaled by the session's calibration (an estimate would be half of it on code).
-        sent = await _provider_tokens(ex, ctx, messages)
+        # In provider tokens, like the catalog's window: what the provider said, else the
+        # meter's measure of what was sent scaled by the session's calibration (an estimate
+        # would be half of it on code).
+        stated, window = ex.recovery.overflow
+        sent = stated or await _provider_tokens(ex, ctx, messages)
         reserved = reserved_output(ex.body)
         needed = sent + reserved  # what overflowed: the window is smaller than this
+        if window is not None and window < needed:
+            needed = window  # the provider named its window: no need to guess it
         session = ex.identity.session
         seen = self.seen.remember(session, self._as_input(session, messages))
         budget = budget_for(ex, ctx)

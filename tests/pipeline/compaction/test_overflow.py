@@ -11,7 +11,11 @@ from aiohttp.test_utils import TestServer
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.checkpoints import SessionState
-from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
+from proxy.pipeline.compaction.overflow import (
+    compact_after_overflow,
+    is_context_overflow,
+    stated_tokens,
+)
 from proxy.pipeline.messages import Message, pairing_problems
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.sim.simulator import Simulator
@@ -212,3 +216,28 @@ def test_an_index_saved_in_estimates_forgets_its_learnt_window() -> None:
     state.window_cap, state.window_model, state.window_floor = 9_000, "openai/sim", 7_000
     restored = SessionState.from_bytes(state.to_bytes())
     assert (restored.window_cap, restored.window_floor) == (9_000, 7_000)
+
+
+@pytest.mark.parametrize(
+    ("body", "stated"),
+    [
+        (OVERFLOWS[0], (9000, 8192)),
+        (OVERFLOWS[1], (None, None)),
+        (OVERFLOWS[2], (210000, 200000)),
+        (OVERFLOWS[3], (187254, 200000)),
+        (OVERFLOWS[4], (None, 272000)),
+        (OVERFLOWS[5], (None, None)),
+        (
+            error(
+                "This model's maximum context length is 3000 tokens. However, you requested "
+                "4100 tokens (3100 in the messages, 1000 in the completion)."
+            ),
+            (3100, 3000),
+        ),
+    ],
+)
+def test_the_providers_own_figures_are_read_from_its_overflow_text(
+    body: bytes, stated: tuple[int | None, int | None]
+) -> None:
+    """What the provider counted is the learnt window's best source: its tokens, not ours."""
+    assert stated_tokens(body) == stated
