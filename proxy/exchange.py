@@ -144,6 +144,9 @@ class Recovery:
     steps: list[str] = field(default_factory=list)  # "retry", "fallback to X", "compaction"
     last_status: int | None = None  # HTTP status of the last failed upstream call
     last_class: ErrorClass | None = None  # class of the last failure
+    # The last overflow as the provider stated it, in its tokens: (prompt, window), each None
+    # when its error does not say (compaction learns the session's window from it).
+    overflow: tuple[int | None, int | None] = (None, None)
     deadline: float | None = None  # when retry.deadline_s runs out, on the control's clock
     guidance: str | None = None  # why recovery stopped, when that is worth saying
     session_failing: bool = False  # the session's circuit had failures when the request came

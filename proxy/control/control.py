@@ -32,6 +32,7 @@ from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
+from proxy.pipeline.compaction.overflow import stated_tokens
 from proxy.policies.spec import Deployment, ErrorClass, Keys
 from proxy.recording.recorder import Recorder
 from proxy.sessions.identity import owner_of
@@ -246,6 +247,7 @@ class Control:
         """What was changed so the request is worth sending again, or None."""
         kind = classify(error, ex.policy.retry.classify)
         if kind == "overflow" and "compaction" not in tried:
+            ex.recovery.overflow = stated_tokens(error.body)
             return "compaction" if await fitter.after_overflow(ex) else None
         if kind == "logical" and "compatibility" not in tried:
             return "compatibility" if await fitter.after_rejection(ex, error) else None

@@ -37,18 +37,20 @@ async def start(
     start_proxy: ProxyFactory,
     tmp_path: Path,
     upstream: TestServer,
-    window: int,
+    window: int | None,
     model: str = "openai/sim",
     policy: str = "",
 ) -> TestServer:
+    """`window`: what the catalog declares; None: nothing (unknown unless litellm knows it)."""
     url = str(upstream.make_url("")).rstrip("/")
     text = f"""\
         store: {{path: {tmp_path}}}
         model_list:
           - model_name: sim
             litellm_params: {{model: {model}, api_base: "{url}/v1"}}
-            model_info: {{max_input_tokens: {window}}}
         """
+    if window is not None:
+        text += f"""    model_info: {{max_input_tokens: {window}}}\n"""
     path = tmp_path / "tokens.yaml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent(KEYS) + textwrap.dedent(policy))
     return await start_proxy(path)
@@ -88,7 +90,7 @@ class Agent:
         )
         reply = raw.parse()
         assert reply.usage is not None
-        estimate = int(raw.headers["x-agentproxy-prompt-tokens"])
+        estimate = int(raw.headers.get("x-agentproxy-prompt-tokens", 0))  # 0: window unknown
         call = {
             "id": f"c{step}",
             "type": "function",
@@ -232,3 +234,56 @@ async def test_a_session_counted_exactly_stays_in_its_units_after_an_edit(
 def exact_tokens(messages: list[dict[str, Any]]) -> int:
     """The simulated model's count of a history."""
     return estimate_prompt_tokens({"messages": messages}, o200k())
+
+
+@pytest.mark.parametrize(
+    ("declared", "model"),
+    [(18_000, "openai/gpt-4o"), (None, "openai/unknown-sim")],
+    ids=["larger-than-real", "unknown"],
+)
+async def test_a_window_learnt_from_an_overflow_is_applied_in_the_providers_units(
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    declared: int | None,
+    model: str,
+) -> None:
+    """The catalog declares a window the model does not have, or none: its overflow teaches
+    the session the real one. On code (about twice the tokens its estimate says) the later
+    turns must then be compacted ahead of the model's refusal and fill that window up to the
+    trigger, not stop at half of it: the learnt window and the budget it caps are in the same
+    units. Another tenant sending the same session id does not share it."""
+    window = 12_000
+    sim = Simulator(context_window=window, tokenizer=o200k())
+    upstream = await aiohttp_server(sim.app())
+    proxy = await start(start_proxy, tmp_path, upstream, declared, model=model, policy=SMALL_MODEL)
+    agent = Agent(proxy, session="shared-name", output=CODE)
+    agent.history[0] = {"role": "system", "content": "You are a careful coding agent."}
+    after: list[int] = []
+    overflowed = False
+    overflowing: list[dict[str, Any]] = []
+    for step in range(60):
+        sending = list(agent.history)
+        _, reported, applied = await agent.turn(step)
+        assert reported <= window
+        if not overflowed:
+            overflowing = sending
+        if overflowed:
+            assert "overflow" not in applied, (step, applied)  # learnt: compacted ahead
+            after.append(reported)
+        overflowed = overflowed or "overflow_compacted" in applied
+        if len(after) == 16:
+            break
+    assert overflowed and len(after) == 16
+    # Between compactions the session grows to its trigger, 0.85 of the real window (with
+    # the learnt window in estimates it stopped at 0.85 of half of it: 0.47).
+    assert 0.75 * window <= max(after) <= window, after
+    # The same session id under another key learns nothing from alice's overflow: it sends
+    # what alice's overflowed with as it is (under the declared window's trigger), and the
+    # model refuses it as it refused alice.
+    bob = Agent(proxy, key="sk-bob", session="shared-name", output=CODE)
+    bob.history = overflowing
+    before = len(sim.requests)
+    _, reported, applied = await bob.turn(0)
+    assert "overflow_compacted" in applied, applied
+    assert sim.requests[before].status == 400

@@ -27,6 +27,7 @@ log = logging.getLogger("agentproxy.compaction")
 
 INDEX_KEY = "compaction-index"  # never a 16-hex-digit checkpoint key
 MAX_CHECKPOINTS = 16  # per session; older ones are forgotten by the index (not the store)
+WINDOW_UNITS = "provider"  # what a learnt window is counted in (older indexes: estimates)
 
 
 def key_of(prefix_hash: int) -> str:
@@ -75,13 +76,15 @@ class Checkpoint:
 class SessionState:
     checkpoints: list[Mark] = field(default_factory=list)  # oldest first
     truncation: Mark | None = None  # writing-tool arguments before this are truncated
-    # Tokens (our estimate of the prompt, plus the answer's reservation) that the provider
-    # said overflow its context: the session's window counts as no larger from then on.
+    # Provider tokens (the prompt as the meter measures and calibrates it, plus the answer's
+    # reservation) that the provider said overflow its context: the session's window counts
+    # as no larger from then on. In the catalog's units, whatever a turn is measured in.
     window_cap: int | None = None
     # The deployment model (litellm spelling) that overflowed: a fallback to another model has
     # its own window. None (an index saved before this was kept): any model.
     window_model: str | None = None
-    # The largest prompt (with its answer's reservation) that model took since: the floor of
+    # The largest prompt (with its answer's reservation; provider tokens) that model took
+    # since: the floor of
     # any window learnt later, so that a denser text overflowing does not shrink it for good.
     window_floor: int = 0
     # One compaction at a time per session: a concurrent turn waits and reuses the result.
@@ -98,6 +101,7 @@ class SessionState:
                 "window_cap": self.window_cap,
                 "window_model": self.window_model,
                 "window_floor": self.window_floor,
+                "window_units": WINDOW_UNITS,
             }
         )
 
@@ -105,13 +109,18 @@ class SessionState:
     def from_bytes(cls, data: bytes) -> SessionState:
         raw = orjson.loads(data)
         truncation = raw.get("truncation")
-        return cls(
+        state = cls(
             checkpoints=[Mark(int(n), str(k)) for n, k in raw.get("checkpoints") or []],
             truncation=Mark(int(truncation[0]), str(truncation[1])) if truncation else None,
-            window_cap=raw.get("window_cap"),
-            window_model=raw.get("window_model"),
-            window_floor=int(raw.get("window_floor") or 0),
         )
+        # An index saved before the window was kept in provider tokens holds estimates (half
+        # the real figure on code): forgotten, the session learns it again at its next
+        # overflow rather than over-compact every turn on a cap in the wrong units.
+        if raw.get("window_units") == WINDOW_UNITS:
+            state.window_cap = raw.get("window_cap")
+            state.window_model = raw.get("window_model")
+            state.window_floor = int(raw.get("window_floor") or 0)
+        return state
 
     def cap_for(self, model: str) -> int | None:
         """The window learnt from an overflow, if it was learnt on `model`."""

@@ -14,7 +14,8 @@ summarizes still holds (waiting for it if still being written), else summarizes 
 A compaction event (a, b, d) compacts to `target`, well under the trigger, so the next event is
 several turns away rather than on the very next turn.
 Reactive (overflow.py): the same steps to a tighter target once the provider said it
-overflowed; from then on the session's window counts as no larger than what overflowed, but
+overflowed; from then on the session's window counts as no larger than what overflowed (kept in
+provider tokens, read in each turn's measure units), but
 never smaller than a prompt the model took in this session (what it really takes).
 
 Stability: every output is head + replacement + messages[cut:], where the replacement comes
@@ -41,6 +42,7 @@ from proxy.pipeline.compaction.budget import (
     budget_for,
     choose_cut,
     head_length,
+    message_tokens,
     recent_start,
     reserved_output,
     schema_tokens,
@@ -129,7 +131,7 @@ class CompactionStage:
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
-        budget = budget_for(ex, ctx)
+        budget = budget_for(ex, ctx) or self._learnt_budget(ex, ctx)
         if budget is None:
             return None
         spec = ex.policy.compaction
@@ -155,7 +157,8 @@ class CompactionStage:
                     self._prepare_first(ex, seen, ctx, budget)
                 return None
             state = await self.index.state(ctx.store, ex.identity.session)
-        budget = budget.capped(state.cap_for(_model(ex)))
+        # The learnt window is in provider tokens, the budget now in the measure's units.
+        budget = budget.capped(_in_units(state.cap_for(_model(ex)), measure.factor))
         trigger = budget.limit(spec.trigger)
         if tokens <= trigger:
             return None
@@ -167,6 +170,13 @@ class CompactionStage:
             if size <= self._outputs.maxsize:
                 self._outputs[ex.identity.session] = (size, output, seen.messages)
         return output
+
+    def _learnt_budget(self, ex: Exchange, ctx: StageContext) -> Budget | None:
+        """A window the catalog does not know: the one an overflow taught the session, if it
+        is in memory (after a restart the session overflows once more and is loaded)."""
+        state = self.index.peek(ex.identity.session)
+        cap = state.cap_for(_model(ex)) if state is not None else None
+        return budget_for(ex, ctx, window=cap) if cap else None
 
     async def after_overflow(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
@@ -184,9 +194,15 @@ class CompactionStage:
 
         `messages` is what was sent, perhaps this stage's own output (extended since, e.g. by
         recall rounds): it is mapped back to the agent's history so checkpoints keep matching."""
-        sent = schema_tokens(ex.body.get("tools")) + tokens_of(messages)
+        # In provider tokens, like the catalog's window: what the provider said, else the
+        # meter's measure of what was sent scaled by the session's calibration (an estimate
+        # would be half of it on code).
+        stated, window = ex.recovery.overflow
+        sent = stated or await _provider_tokens(ex, ctx, messages)
         reserved = reserved_output(ex.body)
         needed = sent + reserved  # what overflowed: the window is smaller than this
+        if window is not None and window < needed:
+            needed = window  # the provider named its window: no need to guess it
         session = ex.identity.session
         seen = self.seen.remember(session, self._as_input(session, messages))
         budget = budget_for(ex, ctx)
@@ -194,6 +210,8 @@ class CompactionStage:
             budget = budget_for(ex, ctx, window=needed)
         if budget is None:
             return None
+        # The history is fitted in the measure's units, as on every turn (run).
+        measure = await ctx.meter.measure(ex, seen, budget.fixed, 0)
         state = await self.index.state(ctx.store, session)
         cap = state.cap_for(_model(ex))
         # Learn the window only when the prompt is to blame: an overflow caused mostly by the
@@ -206,6 +224,7 @@ class CompactionStage:
             state.window_cap, state.window_model = learnt, _model(ex)
             await self._save(ex, ctx, state)
         budget = budget.capped(min(needed, cap) if cap else needed)
+        budget = budget.scaled(measure.factor, measure.fixed)
         limit = budget.limit(fraction)
         async with state.lock:
             return await self._fit(ex, seen, ctx, budget, (limit, limit), state)
@@ -217,8 +236,7 @@ class CompactionStage:
         state = self.index.peek(ex.identity.session)
         if state is None or state.window_cap is None or ex.deployment is None:
             return
-        tokens = schema_tokens(ex.body.get("tools")) + tokens_of(ex.messages)
-        state.accepted(ex.deployment.model, tokens + reserved_output(ex.body))
+        state.accepted(ex.deployment.model, _taken_tokens(ex) + reserved_output(ex.body))
 
     def _as_input(self, session: str, messages: list[Message]) -> list[Message]:
         last = self._outputs.get(session)
@@ -510,3 +528,32 @@ def _prepare_limit(spec: CompactionSpec, trigger: int) -> float:
 def _model(ex: Exchange) -> str:
     """Whose window an overflow taught: windows differ between models (fallbacks)."""
     return ex.deployment.model if ex.deployment is not None else ""
+
+
+def _in_units(window: int | None, factor: float) -> int | None:
+    """A window in provider tokens, in the units of a measure worth `factor` of them each."""
+    if window is None or factor == 1.0:
+        return window
+    return int(window / factor)
+
+
+async def _provider_tokens(ex: Exchange, ctx: StageContext, messages: list[Message]) -> int:
+    """`messages` and the tool schemas in provider tokens: counted with the model's tokenizer
+    when one loads, scaled by the session's calibration. The request's own measure (what
+    the calibration learns from after the call) is left as it was."""
+    sent = Seen(list(messages), [message_tokens(m) for m in messages])
+    kept = ex.prompt
+    measure = await ctx.meter.measure(ex, sent, schema_tokens(ex.body.get("tools")), 0)
+    ex.prompt = kept
+    return int(measure.total * measure.factor + 0.5)
+
+
+def _taken_tokens(ex: Exchange) -> int:
+    """The prompt the model just took, in provider tokens: as it reported it (one call),
+    else the request's measure scaled, else the estimate."""
+    usage = ex.accounting.usage
+    if usage is not None and ex.accounting.usage_reports == 1 and not ex.accounting.usage_estimated:
+        return usage.prompt_tokens
+    if ex.prompt is not None and ex.prompt.model == _model(ex):
+        return ex.prompt.estimate
+    return schema_tokens(ex.body.get("tools")) + tokens_of(ex.messages)

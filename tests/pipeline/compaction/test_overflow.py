@@ -10,7 +10,12 @@ from aiohttp.test_utils import TestServer
 
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compaction.budget import tokens_of
-from proxy.pipeline.compaction.overflow import compact_after_overflow, is_context_overflow
+from proxy.pipeline.compaction.checkpoints import SessionState
+from proxy.pipeline.compaction.overflow import (
+    compact_after_overflow,
+    is_context_overflow,
+    stated_tokens,
+)
 from proxy.pipeline.messages import Message, pairing_problems
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.sim.simulator import Simulator
@@ -195,3 +200,44 @@ async def test_the_learnt_window_never_falls_below_a_prompt_the_model_took() -> 
     assert state.floor_for("openai/other") == 0  # another model's window is its own
     restored = type(state).from_bytes(state.to_bytes())
     assert (restored.window_cap, restored.window_floor) == (state.window_cap, tokens_of(taken))
+
+
+def test_an_index_saved_in_estimates_forgets_its_learnt_window() -> None:
+    """Before the learnt window was kept in provider tokens it was an estimate (half the real
+    figure on code): such an index keeps its checkpoints, and the session learns its window
+    again at its next overflow."""
+    old = orjson.dumps(
+        {"checkpoints": [[4, "00000000000000aa"]], "truncation": None, "window_cap": 5_000,
+         "window_model": "openai/sim", "window_floor": 4_000}
+    )  # fmt: skip
+    state = SessionState.from_bytes(old)
+    assert [m.length for m in state.checkpoints] == [4]
+    assert (state.window_cap, state.window_floor) == (None, 0)
+    state.window_cap, state.window_model, state.window_floor = 9_000, "openai/sim", 7_000
+    restored = SessionState.from_bytes(state.to_bytes())
+    assert (restored.window_cap, restored.window_floor) == (9_000, 7_000)
+
+
+@pytest.mark.parametrize(
+    ("body", "stated"),
+    [
+        (OVERFLOWS[0], (9000, 8192)),
+        (OVERFLOWS[1], (None, None)),
+        (OVERFLOWS[2], (210000, 200000)),
+        (OVERFLOWS[3], (187254, 200000)),
+        (OVERFLOWS[4], (None, 272000)),
+        (OVERFLOWS[5], (None, None)),
+        (
+            error(
+                "This model's maximum context length is 3000 tokens. However, you requested "
+                "4100 tokens (3100 in the messages, 1000 in the completion)."
+            ),
+            (3100, 3000),
+        ),
+    ],
+)
+def test_the_providers_own_figures_are_read_from_its_overflow_text(
+    body: bytes, stated: tuple[int | None, int | None]
+) -> None:
+    """What the provider counted is the learnt window's best source: its tokens, not ours."""
+    assert stated_tokens(body) == stated
