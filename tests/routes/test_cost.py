@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import textwrap
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anthropic
 import openai
 import pytest
@@ -22,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from proxy.sim.simulator import Simulator
 from proxy.state import CATALOG
 from tests.conftest import ProxyFactory
+from tests.support.scrape import metrics_of, sample
 
 UPSTREAM_KEY = "sk-sim-upstream-secret"
 # By hand, from litellm's price map (the test checks that these are its entries):
@@ -99,18 +98,6 @@ def by_hand(prices: tuple[float, float, float | None, float], usage: dict[str, i
         + usage["write"] * (written if written is not None else read_in)
         + usage["output"] * out
     )
-
-
-async def metrics_of(proxy: TestServer) -> str:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(proxy.make_url("/metrics")) as response:
-            return await response.text()
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    found = re.search(rf"^{name}\{{{re.escape(shown)}\}} (\S+)$", metrics, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 HEADERS = {"x-agentproxy-policy": "metered"}

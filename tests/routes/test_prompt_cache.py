@@ -11,21 +11,19 @@ is lower than the same session sent without the proxy.
 
 from __future__ import annotations
 
-import re
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anthropic
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Simulator
 from proxy.state import CATALOG
 from tests.conftest import ProxyFactory
+from tests.support.scrape import metrics_of, sample
 
 UPSTREAM_KEY = "sk-sim-upstream-secret"
 REQUESTS = 50
@@ -210,18 +208,6 @@ class Codex:
 
 
 AGENTS = {"claude": ClaudeCode, "gpt": Codex}
-
-
-async def metrics_of(proxy: TestServer) -> str:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(proxy.make_url("/metrics")) as response:
-            return await response.text()
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    found = re.search(rf"^{name}\{{{re.escape(shown)}\}} (\S+)$", metrics, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 @pytest.mark.parametrize("wire", sorted(AGENTS))

@@ -9,7 +9,6 @@ by the same simulator (faults aimed at `summ` leave the request's own calls alon
 
 from __future__ import annotations
 
-import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory
+from tests.support.scrape import metrics_of, sample
 
 WINDOW = 4_000
 GOAL = "Port the parser to Rust and keep the tests green."
@@ -86,18 +86,6 @@ async def ask(
         async with http.post(url, json=body, headers=headers) as response:
             await response.read()
             return response.status, response.headers.get("x-agentproxy-applied", "")
-
-
-async def metrics_of(proxy: TestServer) -> str:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(proxy.make_url("/metrics")) as response:
-            return await response.text()
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    found = re.search(rf"^{name}\{{{re.escape(shown)}\}} (\S+)$", metrics, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def summary_calls(sim: Simulator) -> int:

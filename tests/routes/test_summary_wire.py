@@ -10,7 +10,6 @@ and the summarizer's `summ` (priced), so the summary's spend shows on its own.
 
 from __future__ import annotations
 
-import re
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from aiohttp.test_utils import TestServer
 from proxy.pipeline.compaction.summarizer import SYSTEM_PROMPT
 from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import ProxyFactory
+from tests.support.scrape import metrics_of, sample
 from tests.support.sim_routes import REFUSED, serving_only
 
 WINDOW = 4_000
@@ -83,18 +83,6 @@ def module(i: int) -> str:
 
 def is_summary(body: dict[str, Any]) -> bool:
     return body.get("model") == "summ"
-
-
-async def metrics_of(proxy: TestServer) -> str:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(proxy.make_url("/metrics")) as response:
-            return await response.text()
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    found = re.search(rf"^{name}\{{{re.escape(shown)}\}} (\S+)$", metrics, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 async def assert_summary_charged(proxy: TestServer) -> None:
