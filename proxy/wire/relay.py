@@ -35,6 +35,7 @@ class StreamRelay:
         self.hold_tool_calls = False  # set when the recall tool was offered
         self.usage_reported = False  # the stream being relayed carried its usage
         self.relayed = 0  # events of that stream relayed (or held) so far
+        self._kept = 0  # bytes written, while they are kept for the recording
         # server.stream_timeout_s: when the whole stream (every round) must have ended.
         limit = ex.config.server.stream_timeout_s
         self.deadline = None if limit is None else asyncio.get_running_loop().time() + limit
@@ -49,10 +50,20 @@ class StreamRelay:
             self.response.headers["server-timing"] = self.ex.server_timing()
             await self.response.prepare(self.request)
         if self.ex.streamed is not None:  # a recorded session: the answer as the client got it
-            self.ex.streamed.append(data)
+            self._keep(self.ex.streamed, data)
         waited = time.perf_counter()
         await self.response.write(data)
         self.ex.timing.client_wait += time.perf_counter() - waited
+
+    def _keep(self, kept: list[bytes], data: bytes) -> None:
+        """Keep what was written for the recording, up to the session's recording bound: a
+        stream longer than that (nothing else bounds a stream's total) is not kept in memory,
+        and its turn is recorded without its answer."""
+        self._kept += len(data)
+        if self._kept <= self.ex.policy.record.max_mb_per_session * 1024 * 1024:
+            kept.append(data)
+        else:
+            self.ex.streamed = None
 
     async def run(self, source: UpstreamStream) -> Any:
         """Forward one upstream stream; what was held back for a recall round, if anything."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.recording.sessions import recorded_turns
@@ -579,3 +581,39 @@ async def test_native_turns_hash_their_new_items_only(
 
 
 UNRECORDED = {"x-agentproxy-policy": "unrecorded"}
+
+
+async def test_a_stream_longer_than_the_recording_bound_is_not_kept_for_it(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """Nothing else bounds a stream's total: the relay keeps a recorded session's stream only
+    up to the session's recording bound, and the turn is recorded without its answer."""
+
+    async def long_stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(800):  # ~90 KB of events
+            delta = {"content": f"word{n:04} " * 8}
+            chunk = {"object": "chat.completion.chunk", "id": "c", "created": 0, "model": "sim",
+                     "choices": [{"index": 0, "delta": delta}]}  # fmt: skip
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", long_stream)
+    upstream: TestServer = await aiohttp_server(app)
+    path = tmp_path / "agentproxy.yaml"
+    record = "{enabled: true, max_mb_per_session: 0.02}"  # 20 KB
+    where = f"path: {tmp_path / 'data'}"
+    path.write_text(config(str(upstream.make_url("")).rstrip("/"), where, record=record))
+    proxy = await start_proxy(path)
+    stream = await chat(proxy).chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "talk"}], stream=True,
+        extra_headers=session("long"),
+    )  # fmt: skip
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text.count("word0799") == 8  # the client got all of it
+    (turn,) = await turns_of(proxy, "key:alice", "long")
+    assert turn["request"]["messages"] == [{"role": "user", "content": "talk"}]
+    assert turn.get("answer") is None
