@@ -56,7 +56,8 @@ def responses_request(chat: dict[str, Any]) -> dict[str, Any]:
     if isinstance(limit, int):
         body["max_output_tokens"] = limit
     if chat.get("tools"):
-        body["tools"] = [_tool(t) for t in chat["tools"] if isinstance(t, dict)]
+        tools = (_tool(t) for t in chat["tools"] if isinstance(t, dict))
+        body["tools"] = [t for t in tools if t is not None]
     if "tool_choice" in chat:
         body["tool_choice"] = _tool_choice(chat["tool_choice"])
     if isinstance(chat.get("reasoning_effort"), str):
@@ -130,10 +131,18 @@ def _parts(content: Any) -> Any:
     return parts
 
 
-def _tool(tool: dict[str, Any]) -> dict[str, Any]:
-    if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        return tool
-    return {"type": "function", **tool["function"]}
+FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any] | None:
+    """A chat function tool as a Responses one, from the function's own fields only. Chat has
+    no other kind: one naming a provider-side kind (file_search, code_interpreter) would reach
+    objects stored in the shared provider account, so it is not sent (nor a function's own
+    `type` or extra keys)."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, dict):
+        return None
+    return {"type": "function"} | {k: function[k] for k in FUNCTION_FIELDS if k in function}
 
 
 def _tool_choice(choice: Any) -> Any:

@@ -269,3 +269,40 @@ def test_openais_responses_only_message_says_chat_is_missing(
     status: int, body: bytes, lacks: bool
 ) -> None:
     assert lacks_route(status, body, ("only supported in v1/responses",)) is lacks
+
+
+async def test_a_chat_tool_cannot_become_a_provider_tool_on_the_responses_side(
+    start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Chat has function tools only; as Responses, a tool that names a provider-side kind
+    (file_search over another tenant's vector store, code_interpreter in its container) or a
+    function that overrides its own type would reach objects stored in the shared provider
+    account: only function tools go, built from a function's own fields."""
+    sim = Simulator()
+    app = serving_only(sim, "/v1/responses")
+    sdk = await proxy_sdk(start_proxy, tmp_path, codex=await served(app))
+    steering: list[Any] = [
+        {"type": "file_search", "vector_store_ids": ["vs_someone_elses"]},
+        {"type": "code_interpreter", "container": "cntr_someone_elses"},
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "parameters": {"type": "object", "properties": {}},
+                "type": "file_search",
+                "vector_store_ids": ["vs_someone_elses"],
+            },
+        },
+    ]
+    for _ in range(2):  # the request that teaches the route, then one sent as Responses at once
+        await sdk.chat.completions.create(
+            model="codex", messages=[{"role": "user", "content": "hi"}], tools=steering
+        )
+    sent = [r.body for r in sim.requests if r.path == "/v1/responses"]
+    assert len(sent) == 2
+    for body in sent:
+        assert "someone_elses" not in json.dumps(body)
+        assert body["tools"] == [
+            {"type": "function", "name": "read_file",
+             "parameters": {"type": "object", "properties": {}}}
+        ]  # fmt: skip
