@@ -15,6 +15,7 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.flow import Flow
+from proxy.http.auth import HOST_NAMES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.logs.lines import log_lines, shorten_protocol_errors
@@ -84,7 +85,8 @@ def build_app(
 ) -> web.Application:
     """`config` skips the first load when the caller already has it (the CLI validated it),
     and is the whole configuration when there is no `config_path` (`serve --model`); `host` is
-    the address served when the CLI overrides server.host (for the warnings); `handover`: a
+    the address served when the CLI overrides server.host (for the warnings, and a name the
+    proxy is called by); `handover`: a
     worker that a parent replaces when it is recycled, taking over its predecessor's guard
     state and leaving its own for its successor (proxy/runtime/handover.py)."""
     shorten_protocol_errors()
@@ -102,6 +104,7 @@ def build_app(
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
     app[HANDLING] = Handling()
+    app[HOST_NAMES] = HostNames(lambda: holder.current.server, host)
     # Never below one body of the largest size allowed: that one is always read when alone.
     app[BODY_BUDGET] = BodyBudget(
         lambda: max(

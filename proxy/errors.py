@@ -98,6 +98,12 @@ class MethodNotAllowed(ProxyError):
     code = "method_not_allowed"
 
 
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
 class RequestTimeout(ProxyError):
     """The client stopped sending its body; the connection is closed after the answer."""
 

@@ -1,4 +1,5 @@
-"""The one middleware: request id in, OpenAI-style errors out, every request counted and logged."""
+"""The one middleware: request id in, OpenAI-style errors out, every request counted and logged;
+no request another site's page sent (its Origin) reaches a handler."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from proxy.errors import (
     error_response,
     from_http_exception,
 )
+from proxy.http.auth import check_origin
 from proxy.http.body_budget import BODY_BUDGET
 from proxy.http.keys import (
     CLIENT_GONE as CLIENT_GONE,
@@ -105,6 +107,7 @@ async def proxy_middleware(request: web.Request, handler: Handler) -> web.Stream
     capped = request.path not in UNCAPPED_PATHS
     response: web.StreamResponse
     try:
+        check_origin(request)  # before any handler: another site's page gets nothing
         if capped:
             handling.enter(request.app[CONFIG].current.server.max_in_flight)
         try:

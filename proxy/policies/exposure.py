@@ -10,7 +10,10 @@ NO_API_KEYS = (
     "!!! no API keys configured (keys.api_keys): serving LOOPBACK CLIENTS ONLY, "
     "without authentication !!!"
 )
-NO_ADMIN_KEY = "no admin key configured (keys.admin_key): admin routes are loopback-only"
+NO_ADMIN_KEY = (
+    "no admin key configured (keys.admin_key): /admin/policies and /admin/reload are "
+    "loopback-only, and with API keys every recorded session is its own key's to read only"
+)
 
 
 def exposure_warnings(config: Config, host: str | None = None) -> list[str]:

@@ -603,6 +603,10 @@ def _server(values: dict[str, Any]) -> ServerSettings:
         key: float(value) if key in _FLOAT_SERVER_FIELDS and value is not None else value
         for key, value in values.items()
     }
+    if "allowed_hosts" in typed:  # names compare in one form: lowercase, no brackets, no dot
+        typed["allowed_hosts"] = tuple(
+            name.strip("[]").rstrip(".").lower() for name in typed["allowed_hosts"]
+        )
     return ServerSettings(**typed)
 
 

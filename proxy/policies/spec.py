@@ -118,6 +118,9 @@ class Keys:
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     host: str = "127.0.0.1"
+    # More names a loopback client may call the proxy by when it sends no key (lowercase, no
+    # port): proxy/http/auth.py, HostNames.
+    allowed_hosts: tuple[str, ...] = ()
     port: int = 4000
     max_body_bytes: int = 32 * 1024 * 1024
     connect_timeout_s: float = 10.0

@@ -1,4 +1,5 @@
-"""Admin surface, behind the admin key: the active configuration and reloading it."""
+"""Admin surface, behind the admin key: the active configuration and reloading it (a JSON
+POST: proxy/http/auth.py says who else is let in)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.errors import UnsupportedMediaType
 from proxy.http.auth import authenticate_admin
 from proxy.policies.spec import Config, Policy
 from proxy.redaction import redact_url
@@ -39,6 +41,7 @@ async def show_policies(request: web.Request) -> web.Response:
 async def reload(request: web.Request) -> web.Response:
     holder = request.app[CONFIG]
     authenticate_admin(request, holder.current.keys)
+    _require_json(request)
     outcome = await holder.reload("admin")
     if outcome.ok:
         return _json(outcome.describe())
@@ -51,6 +54,16 @@ async def reload(request: web.Request) -> web.Response:
         "active_version": outcome.version,
     }
     return _json({"error": error}, status=422)
+
+
+def _require_json(request: web.Request) -> None:
+    """A route that changes state takes JSON only: a page of another site can send a
+    text/plain or form POST without asking the browser's leave (CORS), never a JSON one."""
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType(
+            f"{request.method} {request.path} takes 'Content-Type: application/json' (an empty "
+            f"body or {{}} will do), not {request.headers.get('Content-Type', 'none')[:100]!r}"
+        )
 
 
 def _models(config: Config) -> dict[str, list[dict[str, Any]]]:

@@ -1,9 +1,11 @@
 """The sessions inspector's data: GET /admin/sessions (live and recent sessions) and
 GET /admin/sessions/{id} (one session's timeline).
 
-Who may ask: the admin key (or, with none configured, any loopback client) sees every
-tenant's sessions; a client key sees its own owner's only (its key's, or its team's), and
-another's session id answers as an unknown one. The list is this process's board
+Who may ask: the admin key (or, on a proxy with no keys at all, its local user: a loopback
+client naming the proxy, proxy/http/auth.py) sees every tenant's sessions; a client key sees
+its own owner's only (its key's, or its team's), and another's session id answers as an unknown
+one. With API keys and no admin key, nobody sees every tenant's: recorded bodies go only to
+the key that owns them. The list is this process's board
 (proxy/sessions/board.py); a session whose policy records it reads its whole timeline from
 the store (proxy/recording/sessions.py), any other its last turns from the board.
 """
@@ -18,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import NotFound, ServiceUnavailable, Unauthorized
-from proxy.http.auth import is_loopback, presented_key
+from proxy.http.auth import is_local, presented_key
 from proxy.recording.sessions import recorded_turns
 from proxy.sessions.board import SessionSummary
 from proxy.sessions.identity import owner_of
@@ -68,7 +70,8 @@ async def show_session(request: web.Request) -> web.Response:
 
 def _scope(request: web.Request) -> str | None:
     """None: the caller sees every session (admin); else the owner whose sessions it sees.
-    A key that is neither the admin key nor an API key is refused, loopback or not."""
+    A key that is neither the admin key nor an API key is refused, loopback or not; so is no
+    key once the proxy has any."""
     keys = request.app[CONFIG].current.keys
     secret = presented_key(request)
     if secret is not None and keys.is_admin(secret):
@@ -76,8 +79,8 @@ def _scope(request: web.Request) -> str | None:
     key = keys.find(secret) if secret is not None else None
     if key is not None:
         return owner_of(key, keys)
-    if secret is None and keys.admin_digest is None and is_loopback(request):
-        return None  # as every admin route: loopback only, without an admin key
+    if secret is None and not keys.api_keys and keys.admin_digest is None and is_local(request):
+        return None  # a proxy with no keys at all: its local user sees everything
     raise Unauthorized("session routes need 'Authorization: Bearer <admin key or API key>'")
 
 

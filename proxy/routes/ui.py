@@ -3,10 +3,10 @@ step and nothing loaded from elsewhere (the Content-Security-Policy forbids it).
 
 The page holds no data: it reads GET /admin/sessions and the archive route with the key the
 person types (kept in the tab's sessionStorage, sent as a Bearer token), and those routes decide
-what that key sees. The page itself is served as the admin routes are: to anyone when the proxy
-has keys (a visitor without one sees a key field and nothing else), else to loopback clients
-only. It tells the script whether a key is needed, so a visitor is asked for one before any
-request is refused.
+what that key sees. The page itself is served to anyone when the proxy has keys (a visitor
+without one sees a key field and nothing else), else to its local user only (a loopback client
+naming the proxy). It tells the script whether a key is needed (always, once the proxy has any
+key), so a visitor is asked for one before any request is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Final
 from aiohttp import web
 
 from proxy.errors import Unauthorized
-from proxy.http.auth import is_loopback
+from proxy.http.auth import is_local
 from proxy.policies.spec import Keys
 from proxy.state import CONFIG
 
@@ -54,7 +54,8 @@ def _read(name: str) -> bytes:
 async def page(request: web.Request) -> web.Response:
     keys = request.app[CONFIG].current.keys
     _admit(request, keys)
-    needed = b"optional" if keys.admin_digest is None and is_loopback(request) else b"required"
+    # Admitted without a key only when the proxy has none at all: then nothing asks for one.
+    needed = b"optional" if not keys.api_keys and keys.admin_digest is None else b"required"
     body = _read("index.html").replace(KEY_MARK, b'data-key="' + needed + b'"', 1)
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=HEADERS)
 
@@ -76,8 +77,9 @@ async def asset(request: web.Request) -> web.Response:
 
 
 def _admit(request: web.Request, keys: Keys) -> None:
-    """Loopback always; others when the proxy has a key that could let them see anything."""
-    if keys.api_keys or keys.admin_digest is not None or is_loopback(request):
+    """Anyone when the proxy has a key that could let them see anything, else its local user
+    (a loopback client naming the proxy: proxy/http/auth.py)."""
+    if keys.api_keys or keys.admin_digest is not None or is_local(request):
         return
     raise Unauthorized(
         "no keys are configured, so the inspector serves loopback clients only; "

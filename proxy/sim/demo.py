@@ -256,7 +256,7 @@ async def _narrate(
     await asyncio.to_thread(config.write_text, larger)
     async with aiohttp.ClientSession() as http:
         async with http.post(
-            f"{proxy_url}/admin/reload", headers={"Authorization": "Bearer demo-admin"}
+            f"{proxy_url}/admin/reload", headers={"Authorization": "Bearer demo-admin"}, json={}
         ) as response:
             outcome = await response.json()
     models = await client.models.list()

@@ -161,7 +161,9 @@ class Client:
             return response.status, got, json.loads(raw)
 
     async def reload(self) -> int:
-        async with self.http.post(str(self.proxy.make_url("/admin/reload")), headers=ADMIN) as r:
+        async with self.http.post(
+            str(self.proxy.make_url("/admin/reload")), headers=ADMIN, json={}
+        ) as r:
             await r.read()
             return r.status
 

@@ -27,7 +27,9 @@ LINE = b"2026-12-04%2000:00:00,000%20INFO%20%20%20%20agentproxy.access:%20FORGED
 def raw(head: bytes, body: bytes = b"") -> bytes:
     """One request; the proxy closes the connection after its answer."""
     return (
-        head + b"Host: proxy\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        head
+        + b"Host: localhost\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
     )
 
 

@@ -368,7 +368,7 @@ async def test_an_invalid_redact_pattern_is_refused_and_the_old_policy_stays(
         good.replace("record: {enabled: true}", "record: {redact: ['ok', '(unclosed']}")
     )
     async with aiohttp.ClientSession() as http:
-        async with http.post(str(proxy.make_url("/admin/reload"))) as reloaded:
+        async with http.post(str(proxy.make_url("/admin/reload")), json={}) as reloaded:
             assert reloaded.status == 422
             details = (await reloaded.json())["error"]["details"]
     assert any("record.redact[1]" in line and "regular expression" in line for line in details)

@@ -65,7 +65,7 @@ async def test_invalid_edit_keeps_old_config_and_is_reported(
     proxy = await start_proxy(path, watch=False)
     path.write_text(policy_config(url, "good").replace("model: openai/sim", "model: 42"))
     async with aiohttp.ClientSession() as http:
-        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN) as r:
+        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN, json={}) as r:
             assert r.status == 422
             error = (await r.json())["error"]
         assert any("model_list[0].litellm_params.model" in line for line in error["details"])
@@ -94,7 +94,7 @@ async def test_request_in_flight_finishes_under_its_policy(
         slow = asyncio.ensure_future(http.post(base_url(proxy) + "/chat/completions", json=body))
         await asyncio.sleep(0.2)
         path.write_text(policy_config(url, "new"))
-        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN) as r:
+        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN, json={}) as r:
             assert r.status == 200
         response = await slow
         assert response.status == 200
@@ -115,7 +115,9 @@ async def test_admin_routes_need_the_admin_key(
                 http, str(proxy.make_url("/admin/policies")), headers=headers
             )
             assert status == 401 and body["error"]["type"] == "authentication_error"
-            async with http.post(str(proxy.make_url("/admin/reload")), headers=headers) as r:
+            async with http.post(
+                str(proxy.make_url("/admin/reload")), headers=headers, json={}
+            ) as r:
                 assert r.status == 401
 
 
@@ -151,7 +153,7 @@ async def test_admin_output_and_reload_errors_hide_url_credentials(
     # A reload the loader rejects for the api_base itself: the error quotes the value.
     path.write_text(path.read_text().replace("http://agent", "ftp://agent"))
     async with aiohttp.ClientSession() as http:
-        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN) as r:
+        async with http.post(str(proxy.make_url("/admin/reload")), headers=ADMIN, json={}) as r:
             assert r.status == 422
             rejected = await r.text()
         async with http.get(str(proxy.make_url("/admin/policies")), headers=ADMIN) as r:

@@ -50,7 +50,7 @@ async def guarded(start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestSer
 
 def post(body: bytes, headers: bytes = AUTH, *, length: int | None = None) -> bytes:
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n"
         + headers
         + b"Content-Length: %d\r\n\r\n" % (len(body) if length is None else length)
         + body

@@ -16,7 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
 
 from proxy.errors import Unauthorized
-from proxy.policies.spec import ApiKey, Keys, key_digest
+from proxy.http.auth import HOST_NAMES, HostNames
+from proxy.policies.spec import ApiKey, Keys, ServerSettings, key_digest
 from proxy.routes import ui
 from proxy.state import STORE
 from proxy.store.base import BlobInfo, content_ref
@@ -94,7 +95,10 @@ def test_without_keys_the_page_serves_loopback_clients_only() -> None:
         ui._admit(remote, Keys())
     ui._admit(remote, Keys(admin_digest=key_digest("admin-secret")))  # a key gates the data
     ui._admit(remote, Keys(api_keys=(ApiKey(name="a", digest=key_digest("sk-a")),)))
-    ui._admit(make_mocked_request("GET", "/ui", transport=_Transport("127.0.0.1")), Keys())
+    app = web.Application()
+    app[HOST_NAMES] = HostNames(ServerSettings)  # the names the local user calls it by
+    local = make_mocked_request("GET", "/ui", transport=_Transport("127.0.0.1"), app=app)
+    ui._admit(local, Keys())
 
 
 class _Transport:
