@@ -233,13 +233,20 @@ async def main(args: argparse.Namespace, tree: Path) -> None:
                     watch = Watch(port, child.pid, args.max_rss_mb)
                     watch.start()
                     mode = "every page" if args.pages else "one request"
-                    for n in range(args.reads):
+                    mode += ", all at once" if args.concurrent else ""
+
+                    async def one(n: int) -> None:
                         began = time.monotonic()
                         size = await read_timeline(http, url, args.pages, args.read_timeout)
                         took = time.monotonic() - began
                         print(
                             f"read {n + 1} ({mode}, ?full=1): {size / 1e6:.1f} MB in {took:.2f} s"
                         )
+
+                    if args.concurrent:
+                        await asyncio.gather(*(one(n) for n in range(args.reads)))
+                    for n in range(0 if args.concurrent else args.reads):
+                        await one(n)
                     watch.stopped.set()
                     watch.join()
             except BaseException:
@@ -259,6 +266,7 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=500)
     parser.add_argument("--reads", type=int, default=3)
     parser.add_argument("--pages", action="store_true", help="read every page, not one request")
+    parser.add_argument("--concurrent", action="store_true", help="the reads at once")
     parser.add_argument("--read-timeout", type=float, default=300.0)
     parser.add_argument("--max-rss-mb", type=float, default=8000.0)
     arguments = parser.parse_args()

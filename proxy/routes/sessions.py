@@ -26,7 +26,7 @@ from proxy.http.auth import is_loopback, presented_key
 from proxy.recording.reader import RecordedTurn, Recording
 from proxy.sessions.board import SessionSummary
 from proxy.sessions.identity import owner_of
-from proxy.state import BOARD, CONFIG, STORE
+from proxy.state import BOARD, CONFIG, STORE, TIMELINE_READS
 from proxy.store.base import StoreError
 from proxy.store.shares import session_owner
 
@@ -36,6 +36,7 @@ SEEN_CHARS = 8_000  # of the text the model saw in place of an archived item
 DEFAULT_TURNS = 100  # a timeline page's turns, unless ?limit= says
 MAX_TURNS = 1000  # and at most
 PAGE_BYTES = 4 * 1024 * 1024  # a page's rows stop past this (bodies with ?full=1), after one
+PAGES_AT_ONCE = 2  # recorded timeline pages built at once (each holds its page and its part cache)
 
 
 @routes.get("/admin/sessions")
@@ -58,10 +59,11 @@ async def show_session(request: web.Request) -> web.Response:
     page: Page = ([], False, None)
     last = None
     try:
-        recording = await Recording.open(request.app[STORE], session)
-        if recording:
-            page = await _recorded_page(recording, after, limit, full)
-            last = await recording.last() if summary is None else None
+        async with request.app[TIMELINE_READS]:
+            recording = await Recording.open(request.app[STORE], session)
+            if recording:
+                page = await _recorded_page(recording, after, limit, full)
+                last = await recording.last() if summary is None else None
     except StoreError as exc:
         raise ServiceUnavailable(
             f"the store is unavailable: {exc}", code="store_unavailable"
