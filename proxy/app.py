@@ -48,6 +48,7 @@ from proxy.state import (
     RECORDINGS,
     STORE,
     STORE_HEALTH,
+    TIMELINE_READS,
     UPSTREAMS,
     VIEWS,
 )
@@ -123,6 +124,7 @@ def build_app(
     )
     recorder = Recorder(metrics, events)
     recorder.board = app[BOARD] = SessionBoard()
+    app[TIMELINE_READS] = asyncio.Semaphore(sessions.PAGES_AT_ONCE)
     turns = recorder.turns = app[RECORDINGS] = TurnWriter(
         store, metrics, recorder.recording_stopped
     )

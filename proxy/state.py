@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from proxy.control.control import Control
@@ -30,4 +32,5 @@ VIEWS = web.AppKey("views", ViewMemo)
 EVENTS = web.AppKey("events", EventLog)
 HANDOVER = web.AppKey("handover", Handover)
 BOARD = web.AppKey("board", SessionBoard)
+TIMELINE_READS = web.AppKey("timeline_reads", asyncio.Semaphore)  # pages built at once
 RECORDINGS = web.AppKey("recordings", TurnWriter)

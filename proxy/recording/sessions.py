@@ -1,4 +1,4 @@
-"""Recorded sessions in the store: each turn written after its answer, read back as trace lines.
+"""Recorded sessions in the store: each turn written after its answer (read back: reader.py).
 
 Layout, in the session's own blobs (so they expire with it under store.session_ttl and count
 toward its owner's store.max_owner_share):
@@ -35,6 +35,7 @@ from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
 from proxy.recording.answers import answer_of
+from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
 
@@ -47,7 +48,6 @@ BATCH_TURNS = 256  # turns written together when they queued up meanwhile
 RECENT_TURNS = 16  # turns a session remembers the hashes of (requests in flight at once)
 LINGER_S = 0.1  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
-LISTS = ("request", "sent")
 
 
 @dataclass(slots=True)
@@ -519,68 +519,3 @@ def _parsed(raw: bytes | None) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-
-
-async def recorded_turns(store: Store, session_key: str) -> list[dict[str, Any]]:
-    """The session's recorded turns, oldest first, as trace lines (/tmp/trace-format.md):
-    `session_key` is the scoped session (ex.identity.session), so only its owner's."""
-    infos = [
-        info
-        for info in await store.blobs(session_key)
-        if info.kind == RECORD_TURN and info.session == session_key
-    ]
-    infos.sort(key=lambda info: (info.created_at, info.meta.get("seq", 0)))
-    parts: dict[str, Any] = {}
-    lists: dict[str, dict[str, list[str]]] = {}
-    turns: list[dict[str, Any]] = []
-    for info in infos:
-        found = await store.get(info.ref)
-        if found is None:  # expired meanwhile
-            continue
-        record = orjson.loads(found[1])
-        resolved: dict[str, list[str]] = {}
-        bodies: dict[str, Any] = {}
-        for which in LISTS:
-            shape = record.get(which)
-            if not isinstance(shape, dict):
-                continue
-            base = lists.get(shape.get("base") or "", {}).get(which, [])
-            refs = [*base[: shape.get("keep", 0)], *shape.get("new", [])]
-            resolved[which] = refs
-            bodies[which] = await _body(store, session_key, shape, refs, parts)
-        lists[info.ref] = resolved
-        line: dict[str, Any] = {"wire": record["wire"], "route": record.get("route")}
-        line["request"] = bodies.get("request") or {}
-        for name in ("answer", "status"):
-            if record.get(name) is not None:
-                line[name] = record[name]
-        if "sent" in bodies:
-            line["sent"] = bodies["sent"]
-        line["events"] = record.get("events") or []
-        for name in ("usage", "model", "at"):
-            if record.get(name) is not None:
-                line[name] = record[name]
-        turns.append(line)
-    return turns
-
-
-async def _body(
-    store: Store, session: str, shape: dict[str, Any], refs: list[str], parts: dict[str, Any]
-) -> dict[str, Any]:
-    body = await _part(store, session, shape["body"], parts)
-    body = dict(body) if isinstance(body, dict) else {}
-    key = shape.get("key")
-    if key:
-        items = [await _part(store, session, ref, parts) for ref in refs]
-        pairs = list(body.items())
-        pairs.insert(shape.get("at") or len(pairs), (key, items))  # the client's key order
-        body = dict(pairs)
-    return body
-
-
-async def _part(store: Store, session: str, ref: str, parts: dict[str, Any]) -> Any:
-    if ref not in parts:
-        found = await store.get(ref)
-        ok = found is not None and found[0].session == session
-        parts[ref] = orjson.loads(found[1]) if ok and found is not None else {"missing": ref}
-    return parts[ref]

@@ -6,31 +6,39 @@ client naming the proxy, proxy/http/auth.py) sees every tenant's sessions; a cli
 its own owner's only (its key's, or its team's), and another's session id answers as an unknown
 one. With API keys and no admin key, nobody sees every tenant's: recorded bodies go only to
 the key that owns them. The list is this process's board
-(proxy/sessions/board.py); a session whose policy records it reads its whole timeline from
-the store (proxy/recording/sessions.py), any other its last turns from the board.
+(proxy/sessions/board.py); a session whose policy records it reads its timeline from the store
+(proxy/recording/reader.py), any other its last turns from the board. A timeline comes in
+pages (?after=TURN&limit=N; `has_more`, `next_after`): only a page's turns are expanded, and a
+page stops at PAGE_BYTES, so reading any recorded session costs about a page of memory.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
+from contextlib import aclosing
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy.errors import NotFound, ServiceUnavailable, Unauthorized
+from proxy.errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
 from proxy.http.auth import is_local, presented_key
-from proxy.recording.sessions import recorded_turns
+from proxy.recording.reader import RecordedTurn, Recording
 from proxy.sessions.board import SessionSummary
 from proxy.sessions.identity import owner_of
-from proxy.state import BOARD, CONFIG, STORE
+from proxy.state import BOARD, CONFIG, STORE, TIMELINE_READS
 from proxy.store.base import StoreError
 from proxy.store.shares import session_owner
 
 routes = web.RouteTableDef()
 CHARS_PER_TOKEN = 4  # as the board estimates context tokens
 SEEN_CHARS = 8_000  # of the text the model saw in place of an archived item
+DEFAULT_TURNS = 100  # a timeline page's turns, unless ?limit= says
+MAX_TURNS = 1000  # and at most
+PAGE_BYTES = 4 * 1024 * 1024  # a page's rows stop past this (bodies with ?full=1), after one
+PAGES_AT_ONCE = 2  # recorded timeline pages built at once (each holds its page and its part cache)
 
 
 @routes.get("/admin/sessions")
@@ -47,24 +55,29 @@ async def show_session(request: web.Request) -> web.Response:
     session = _session_of(request.match_info["id"])
     if session is None or (scope is not None and session_owner(session) != scope):
         raise NotFound(f"no session '{request.match_info['id']}' for this key")
-    summary = request.app[BOARD].get(session)
+    after, limit = _page_asked(request.query)
     full = request.query.get("full") in ("1", "true")
-    turns: list[dict[str, Any]] = []
+    summary = request.app[BOARD].get(session)
+    page: Page = ([], False, None)
+    last = None
     try:
-        recorded = await recorded_turns(request.app[STORE], session)
+        async with request.app[TIMELINE_READS]:
+            recording = await Recording.open(request.app[STORE], session)
+            if recording:
+                page = await _recorded_page(recording, after, limit, full)
+                last = await recording.last() if summary is None else None
     except StoreError as exc:
         raise ServiceUnavailable(
             f"the store is unavailable: {exc}", code="store_unavailable"
         ) from exc
-    if recorded:
-        turns = [_recorded(turn, full) for turn in recorded]
-    elif summary is not None:
-        turns = list(summary.timeline)
-    if summary is None and not recorded:
-        raise NotFound(f"no session '{request.match_info['id']}' for this key")
-    body = _describe(summary) if summary is not None else _unlisted(session, recorded)
-    body["source"] = "recording" if recorded else "board"
-    body["timeline"] = turns
+    if not recording:
+        if summary is None:
+            raise NotFound(f"no session '{request.match_info['id']}' for this key")
+        page = _board_page(summary, after, limit)
+    body = _describe(summary) if summary is not None else _unlisted(session, recording, last)
+    body["source"] = "recording" if recording else "board"
+    body["timeline"], body["has_more"], body["next_after"] = page
+    body["limit"] = limit
     return _json(body)
 
 
@@ -119,74 +132,118 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
     }
 
 
-def _unlisted(session: str, recorded: list[dict[str, Any]]) -> dict[str, Any]:
+def _unlisted(session: str, recording: Recording, last: dict[str, Any] | None) -> dict[str, Any]:
     """A recorded session this process has not served (another replica, before a restart)."""
     owner, _, name = session.partition("/")
-    last = recorded[-1] if recorded else {}
+    last = last or {}
     return {
         "id": session_id(session),
         "session": name,
         "owner": owner,
         "model": last.get("model"),
         "recorded": True,
-        "turns": len(recorded),
+        "turns": len(recording),
         "last_at": last.get("at"),
     }
 
 
-def _recorded(turn: dict[str, Any], full: bool) -> dict[str, Any]:
-    """A recorded turn as a timeline row: context in and out, events (a summary with the
-    summarizer's text as the model saw it, an offload with its pointer), errors; with ?full=1
-    the bodies too."""
-    sent = turn.get("sent")
-    events = [_with_seen(event, sent) for event in turn.get("events", [])]
+Page = tuple[list[Any], bool, int | None]  # rows, whether more follow, the `after` for them
+
+
+def _page_asked(query: Mapping[str, str]) -> tuple[int, int]:
+    """?after=TURN (the rows start past it; 0, the default: from the first) and ?limit=N
+    (DEFAULT_TURNS unless given; past MAX_TURNS, MAX_TURNS)."""
+    after = _count(query, "after", 0, 0)
+    return after, min(_count(query, "limit", DEFAULT_TURNS, 1), MAX_TURNS)
+
+
+def _count(query: Mapping[str, str], name: str, default: int, least: int) -> int:
+    text = query.get(name)
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit()) or len(text) > 9 or int(text) < least:
+        raise BadRequest(f"'{name}' must be a whole number, at least {least}; got {text!r:.40}")
+    return int(text)
+
+
+async def _recorded_page(recording: Recording, after: int, limit: int, full: bool) -> Page:
+    """Up to `limit` turns past `after`, expanded one at a time and each kept as its JSON:
+    the page stops early, after at least one turn, where it would pass PAGE_BYTES."""
+    rows: list[Any] = []
+    used, last = 0, after
+    async with aclosing(recording.turns(after)) as turns:
+        async for turn in turns:
+            if len(rows) == limit:
+                return rows, True, last
+            if full and rows:  # what its bodies will weigh, known before they are built
+                weight = sum(recording.size(turn, which) or 0 for which in ("request", "sent"))
+                if used + weight > PAGE_BYTES:
+                    return rows, True, last
+            row = orjson.dumps(await _recorded(recording, turn, full))
+            if rows and used + len(row) > PAGE_BYTES:
+                return rows, True, last
+            rows.append(orjson.Fragment(row))
+            used, last = used + len(row), turn.number
+    return rows, False, None
+
+
+def _board_page(summary: SessionSummary, after: int, limit: int) -> Page:
+    """The board's last turns, numbered as the session counts them."""
+    first = summary.turns - len(summary.timeline) + 1
+    numbered = [{"turn": first + i, **row} for i, row in enumerate(summary.timeline)]
+    rows = [row for row in numbered if row["turn"] > after]
+    more = len(rows) > limit
+    return rows[:limit], more, rows[limit - 1]["turn"] if more else None
+
+
+async def _recorded(recording: Recording, turn: RecordedTurn, full: bool) -> dict[str, Any]:
+    """A recorded turn as a timeline row: its number, context in and out (from the stored
+    parts' sizes: the bodies are not built for it), events (a summary with the summarizer's
+    text as the model saw it, an offload with its pointer), errors; with ?full=1 the bodies
+    too. Fields a row adds go here, read from `turn` and its parts as these are."""
+    record = turn.record
+    events = [await _with_seen(recording, turn, e) for e in record.get("events") or []]
     row = {
-        "at": turn.get("at"),
-        "status": turn.get("status"),
-        "model": turn.get("model"),
-        "context": {"received": _tokens(turn.get("request")), "sent": _tokens(sent)},
-        "usage": turn.get("usage"),
+        "turn": turn.number,
+        "at": record.get("at"),
+        "status": record.get("status"),
+        "model": record.get("model"),
+        "context": {
+            "received": (recording.size(turn, "request") or 2) // CHARS_PER_TOKEN,
+            "sent": _tokens(recording.size(turn, "sent")),
+        },
+        "usage": record.get("usage"),
         "events": events,
         "errors": [e for e in events if e.get("stage") in ("error", "stream")],
     }
     if full:
-        row.update({name: turn.get(name) for name in ("request", "sent", "answer")})
+        row["request"] = await recording.body(turn, "request") or {}
+        row["sent"] = await recording.body(turn, "sent")
+        row["answer"] = record.get("answer")
     return row
 
 
-def _tokens(body: Any) -> int | None:
-    return None if body is None else len(orjson.dumps(body)) // CHARS_PER_TOKEN
+def _tokens(size: int | None) -> int | None:
+    return None if size is None else size // CHARS_PER_TOKEN
 
 
-def _with_seen(event: dict[str, Any], sent: Any) -> dict[str, Any]:
+async def _with_seen(
+    recording: Recording, turn: RecordedTurn, event: dict[str, Any]
+) -> dict[str, Any]:
     """The event with what the model saw in place of what it archived: a summary's text as
     `summary`, and for each archived ref (`ref`, `refs`) the text of the request as sent that
-    names it (an offload's pointer) in `seen`, at most SEEN_CHARS of each."""
+    names it (an offload's pointer) in `seen`, at most SEEN_CHARS of each. Only the parts of
+    the request as sent that name one are parsed."""
     listed = event.get("refs")
     named = [event.get("ref"), *(listed if isinstance(listed, list) else ())]
     refs = [r for r in named if isinstance(r, str)]
-    if not refs or sent is None:
+    if not refs or not isinstance(turn.record.get("sent"), dict):
         return event
-    strings = _strings(sent)
-    seen: dict[str, str] = {}
-    for ref in refs:
-        text = next((t for t in strings if ref in t), None)
-        if text is not None:
-            seen[ref] = text[:SEEN_CHARS]
-    out = {**event, "seen": seen}
-    if event.get("action") == "summarized" and event.get("ref") in seen:
-        out["summary"] = next(t for t in strings if event["ref"] in t)
+    found = await recording.naming(turn, "sent", refs)
+    out = {**event, "seen": {ref: text[:SEEN_CHARS] for ref, text in found.items()}}
+    if event.get("action") == "summarized" and event.get("ref") in found:
+        out["summary"] = found[event["ref"]]
     return out
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for item in value.values() for s in _strings(item)]
-    if isinstance(value, list):
-        return [s for item in value for s in _strings(item)]
-    return []
 
 
 def _json(value: Any, status: int = 200) -> web.Response:

@@ -4,20 +4,23 @@ the guards' state, and each one's last turns (what the stages and guards did, er
 recoveries). Kept whatever the recording says; a recorded session's full timeline is in the
 store (proxy/recording/sessions.py).
 
-In process memory, bounded: the least recently active sessions go first, each keeps its last
-TURNS turns. Keyed by the scoped session (ex.identity.session): owners never mix.
+In process memory, bounded: SESSIONS sessions, each keeping its last TURNS turns. Keyed by the
+scoped session (ex.identity.session): owners never mix. Each owner has its share, as in the
+store (proxy/store/shares.py): when the board is full, a new session pushes out the least
+recently active session of the owner holding the most (its own, when that is itself), so one
+tenant opening sessions by the thousand only cycles through its own and never empties the
+board of everyone else's.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachetools import LRUCache
-
 from proxy.exchange import Exchange
+from proxy.store.shares import session_owner
 
 SESSIONS = 2000  # sessions remembered, at most
 TURNS = 32  # turns remembered per session
@@ -47,17 +50,26 @@ class SessionSummary:
 
 
 class SessionBoard:
-    def __init__(self, sessions: int = SESSIONS) -> None:
-        self._sessions: LRUCache[str, SessionSummary] = LRUCache(sessions)
+    def __init__(self, sessions: int | None = None) -> None:
+        self.limit = sessions or SESSIONS
+        # Per owner, its sessions least recently active first.
+        self._owners: dict[str, OrderedDict[str, SessionSummary]] = {}
+        self._count = 0
 
     def saw(self, ex: Exchange, status: int) -> None:
         """A request of the session finished (answered, refused or failed)."""
         identity = ex.identity
-        summary = self._sessions.get(identity.session)
+        mine = self._owners.setdefault(identity.owner, OrderedDict())
+        summary = mine.get(identity.session)
         if summary is None:
+            if self._count >= self.limit:
+                self._evict(identity.owner)
             key = identity.key.name if identity.key is not None else None
             summary = SessionSummary(identity.session, identity.session_name, identity.owner, key)
-            self._sessions[identity.session] = summary
+            mine[identity.session] = summary
+            self._count += 1
+        else:
+            mine.move_to_end(identity.session)
         received = ex.client.body_bytes // 4
         sent = received if ex.dry_run else max(0, received - ex.rewrite.tokens_saved)
         now = time.time()
@@ -91,8 +103,24 @@ class SessionBoard:
             }
         )
 
+    def _evict(self, newcomer: str) -> None:
+        """Room for one more of `newcomer`'s: the oldest session of the owner holding the
+        most, the newcomer's own when it holds its equal share or more (no scan then)."""
+        share = self.limit / max(1, len(self._owners))
+        mine = self._owners[newcomer]
+        if len(mine) >= share:
+            victim = newcomer
+        else:
+            victim = max(self._owners, key=lambda owner: len(self._owners[owner]))
+        theirs = self._owners[victim]
+        theirs.popitem(last=False)
+        self._count -= 1
+        if not theirs and victim != newcomer:
+            del self._owners[victim]
+
     def sessions(self) -> list[SessionSummary]:
-        return list(self._sessions.values())
+        return [summary for mine in self._owners.values() for summary in mine.values()]
 
     def get(self, session: str) -> SessionSummary | None:
-        return self._sessions.get(session)
+        mine = self._owners.get(session_owner(session))
+        return mine.get(session) if mine is not None else None

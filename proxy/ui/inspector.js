@@ -197,15 +197,23 @@ async function showSession(wanted) {
   }
   try {
     const { id, note } = await resolve(wanted);
-    const session = await api("/admin/sessions/" + encodeURIComponent(id));
+    const session = await api(sessionPath(id, 0));
     say(note);
-    renderSession(session);
+    renderSession(id, session);
   } catch (error) {
     failed(error);
   }
 }
 
-function renderSession(s) {
+// The timeline comes in pages: `after` is the last turn shown (0: from the first).
+function sessionPath(id, after) {
+  return "/admin/sessions/" + encodeURIComponent(id) + (after ? "?after=" + after : "");
+}
+
+// The turns shown so far, and where the next page starts (null: none).
+let shown = { id: null, timeline: [], next: null };
+
+function renderSession(id, s) {
   document.getElementById("session-title").textContent = "Session " + (s.session || s.id);
   const facts = document.getElementById("session-facts");
   facts.replaceChildren();
@@ -228,11 +236,37 @@ function renderSession(s) {
   const timeline = s.timeline || [];
   // The board keeps the last turns only: number them as the session counts them.
   const first = Math.max(1, (s.turns || timeline.length) - timeline.length + 1);
-  drawChart(timeline, first);
+  timeline.forEach((turn, i) => { if (typeof turn.turn !== "number") turn.turn = first + i; });
+  shown = { id, timeline: [], next: null };
+  document.getElementById("turns").replaceChildren();
+  addTurns(timeline, s);
+}
+
+// A page of turns below those shown; the chart drawn again over all of them.
+function addTurns(page, s) {
+  shown.timeline.push(...page);
+  shown.next = s.has_more ? s.next_after : null;
   const turns = document.getElementById("turns");
-  turns.replaceChildren();
-  turns.start = first;
-  timeline.forEach((turn, i) => turns.append(renderTurn(turn, first + i)));
+  if (shown.timeline.length) turns.start = shown.timeline[0].turn;
+  drawChart(shown.timeline, shown.timeline.length ? shown.timeline[0].turn : 1);
+  for (const turn of page) turns.append(renderTurn(turn, turn.turn));
+  const more = document.getElementById("more");
+  more.hidden = shown.next === null || shown.next === undefined;
+  more.textContent = `more turns (after turn ${shown.next})`;
+}
+
+async function showMore() {
+  const more = document.getElementById("more");
+  if (shown.next === null || more.disabled) return;
+  more.disabled = true;
+  try {
+    const page = await api(sessionPath(shown.id, shown.next));
+    addTurns(page.timeline || [], page);
+  } catch (error) {
+    failed(error);
+  } finally {
+    more.disabled = false;
+  }
 }
 
 function drawChart(timeline, first) {
@@ -409,5 +443,6 @@ function route() {
 
 setUpKey();
 document.getElementById("reload").addEventListener("click", route);
+document.getElementById("more").addEventListener("click", showMore);
 window.addEventListener("hashchange", route);
 route();

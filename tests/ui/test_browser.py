@@ -251,3 +251,46 @@ async def test_an_open_proxy_shows_its_sessions_without_a_key(
     assert "last turns in memory" in seen["timeline"]
     assert seen["instead"].startswith("not recorded")
     assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
+
+
+def page_through(browser: Any, url: str) -> dict[str, Any]:
+    """The session's first page, then the next one from the "more" control."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(f"{url}/ui")
+    browser.execute_script(f"sessionStorage.setItem('agentproxy.inspector.key', '{ADMIN}')")
+    browser.get(f"{url}/ui#session={SESSION}")
+    more = wait.until(ready.element_to_be_clickable((By.ID, "more")))
+    seen: dict[str, Any] = {"before": len(browser.find_elements(By.CSS_SELECTOR, "li.turn"))}
+    seen["label"] = more.text
+    more.click()
+    wait.until(lambda _: len(browser.find_elements(By.CSS_SELECTOR, "li.turn")) > seen["before"])
+    seen["heads"] = [
+        h.text.split("\n")[0] for h in browser.find_elements(By.CSS_SELECTOR, "li.turn strong")
+    ]
+    seen["path"] = browser.find_element(By.CSS_SELECTOR, "#chart path.line.sent").get_attribute("d")
+    seen["more_shown"] = more.is_displayed()
+    seen["console"] = browser.get_log("browser")
+    return seen
+
+
+async def test_a_long_timeline_is_read_a_page_at_a_time_from_the_more_control(
+    driver: Any, aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from proxy.routes import sessions as route
+
+    monkeypatch.setattr(route, "DEFAULT_TURNS", 2)  # the three turns: two pages
+    upstream: TestServer = await aiohttp_server(Simulator(context_window=WINDOW).app())
+    path = tmp_path / "agentproxy.yaml"
+    path.write_text(config(str(upstream.make_url("")).rstrip("/"), tmp_path / "data"))
+    proxy = await start_proxy(path)
+    await drive(proxy)
+    seen = await asyncio.to_thread(page_through, driver, str(proxy.make_url("")).rstrip("/"))
+    assert seen["before"] == 2 and "after turn 2" in seen["label"]
+    assert seen["heads"] == ["Turn 1", "Turn 2", "Turn 3"]
+    assert seen["path"].count("L") == 2  # the chart drawn again over the three
+    assert not seen["more_shown"]
+    assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
