@@ -221,8 +221,11 @@ def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
 def _log_to_file(folder: str, say: Say) -> None:
     """The embedded proxy's log lines would land in the agent's terminal: a file in its
     store's folder takes them."""
+    from proxy.store.files import private_dir, private_file
+
     path = Path(folder).resolve() / "run.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
+    private_file(path)  # what the proxy logs is its user's alone
     handler = logging.FileHandler(path)
     root = logging.getLogger()
     if root.handlers:
