@@ -31,3 +31,5 @@ EVENTS = web.AppKey("events", EventLog)
 HANDOVER = web.AppKey("handover", Handover)
 BOARD = web.AppKey("board", SessionBoard)
 RECORDINGS = web.AppKey("recordings", TurnWriter)
+# The secret `serve` keeps in its runtime file, for `run` (proxy/runtime/identity.py).
+IDENTITY = web.AppKey("identity", str)
