@@ -44,6 +44,7 @@ from proxy.state import (
     EVENTS,
     FLOW,
     HANDOVER,
+    IDENTITY,
     METRICS,
     RECORDINGS,
     STORE,
@@ -83,13 +84,15 @@ def build_app(
     handle_sighup: bool = False,
     host: str | None = None,
     handover: bool = False,
+    identity: str | None = None,
 ) -> web.Application:
     """`config` skips the first load when the caller already has it (the CLI validated it),
     and is the whole configuration when there is no `config_path` (`serve --model`); `host` is
     the address served when the CLI overrides server.host (for the warnings, and a name the
     proxy is called by); `handover`: a
     worker that a parent replaces when it is recycled, taking over its predecessor's guard
-    state and leaving its own for its successor (proxy/runtime/handover.py)."""
+    state and leaving its own for its successor (proxy/runtime/handover.py); `identity`: the
+    secret of `serve`'s runtime file, its /healthz's proof to `run` (proxy/runtime/identity.py)."""
     shorten_protocol_errors()
     # Bodies are size-checked against server.max_body_bytes as they are read (it may reload).
     app = web.Application(middlewares=[proxy_middleware], client_max_size=2**63)
@@ -113,6 +116,8 @@ def build_app(
         )
     )
     leaving = app[HANDOVER] = Handover(enabled=handover)
+    if identity is not None:  # `serve`'s secret: it proves to `run` whose proxy this is
+        app[IDENTITY] = identity
     catalog = app[CATALOG] = ModelCatalog()
     settings = holder.current.store  # where state lives is fixed for the process's life
     store, backend_state, retention = open_backends(settings, metrics, holder.current.keys)

@@ -199,7 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.logs.lines import say, use_format
     from proxy.policies.loader import ConfigError, load_config
     from proxy.policies.single_model import single_model_config
-    from proxy.runtime import heap, workers
+    from proxy.runtime import heap, identity, workers
     from proxy.runtime.handover import discard
     from proxy.runtime.recycle import RECYCLE_EXIT
     from proxy.runtime.server import run, serve
@@ -241,6 +241,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     max_rss_mb = config.server.max_rss_mb  # read at start: a ceiling needs a parent
     parented = count > 1 or max_rss_mb is not None
+    secret, claimed = identity.new_secret(), []
+
+    def listening() -> None:
+        """`agentproxy run` may use this proxy from now on: the runtime file proves it ours."""
+        try:
+            claimed.append(identity.claim(port, secret))
+        except OSError as exc:
+            say(f"agentproxy: the runtime file for `agentproxy run` was not written ({exc}): "
+                "`run` will not use this proxy", log_format, error=True)  # fmt: skip
 
     def serve_one(sock: socket.socket | None, tell: Callable[[str], None], replacing: bool) -> int:
         current = config
@@ -250,9 +259,8 @@ def _serve(args: argparse.Namespace) -> int:
             except ConfigError as exc:
                 say(f"agentproxy: the configuration is invalid now, this worker starts with the "
                     f"one the process started with:\n{exc}", log_format, error=True)  # fmt: skip
-        app = build_app(
-            args.config, config=current, handle_sighup=True, host=host, handover=parented
-        )
+        app = build_app(args.config, config=current, handle_sighup=True, host=host,
+                        handover=parented, identity=secret)  # fmt: skip
         try:  # ready once listening: start-up checks the store first
             serving = serve(
                 app, host, port, drain_s=drain_s, sock=sock, max_rss_mb=max_rss_mb,
@@ -266,18 +274,25 @@ def _serve(args: argparse.Namespace) -> int:
             return 130
         return RECYCLE_EXIT if recycled else 0
 
-    if not parented:
-        return serve_one(None, lambda event: say(banner, log_format), False)
+    def ready(event: str) -> None:
+        listening()
+        say(banner, log_format)
+
     try:
-        return workers.run(
-            count, host, port, serve_one, banner, say=lambda text: say(text, log_format)
-        )
-    except OSError as exc:  # the port: taken, or not ours to bind
-        say(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", log_format,
-            error=True)  # fmt: skip
-        return 2
+        if not parented:
+            return serve_one(None, ready, False)
+        try:
+            return workers.run(count, host, port, serve_one, banner,
+                               say=lambda text: say(text, log_format), ready=listening)  # fmt: skip
+        except OSError as exc:  # the port: taken, or not ours to bind
+            say(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", log_format,
+                error=True)  # fmt: skip
+            return 2
+        finally:
+            discard(config.store.path)
     finally:
-        discard(config.store.path)
+        for path in claimed:
+            identity.release(path, secret)
 
 
 def _store(args: argparse.Namespace) -> int:

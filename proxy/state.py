@@ -34,3 +34,5 @@ HANDOVER = web.AppKey("handover", Handover)
 BOARD = web.AppKey("board", SessionBoard)
 TIMELINE_READS = web.AppKey("timeline_reads", asyncio.Semaphore)  # pages built at once
 RECORDINGS = web.AppKey("recordings", TurnWriter)
+# The secret `serve` keeps in its runtime file, for `run` (proxy/runtime/identity.py).
+IDENTITY = web.AppKey("identity", str)

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +85,16 @@ def test_serve_refuses_an_invalid_config(tmp_path: Path) -> None:
     assert "model_list[0]" in result.stderr and "litellm_params" in result.stderr
 
 
-async def start_serve(config: Path) -> tuple[asyncio.subprocess.Process, str]:
-    """`agentproxy serve` as deployed, on a free port, once it is ready."""
+async def start_serve(
+    config: Path, env: Mapping[str, str] | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`agentproxy serve` as deployed, on a free port, once it is ready; `env`: its
+    environment (else this process's)."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)),
         cwd=ROOT,
+        env=None if env is None else {**env, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.logs.limit import warn_limited
+from proxy.store.files import private_dir, private_file
 
 if TYPE_CHECKING:
     from proxy.exchange import Exchange
@@ -33,6 +34,10 @@ class _Lines(logging.handlers.RotatingFileHandler):
 
     def format(self, record: logging.LogRecord) -> str:
         return str(record.msg)
+
+    def _open(self) -> Any:  # each new file (after a rotation too) its user's alone
+        private_file(self.baseFilename)
+        return super()._open()
 
     def handleError(self, record: logging.LogRecord) -> None:
         warn_limited(log, "events.write", "event log %s not writable; a line was lost",
@@ -77,7 +82,7 @@ class EventLog:
     def _start(self) -> bool:
         assert self.path is not None
         try:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            private_dir(Path(self.path).parent)
             handler = _Lines(self.path, maxBytes=self.max_bytes, backupCount=self.keep)
         except OSError as exc:  # the log must never fail a request
             warn_limited(log, "events.open", "event log %s not writable: %s", self.path, exc)

@@ -5,9 +5,10 @@ so a bad line is named by its number before anything runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -17,6 +18,10 @@ ROUTES = {
     "responses": "/v1/responses",
 }
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one turn; a real history is well under this
+MAX_TRACE_BYTES = 1024 * 1024 * 1024  # a whole trace: what a replay may hold in memory
+CHUNK_BYTES = 1024 * 1024  # read at a time: a line past the limit is refused, never held whole
+# A model name goes into response headers and configuration: no control characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class TraceError(Exception):
@@ -24,24 +29,59 @@ class TraceError(Exception):
 
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    """The turns of a JSON-lines file, read a chunk at a time: a line past MAX_LINE_BYTES, a
+    file past MAX_TRACE_BYTES, or one that is not text (a NUL byte, not UTF-8: a binary file,
+    /dev/zero) is refused as soon as it is seen, without reading on."""
+    turns = []
     try:
         with open(path, "rb") as file:
-            lines = [(n, line) for n, line in enumerate(file, 1) if line.strip()]
+            for number, line in _lines(file, str(path)):
+                where = f"{path}:{number}"
+                try:
+                    turn = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise TraceError(f"{where}: {_not_json(line, exc)}") from None
+                turns.append(check_turn(turn, where))
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    turns = []
-    for number, line in lines:
-        where = f"{path}:{number}"
-        if len(line) > MAX_LINE_BYTES:
-            raise TraceError(f"{where}: a line longer than {MAX_LINE_BYTES} bytes")
-        try:
-            turn = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise TraceError(f"{where}: not JSON ({exc})") from None
-        turns.append(check_turn(turn, where))
     if not turns:
         raise TraceError(f"{path}: no turns")
     return turns
+
+
+def _not_json(line: bytes, exc: orjson.JSONDecodeError) -> str:
+    try:
+        line.decode()
+    except UnicodeDecodeError as bad:  # a binary file: its bytes say nothing to the user
+        return f"not a text file (not UTF-8 at byte {bad.start}): a trace is JSON lines"
+    return f"not JSON ({exc})"
+
+
+def _lines(file: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines, numbered from 1, each checked for size and text as it is read."""
+    number, total = 0, 0
+    while True:
+        number += 1
+        parts: list[bytes] = []  # joined once whole: a refused line is never copied
+        size = 0
+        while not (parts and parts[-1].endswith(b"\n")):
+            part = file.readline(CHUNK_BYTES)
+            if not part:
+                break
+            if b"\0" in part:
+                raise TraceError(f"{path}:{number}: not a text file (a NUL byte): a trace is "
+                                 "JSON lines")  # fmt: skip
+            size, total = size + len(part), total + len(part)
+            if size > MAX_LINE_BYTES:
+                raise TraceError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES} bytes")
+            if total > MAX_TRACE_BYTES:
+                raise TraceError(f"{path}: longer than {MAX_TRACE_BYTES} bytes")
+            parts.append(part)
+        if not parts:
+            return
+        line = parts[0] if len(parts) == 1 else b"".join(parts)
+        if line.strip():
+            yield number, line
 
 
 def check_turns(turns: Iterable[Any], source: str) -> list[dict[str, Any]]:
@@ -68,8 +108,14 @@ def check_turn(turn: Any, where: str) -> dict[str, Any]:
     request = turn.get("request")
     if not isinstance(request, dict):
         raise TraceError(f'{where}: "request" must be the client\'s JSON body (an object)')
-    if not isinstance(request.get("model"), str) or not request["model"]:
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
         raise TraceError(f"{where}: the request names no model")
+    if control := _CONTROL.search(model):
+        raise TraceError(
+            f"{where}: the request's model name holds a control character "
+            f"(U+{ord(control.group()):04X}): {model[:80]!r}"
+        )
     answer = turn.get("answer")
     if answer is not None and not isinstance(answer, dict):
         raise TraceError(f'{where}: "answer" must be the upstream\'s JSON answer (an object)')

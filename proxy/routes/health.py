@@ -5,13 +5,21 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.state import CONFIG, METRICS, STORE_HEALTH, UPSTREAMS
+from proxy.runtime.identity import CHALLENGE_HEADER, answer_challenge
+from proxy.state import CONFIG, IDENTITY, METRICS, STORE_HEALTH, UPSTREAMS
 
 routes = web.RouteTableDef()
 
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
+    """Alive; with `x-agentproxy-challenge`, the proof that this user's `serve` runs here
+    (proxy/runtime/identity.py), over the port the request arrived on."""
+    nonce = request.headers.get(CHALLENGE_HEADER)
+    if nonce is not None and request.transport is not None:
+        port = request.transport.get_extra_info("sockname")[1]
+        if proven := answer_challenge(request.app.get(IDENTITY), port, nonce):
+            return web.json_response({"status": "ok", "proof": proven})
     return web.json_response({"status": "ok"})
 
 

@@ -3,7 +3,8 @@ Codex a private CODEX_HOME.
 
 Every command gets the base URLs the SDKs read (OPENAI_BASE_URL, OPENAI_API_BASE for older
 ones, ANTHROPIC_BASE_URL), the run's session id (AGENTPROXY_SESSION; Claude Code also sends it
-as the `x-agentproxy-session` header through ANTHROPIC_CUSTOM_HEADERS) and a key for the proxy.
+as the `x-agentproxy-session` header through ANTHROPIC_CUSTOM_HEADERS) and a key for the proxy
+in place of the user's provider keys.
 Codex ignores OPENAI_BASE_URL: it gets a temporary CODEX_HOME whose config.toml is the user's,
 with `model_provider` turned to a provider at the proxy, and whose other entries are links to
 the user's own (auth, sessions, history, prompts stay where they were).
@@ -25,6 +26,11 @@ from proxy.sessions.identity import SESSION_HEADER
 KEY_VARIABLE = "AGENTPROXY_API_KEY"  # the proxy key, when its keys.api_keys are set
 PLACEHOLDER_KEY = "agentproxy-run"  # a proxy without keys takes any (SDKs insist on one)
 CODEX_PROVIDER = "agentproxy"
+# The user's provider credentials an agent would send to the proxy: never in its environment.
+# (ANTHROPIC_API_KEY would also override the proxy key that ANTHROPIC_AUTH_TOKEN carries.)
+PROVIDER_CREDENTIALS = frozenset(
+    {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"}
+)
 _ROOT_PROVIDER = re.compile(r"^\s*model_provider\s*=")
 _TABLE = re.compile(r"^\s*\[")
 _OUR_TABLE = re.compile(rf"^\s*\[\s*model_providers\s*\.\s*\"?{CODEX_PROVIDER}\"?\s*[\].]")
@@ -39,10 +45,11 @@ def agent_kind(command: str) -> str:
 def agent_environment(
     environ: Mapping[str, str], proxy_url: str, session: str, key: str | None
 ) -> dict[str, str]:
-    """The agent's environment: the user's, pointed at `proxy_url`. `key`: the proxy key given
-    (--key, AGENTPROXY_API_KEY); without one the SDKs' own key variables are kept, and filled
-    with a placeholder where unset (an SDK refuses to start without a key)."""
-    env = dict(environ)
+    """The agent's environment: the user's, pointed at `proxy_url`, without the user's
+    provider credentials (the proxy holds its own; an agent would only send them to it). The
+    SDKs' key variables carry `key`, the proxy key given (--key, AGENTPROXY_API_KEY), else a
+    placeholder (a proxy without keys takes any; an SDK refuses to start without one)."""
+    env = {name: value for name, value in environ.items() if name not in PROVIDER_CREDENTIALS}
     env.update(
         OPENAI_BASE_URL=f"{proxy_url}/v1",
         OPENAI_API_BASE=f"{proxy_url}/v1",
@@ -53,16 +60,9 @@ def agent_environment(
     header = f"{SESSION_HEADER}: {session}"
     given = env.get("ANTHROPIC_CUSTOM_HEADERS", "").strip()
     env["ANTHROPIC_CUSTOM_HEADERS"] = f"{given}\n{header}" if given else header
-    if key is not None:
-        env[KEY_VARIABLE] = env["OPENAI_API_KEY"] = key
-        # Claude Code takes a bearer token without asking whether to trust it, and the proxy
-        # reads `Authorization` before `x-api-key`.
-        env["ANTHROPIC_AUTH_TOKEN"] = key
-    else:
-        env.setdefault(KEY_VARIABLE, PLACEHOLDER_KEY)
-        env.setdefault("OPENAI_API_KEY", PLACEHOLDER_KEY)
-        if "ANTHROPIC_API_KEY" not in env and "ANTHROPIC_AUTH_TOKEN" not in env:
-            env["ANTHROPIC_AUTH_TOKEN"] = PLACEHOLDER_KEY  # else Claude Code asks to log in
+    # Claude Code takes a bearer token without asking whether to trust it (else it asks to log
+    # in), and the proxy reads `Authorization` before `x-api-key`.
+    env[KEY_VARIABLE] = env["OPENAI_API_KEY"] = env["ANTHROPIC_AUTH_TOKEN"] = key or PLACEHOLDER_KEY
     return env
 
 

@@ -1,11 +1,14 @@
 """`agentproxy run -- claude|codex|CMD ...`: an agent started already pointed at the proxy.
 
-The proxy is the one answering on 127.0.0.1 at --port (else the configuration's server.port,
-else 4000), or, when none answers (or --model / --simulate ask for one), one embedded in this
-process: on --port if given, else on a free port, with the configuration's policies (--config,
---model as `serve --model` does, or --simulate: the built-in simulated model, offline). It
-lives as long as the agent, its log in its store's folder. The agent gets a fresh session id
-(agent_env.py), and the inspector's address for it is printed before it starts.
+The proxy is the one this user's `serve` runs on 127.0.0.1 at --port (else the
+configuration's server.port, else 4000), proven by the challenge of its runtime file
+(proxy/runtime/identity.py); or, when there is none (something else answering there is never
+used; --model / --simulate always ask for one), one embedded in this process: on --port if
+given and free, else on a free port, with the configuration's policies (--config, --model as
+`serve --model` does, or --simulate: the built-in simulated model, offline). It lives as long
+as the agent, its log in its store's folder. The agent gets a fresh session id and the proxy
+key, never the user's provider keys (agent_env.py), and the inspector's address for it is
+printed before it starts.
 
 The agent runs in this process group, on this terminal: a key pressed there (Ctrl-C) reaches
 it directly, so SIGINT and SIGQUIT are forwarded only when this process is not the terminal's
@@ -29,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from proxy.policies.spec import Config
@@ -39,7 +41,6 @@ DEFAULT_PORT = 4000
 HOST = "127.0.0.1"
 SIM_WINDOW = 200_000  # tokens: a coding agent's first turn (tools, instructions) fits
 SIM_KEY = "agentproxy-sim"  # what the proxy sends the simulator (never a key of the user's)
-HEALTH_TIMEOUT_S = 2.0
 USAGE = 2
 NOT_FOUND = 127
 FORWARDED_ALWAYS = (signal.SIGTERM, signal.SIGHUP)
@@ -99,7 +100,7 @@ async def _run(
 ) -> int:  # fmt: skip
     kind = agent_kind(options.command[0])
     async with contextlib.AsyncExitStack() as stack:
-        proxy_url = await _find_or_start(options, config, key, kind, stack, say)
+        proxy_url = await _find_or_start(options, config, key, kind, environ, stack, say)
         if proxy_url is None:
             return USAGE
         session = f"run-{uuid.uuid4().hex[:12]}"
@@ -118,20 +119,31 @@ async def _run(
 
 async def _find_or_start(
     options: RunOptions, config: Config | None, key: str | None, kind: str,
-    stack: contextlib.AsyncExitStack, say: Say,
+    environ: Mapping[str, str], stack: contextlib.AsyncExitStack, say: Say,
 ) -> str | None:  # fmt: skip
     """The URL of the proxy the agent is to use (one started lives as long as `stack`), or
-    None when there is none to use, said why."""
+    None when there is none to use, said why. A process on the port that cannot prove it is
+    a proxy this user started (proxy/runtime/identity.py) is never used: one is started on a
+    free port instead."""
+    from proxy.runtime.identity import probe, runtime_dir
     from proxy.store.base import StoreError
 
     port = options.port or (config.server.port if config else DEFAULT_PORT)
     running = f"http://{HOST}:{port}"
-    if not (options.simulate or options.model) and await answers(running):
-        say(f"using the proxy running at {running}")
-        return running
+    found = "none"
+    if not (options.simulate or options.model):
+        found = await probe(port, HOST, environ)
+        if found == "ours":
+            say(f"using the proxy running at {running}")
+            return running
+        if found == "foreign":
+            say(
+                f"what answers at {running} is not a proxy you started (it cannot answer the "
+                f"challenge of the runtime file in {runtime_dir(environ)}): not using it"
+            )
     if config is None and not options.simulate:
         say(
-            f"no proxy answers at {running}, and none to start: give --config PATH "
+            f"no proxy of yours answers at {running}, and none to start: give --config PATH "
             "(your configuration: model_list with your providers), --model "
             "PROVIDER/NAME (one model, its key from the environment, e.g. "
             "--model anthropic/claude-sonnet-4-5), or --simulate (the built-in "
@@ -141,32 +153,21 @@ async def _find_or_start(
     if config is not None and config.keys.api_keys and key is None:
         say("this configuration sets keys.api_keys: give one with --key or AGENTPROXY_API_KEY")
         return None
+    listen = 0 if found == "foreign" else options.port or 0  # the port is taken
     try:
-        url: str = await stack.enter_async_context(_embedded(config, options, kind, say))
+        url: str = await stack.enter_async_context(_embedded(config, options, listen, kind, say))
     except (OSError, StoreError) as exc:
         say(f"cannot start the proxy: {exc}")
         return None
     return url
 
 
-async def answers(url: str) -> bool:
-    """Whether an AgentProxy answers its liveness check at `url`."""
-    timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            async with http.get(f"{url}/healthz") as response:
-                body = await response.json(content_type=None) if response.status == 200 else {}
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return False
-    return isinstance(body, dict) and body.get("status") == "ok"
-
-
 @contextlib.asynccontextmanager
 async def _embedded(
-    config: Config | None, options: RunOptions, kind: str, say: Say
+    config: Config | None, options: RunOptions, port: int, kind: str, say: Say
 ) -> AsyncIterator[str]:
-    """The proxy in this process (and with --simulate the simulator), until the agent is
-    done; yields its URL."""
+    """The proxy in this process (and with --simulate the simulator) on `port` (0: a free
+    one), until the agent is done; yields its URL."""
     from proxy.app import build_app
     from proxy.runtime.head_deadline import ProxyRunner
     from proxy.sim.simulator import Simulator, run_simulator
@@ -182,7 +183,7 @@ async def _embedded(
         runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, HOST, options.port or 0)
+        site = web.TCPSite(runner, HOST, port)
         await site.start()
         port = runner.addresses[0][1]
         what = "the simulated model" if options.simulate else (
@@ -221,8 +222,11 @@ def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
 def _log_to_file(folder: str, say: Say) -> None:
     """The embedded proxy's log lines would land in the agent's terminal: a file in its
     store's folder takes them."""
+    from proxy.store.files import private_dir, private_file
+
     path = Path(folder).resolve() / "run.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
+    private_file(path)  # what the proxy logs is its user's alone
     handler = logging.FileHandler(path)
     root = logging.getLogger()
     if root.handlers:

@@ -82,11 +82,12 @@ def run(
     serve_one: Callable[[socket.socket, Callable[[str], None], bool], int],
     banner: str,
     say: Callable[[str], None] = lambda text: print(text, flush=True),
+    ready: Callable[[], None] = lambda: None,
 ) -> int:
     """Fork `workers` processes, each calling `serve_one(listening socket, tell, replacing)`
     (`tell(READY)` once it listens, `tell(LEAVING)` when it leaves for a successor;
-    `replacing`: it succeeds one); return once they have all exited: 0 if each drained and
-    exited 0."""
+    `replacing`: it succeeds one); `ready()` once they all listen; return once they have all
+    exited: 0 if each drained and exited 0."""
     listener = socket.create_server((host, port), backlog=1024)
     context = multiprocessing.get_context("fork")
     # Workers tell the parent what they do with one small write each (atomic on a pipe).
@@ -126,7 +127,8 @@ def run(
         signal.signal(sig, forward)
     for _ in range(workers):
         fork()
-    _announce(list(children), news, banner, say)
+    if _announce(list(children), news, banner, say):
+        ready()
     try:
         return _supervise(children, lambda: stopping, forward, fork, news)
     finally:
@@ -135,17 +137,19 @@ def run(
 
 def _announce(
     children: list[BaseProcess], news: Connection, banner: str, say: Callable[[str], None]
-) -> None:
-    """Print the banner once every worker listens (nothing if one fails first)."""
+) -> bool:
+    """Print the banner once every worker listens (nothing if one fails first); whether they
+    all do."""
     waiting = len(children)
     while waiting:
         sentinels = [c.sentinel for c in children if c.exitcode is None]
         woke = wait([news, *sentinels], timeout=READY_TIMEOUT_S)
         if news not in woke:
-            return  # a worker exited before it was ready (or never got there): see _supervise
+            return False  # a worker exited before it was ready (or never got there): see _supervise
         if news.recv()[0] == READY:
             waiting -= 1
     say(f"{banner} [{len(children)} workers]")
+    return True
 
 
 def _supervise(

@@ -31,6 +31,7 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
+from proxy.store.files import narrowed, private_dir, private_file
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -512,7 +513,11 @@ class LocalStore:
         if self._db is not None:
             return self._db
         try:
-            Path(self.path).mkdir(parents=True, exist_ok=True)
+            private_dir(self.path)
+            # SQLite creates its -wal and -shm with the database file's modes.
+            private_file(self.file)
+            for companion in ("-wal", "-shm"):  # from before files were private
+                narrowed(self.file + companion)
             # timeout: wait (instead of failing at once) when another process holds the lock.
             db = sqlite3.connect(self.file, timeout=5.0)
         except (sqlite3.Error, OSError) as exc:

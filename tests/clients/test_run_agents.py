@@ -62,13 +62,14 @@ async def test_codex_started_by_run_reaches_a_running_proxy_in_the_runs_session(
     sim = Simulator(
         context_window=400_000, api_key=UPSTREAM_KEY, responder=codex_shell_round_trip()
     )
+    env = codex_env(codex)
     async with run_simulator(sim) as url:
         config = proxy_config(tmp_path, CODEX_MODEL, "openai/gpt-sim", f"{url}/v1")
-        async with session_noting_proxy(config) as (proxy, sessions):
+        async with session_noting_proxy(config, env) as (proxy, sessions):
             run = await agentproxy_run(
                 *("--port", str(proxy.port), "--key", PROXY_KEY, "--"),
                 *(str(codex.binary), "exec", "--skip-git-repo-check", "list the files here"),
-                env=codex_env(codex), cwd=codex.workdir,
+                env=env, cwd=codex.workdir,
             )  # fmt: skip
     assert run.exit_code == 0, run.stderr
     assert "The command listed:" in run.stdout
@@ -95,7 +96,7 @@ async def test_claude_code_started_by_run_reaches_a_running_proxy_in_the_runs_se
     env = claude_env(claude_code)
     async with run_simulator(sim) as url:
         config = proxy_config(tmp_path, CLAUDE_MODEL, "anthropic/claude-sim", url)
-        async with session_noting_proxy(config) as (proxy, sessions):
+        async with session_noting_proxy(config, env) as (proxy, sessions):
             run = await agentproxy_run(
                 *("--port", str(proxy.port), "--key", PROXY_KEY, "--"),
                 *(str(claude_code.binary), "-p", "list the files here"),

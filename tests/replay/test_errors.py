@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from proxy import cli
+from proxy.replay.trace import MAX_LINE_BYTES
+from tests.support.agentproxy_run import ROOT
+
+# Runs `agentproxy replay ARGS` as its only child and prints that child's peak RSS (KiB) last.
+MEASURED = """
+import resource, subprocess, sys
+code = subprocess.run([sys.executable, "-m", "proxy", "replay", *sys.argv[1:]]).returncode
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+sys.exit(code)
+"""
 
 GOOD = {"wire": "chat", "request": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
 
@@ -95,3 +107,60 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
     assert first["valid"] and any(r["stage"] == "repair" for r in first["rewrites"])
     assert not second["valid"] and second["status"] == 400
     assert out["totals"]["all_valid"] is False and out["totals"]["invalid_turns"] == [2]
+
+
+def replay_as_a_user(trace: str) -> tuple[int, list[str], int]:
+    """`agentproxy replay TRACE` in a process of its own: its exit code, the lines it printed
+    on stderr, its peak resident memory in MB. Bounded: a read that does not stop fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED, trace],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    *said, peak_kib = done.stderr.splitlines()
+    return done.returncode, said, int(peak_kib) // 1024
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, ":1: not a text file (a NUL byte)"),
+        (json.dumps(GOOD).encode() + b"\n\x00\x01\x02", ":2: not a text file (a NUL byte)"),
+        (bytes(range(128, 256)) * 64, ":1: not a text file (not UTF-8 at byte 0)"),
+    ],
+)
+def test_a_trace_that_is_not_text_is_refused_in_one_line_at_once(
+    tmp_path: Path, content: bytes | None, said: str
+) -> None:
+    trace = "/dev/zero"  # endless: read whole it grew to gigabytes
+    if content is not None:
+        trace = str(tmp_path / "binary.jsonl")
+        Path(trace).write_bytes(content)
+    code, lines, peak_mb = replay_as_a_user(trace)
+    assert code == 2
+    assert lines == [f"agentproxy replay: {trace}{said}: a trace is JSON lines"]
+    assert peak_mb < 150
+
+
+def test_a_line_past_the_limit_is_refused_without_being_read_whole(tmp_path: Path) -> None:
+    trace = tmp_path / "long.jsonl"
+    with trace.open("wb") as file:  # one 150 MB line: read whole it took 356 MB
+        file.write(b'{"wire": "chat", "padding": "')
+        file.write(b"a" * (150 * 1024 * 1024))
+        file.write(b'"}\n')
+    code, lines, peak_mb = replay_as_a_user(str(trace))
+    assert code == 2
+    assert lines == [f"agentproxy replay: {trace}:1: a line longer than {MAX_LINE_BYTES} bytes"]
+    assert peak_mb < 200  # the process (~55 MB) and at most one line's limit (64 MB)
+
+
+def test_a_control_character_in_a_model_name_is_a_clear_error(tmp_path: Path) -> None:
+    """It would go into the proxy's response headers, which refuse it mid-answer."""
+    turn = {**GOOD, "request": {**GOOD["request"], "model": "gp\u0000t"}}
+    trace = tmp_path / "nul-model.jsonl"
+    trace.write_text(json.dumps(GOOD) + "\n" + json.dumps(turn) + "\n")
+    code, lines, _ = replay_as_a_user(str(trace))
+    assert code == 2
+    assert lines == [
+        f"agentproxy replay: {trace}:2: the request's model name holds a control character "
+        "(U+0000): 'gp\\x00t'"
+    ]

@@ -7,11 +7,13 @@ provider answers an unknown id, and the upstream hears nothing of B's attempt.""
 from __future__ import annotations
 
 import asyncio
+import json
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
@@ -273,10 +275,72 @@ async def test_an_unreadable_store_refuses_continuations(
     assert error.body["code"] == "store_unavailable" and first.id not in str(error.body)
     assert sim.request_count == heard
     for stream in (True, False, False):
-        fresh = await create(proxy, ALICE, stream, input="a new conversation")
-        assert fresh.output_text  # its record is lost (logged), its answer is not
+        fresh = await create(proxy, ALICE, stream, input="a new conversation", store=False)
+        assert fresh.output_text  # nothing to record: answered
+
+
+async def test_an_id_whose_owner_cannot_be_recorded_is_not_handed_out(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    own_redis: OwnRedis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis down (restarting): an answer whose id could not be continued is not given, 503
+    `store_unavailable` (a stream, which carried the id in `response.created` already, ends
+    with that error instead of `response.completed`). Once Redis is back, ids are recorded
+    and continue."""
+    port, processes = own_redis
+    start_redis(port, processes)
+    store = f'store: {{backend: redis, url: "redis://127.0.0.1:{port}/0", timeout_s: 0.2}}'
+    proxy = await start(start_proxy, tmp_path, upstream, store)
+    await until_answered(proxy)
+    processes[0].terminate()
+    processes[0].wait(5)
+    error = await refused(proxy, ALICE, False, input="while Redis restarts")
+    assert error.status_code == 503 and isinstance(error.body, dict)
+    assert (error.body["type"], error.body["code"]) == ("service_unavailable", "store_unavailable")
+    assert "resp_" not in str(error.body)
+    events = await stream_events(proxy, ALICE, input="while Redis restarts")
+    names = [event["type"] for event in events]
+    assert names[0] == "response.created" and "response.completed" not in names
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "store_unavailable"
     lost = [r for r in caplog.records if "could not record the owner" in r.getMessage()]
     assert len(lost) == 1  # an outage fails every write: said once, then summed up
+    start_redis(port, processes)  # back, empty
+    first = await until_answered(proxy)
+    for stream in (False, True):
+        later = await create(proxy, ALICE, stream, input="on", previous_response_id=first.id)
+        assert later.output_text
+
+
+async def until_answered(proxy: TestServer) -> Any:
+    """A response of ALICE's, once the store takes its record (Redis starting)."""
+    for _ in range(50):
+        try:
+            return await create(proxy, ALICE, False, input="hello")
+        except openai.APIStatusError:
+            await asyncio.sleep(0.1)
+    pytest.fail("Redis did not come up")
+
+
+async def stream_events(proxy: TestServer, key: str, **body: Any) -> list[dict[str, Any]]:
+    """A streamed response's events as the wire carried them (`type` and `code` for `error`)."""
+    events = []
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            proxy.make_url("/v1/responses"),
+            json={"model": "gpt", "stream": True, **body},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as answer:
+            assert answer.status == 200
+            async for line in answer.content:
+                if line.startswith(b"data: "):
+                    data = json.loads(line[6:])
+                    kind = data.get("type") or "error"
+                    error = data.get("error") if isinstance(data.get("error"), dict) else data
+                    events.append({"type": kind, "code": error.get("code")})
+    return events
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -8,18 +8,31 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import stat
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.runtime import identity
 from proxy.runtime.agent_env import codex_config
-from tests.conftest import free_port
+from proxy.state import IDENTITY
+from tests.conftest import free_port, sim_config
 from tests.runtime.test_server import refused
-from tests.support.agentproxy_run import ROOT, agentproxy_run, clean_env, start_run
+from tests.support.agentproxy_run import (
+    ROOT,
+    agentproxy_run,
+    clean_env,
+    session_noting_proxy,
+    start_run,
+)
+from tests.test_cli import start_serve
 
 # An SDK agent: base URL and key from the environment `agentproxy run` gave it.
 AGENT = """
@@ -126,8 +139,13 @@ async def test_a_scripted_agent_reaches_the_embedded_simulated_proxy_and_its_cod
 
 
 async def test_a_proxy_already_running_is_used(
-    proxy: TestServer, env: dict[str, str], tmp_path: Path
+    config_path: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
+    async with session_noting_proxy(config_path, env) as (proxy, _):
+        await a_proxy_already_running_is_used(proxy, env)
+
+
+async def a_proxy_already_running_is_used(proxy: TestServer, env: dict[str, str]) -> None:
     port = str(proxy.port)
     run = await agentproxy_run("--port", port, "--", sys.executable, "-c", AGENT, "sim", "0",
                                env=env)  # fmt: skip
@@ -298,3 +316,163 @@ async def test_a_codex_config_that_is_not_toml_is_left_out_and_said(
     assert run.exit_code == 0, run.stderr
     assert "left out of Codex's configuration" in run.stderr
     assert tomllib.loads(json.loads(run.stdout)["config"])["model_provider"] == "agentproxy"
+
+
+# -- which proxy `run` trusts, and what the agent is given ------------------------------------
+
+USER_KEYS = {  # the user's own provider credentials: no agent started by `run` gets them
+    "OPENAI_API_KEY": "sk-user-openai-secret",
+    "ANTHROPIC_API_KEY": "sk-ant-user-secret",
+    "ANTHROPIC_AUTH_TOKEN": "sk-ant-user-token",
+    "CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat-user",
+}
+# An SDK agent that also shows the environment it was started with.
+ENV_AGENT = """
+import json, os, openai
+client = openai.OpenAI(max_retries=0)
+answer = client.chat.completions.create(
+    model="sim", messages=[{"role": "user", "content": "hello proxy"}])
+print(answer.choices[0].message.content)
+print(json.dumps(dict(os.environ)))
+"""
+
+
+class Squatter:
+    """Another local process on the proxy's port: answers /healthz as a proxy does (and
+    anything else with a chat answer), and keeps every request it got."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str], bytes]] = []
+
+    def app(self) -> web.Application:
+        async def anything(request: web.Request) -> web.Response:
+            self.seen.append((request.path, dict(request.headers), await request.read()))
+            if request.path == "/healthz":
+                return web.json_response({"status": "ok", "proof": "0" * 64})
+            return web.json_response({
+                "id": "x", "object": "chat.completion", "created": 0, "model": "sim",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "squatted"}}],
+            })  # fmt: skip
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", anything)
+        return app
+
+    def assert_got_nothing_of_the_users(self) -> None:
+        assert [path for path, _, _ in self.seen] == ["/healthz"]  # the probe, nothing else
+        for _, headers, body in self.seen:
+            assert not body
+            shown = " ".join(headers.values())
+            assert not any(secret in shown for secret in USER_KEYS.values())
+
+
+@pytest.fixture
+async def squatter(aiohttp_server: Any) -> tuple[Squatter, TestServer]:
+    squatting = Squatter()
+    server: TestServer = await aiohttp_server(squatting.app())
+    return squatting, server
+
+
+async def test_run_never_uses_a_process_on_the_port_that_cannot_prove_it_is_the_users_proxy(
+    squatter: tuple[Squatter, TestServer], sim_server: TestServer, env: dict[str, str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """`run --config` whose server.port another process holds: the configured proxy is started
+    on a free port; the squatter hears only the probe, no key nor prompt. A runtime file left
+    for that port (a proxy of the user's that was killed) proves nothing to it."""
+    squatting, server = squatter
+    identity.claim(server.port, identity.new_secret(), env)  # stale: its proxy is gone
+    config = tmp_path / "on-the-squatted-port.yaml"
+    sim_url = str(sim_server.make_url("")).rstrip("/")
+    config.write_text(sim_config(sim_url, f"server: {{port: {server.port}}}\n"))
+    env.update(USER_KEYS)
+    run = await agentproxy_run("--config", str(config), "--", sys.executable, "-c", ENV_AGENT,
+                               env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert f"what answers at http://127.0.0.1:{server.port} is not a proxy you started" in (
+        run.stderr
+    )
+    assert run.started_url is not None and run.started_url.split(":")[-1] != str(server.port)
+    answer, shown = run.stdout.splitlines()
+    assert answer == "You said: hello proxy"  # the configured simulator, through our proxy
+    seen = json.loads(shown)
+    assert not set(USER_KEYS.values()) & set(seen.values())
+    assert seen["OPENAI_API_KEY"] == seen["ANTHROPIC_AUTH_TOKEN"] == "agentproxy-run"
+    assert "ANTHROPIC_API_KEY" not in seen and "CLAUDE_CODE_OAUTH_TOKEN" not in seen
+    squatting.assert_got_nothing_of_the_users()
+
+
+async def test_with_nothing_to_start_run_refuses_a_squatter_clearly(
+    squatter: tuple[Squatter, TestServer], env: dict[str, str]
+) -> None:
+    squatting, server = squatter
+    env.update(USER_KEYS)
+    run = await agentproxy_run("--port", str(server.port), "--", sys.executable, "-c", ENV_AGENT,
+                               env=env)  # fmt: skip
+    assert run.exit_code == 2
+    assert "is not a proxy you started" in run.stderr and "--config" in run.stderr
+    assert run.stdout == ""  # the agent never started
+    squatting.assert_got_nothing_of_the_users()
+
+
+async def test_the_agent_gets_the_proxy_key_and_none_of_the_users_provider_keys(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "claude")
+    env.update(USER_KEYS)
+    keyed = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "claude", env=env)
+    assert keyed.exit_code == 0, keyed.stderr
+    seen = json.loads(keyed.stdout)["env"]
+    assert not set(USER_KEYS.values()) & set(seen.values())
+    assert "ANTHROPIC_API_KEY" not in seen  # it would override the proxy key
+    assert seen["OPENAI_API_KEY"] == seen["ANTHROPIC_AUTH_TOKEN"] == "sk-mine"
+    assert seen["AGENTPROXY_API_KEY"] == "sk-mine"
+
+
+async def test_serves_runtime_file_is_private_proves_it_to_run_and_goes_with_it(
+    config_path: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """`agentproxy serve` writes its runtime file 0600 in a folder made 0700; `run` finds it
+    by it and uses it; the file is gone once `serve` stopped."""
+    process, url = await start_serve(config_path, env)
+    port = url.rsplit(":", 1)[1]
+    runtime = Path(env["XDG_RUNTIME_DIR"]) / "agentproxy"
+    claimed = runtime / f"proxy-{port}.json"
+    try:
+        for _ in range(100):
+            if claimed.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert stat.S_IMODE(claimed.stat().st_mode) == 0o600
+        assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+        assert json.loads(claimed.read_text())["port"] == int(port)
+        run = await agentproxy_run("--port", port, "--", sys.executable, "-c", AGENT, "sim", "0",
+                                   env=env)  # fmt: skip
+        assert run.exit_code == 0, run.stderr
+        assert f"using the proxy running at {url}" in run.stderr and run.started_url is None
+        assert run.stdout.splitlines()[0] == "You said: hello proxy"
+    finally:
+        process.terminate()
+        await process.wait()
+    assert process.returncode == 0
+    assert not claimed.exists()
+
+
+async def test_healthz_proves_only_over_the_port_it_is_reached_on(
+    config_path: Path, env: dict[str, str]
+) -> None:
+    """A process relaying the challenge to a real proxy on another port gets that port's
+    proof, which is not the one `run` checks."""
+    async with session_noting_proxy(config_path, env) as (proxy, _):
+        secret = proxy.app[IDENTITY]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(proxy.make_url("/healthz"),
+                                headers={identity.CHALLENGE_HEADER: "n1"}) as answer:  # fmt: skip
+                proven = (await answer.json())["proof"]
+            async with http.get(proxy.make_url("/healthz")) as answer:
+                assert await answer.json() == {"status": "ok"}
+        assert proven == identity.proof(secret, proxy.port, "n1")
+        assert proven != identity.proof(secret, proxy.port + 1, "n1")
+        assert await identity.probe(proxy.port, environ=env) == "ours"
+        assert await identity.probe(proxy.port, environ={"HOME": "/nonexistent"}) == "foreign"

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import build_app
+from proxy.runtime import identity
 from tests.conftest import ServedLikeServe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,10 +45,11 @@ class RunResult:
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without any agent's or proxy's settings, HOME in `home`."""
+    """This process's environment without any agent's or proxy's settings, HOME in `home`
+    and the runtime files (proxy/runtime/identity.py) in `home`/run."""
     env = {name: value for name, value in os.environ.items() if not _LEAKY.match(name)}
     home.mkdir(parents=True, exist_ok=True)
-    return {**env, "HOME": str(home), **extra}
+    return {**env, "HOME": str(home), "XDG_RUNTIME_DIR": str(home / "run"), **extra}
 
 
 async def start_run(
@@ -82,10 +84,15 @@ async def agentproxy_run(
 
 
 @contextlib.asynccontextmanager
-async def session_noting_proxy(config: Path) -> AsyncIterator[tuple[ServedLikeServe, list[str]]]:
-    """The proxy on `config`, and the `x-agentproxy-session` of every answer it gave."""
+async def session_noting_proxy(
+    config: Path, env: Mapping[str, str]
+) -> AsyncIterator[tuple[ServedLikeServe, list[str]]]:
+    """The proxy on `config`, started as `serve` is by the user of `env` (its runtime file
+    written there: `run` may use it), and the `x-agentproxy-session` of every answer it
+    gave."""
     sessions: list[str] = []
-    app = build_app(config)
+    secret = identity.new_secret()
+    app = build_app(config, identity=secret)
 
     async def note(request: web.Request, response: web.StreamResponse) -> None:
         if session := response.headers.get("x-agentproxy-session"):
@@ -94,7 +101,9 @@ async def session_noting_proxy(config: Path) -> AsyncIterator[tuple[ServedLikeSe
     app.on_response_prepare.append(note)
     server = ServedLikeServe(app)
     await server.start_server()
+    claimed = identity.claim(server.port, secret, env)
     try:
         yield server, sessions
     finally:
+        identity.release(claimed, secret)
         await server.close()

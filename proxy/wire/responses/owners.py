@@ -19,6 +19,12 @@ serves the client's next turn. With Redis that may be another replica, so the wr
 (~0.3 ms). The embedded store has one process: the write (a committed SQLite transaction,
 ~0.7 ms) goes on after the answer, and until it lands the id is found among the writes in
 flight here.
+
+A record that cannot be written (Redis down or restarting) would make an id nobody can
+continue: with Redis the answer is then not given but refused, 503 `store_unavailable`, as a
+lookup that cannot be made is. A stream has shown its id in `response.created` already; it
+ends with that error event instead of `response.completed`, so the client holds no completed
+response to continue. A response made with `store: false` needs no record and is answered.
 """
 
 from __future__ import annotations
@@ -71,13 +77,19 @@ class ResponseOwners:
     async def record(self, response: Any) -> None:
         """Note that the caller owns the response the upstream answered with, and its output
         items (a later turn may name them by id: an `item_reference`, a reasoning item sent
-        back without its `encrypted_content`). A lost write is logged: those ids cannot be
-        named through the proxy."""
+        back without its `encrypted_content`). A shared store's write is awaited, and when it
+        fails the answer is not given (ServiceUnavailable, `store_unavailable`): an id handed
+        out without its record could never be continued. The embedded store's lost write is
+        logged."""
         sessions = [_session(self.owner, found) for found in _owned_ids(response)]
         if not sessions:
             return
         if self.store.shared:
-            await asyncio.gather(*(self._write(session) for session in sessions))
+            try:
+                await asyncio.gather(*(self._write(session) for session in sessions))
+            except StoreError as exc:
+                _say_lost(exc)
+                raise unrecorded() from exc
             return
         task = asyncio.ensure_future(self._write_all(sessions))
         for session in sessions:
@@ -85,19 +97,14 @@ class ResponseOwners:
             task.add_done_callback(functools.partial(_written, session))
 
     async def _write_all(self, sessions: list[str]) -> None:
-        for session in sessions:
-            await self._write(session)
+        try:
+            for session in sessions:
+                await self._write(session)
+        except StoreError as exc:
+            _say_lost(exc)
 
     async def _write(self, session: str) -> None:
-        try:
-            await self.store.put_checkpoint(session, RECORD_KEY, b"1")
-        except StoreError as exc:  # an outage fails every one: said once a minute
-            warn_limited(
-                log,
-                "responses.owner_record",
-                "could not record the owner of a response (%s): it cannot be continued",
-                exc,
-            )
+        await self.store.put_checkpoint(session, RECORD_KEY, b"1")
 
     async def check(self, body: dict[str, Any]) -> None:
         """Refuse a `previous_response_id` the caller does not own, and any `conversation`,
@@ -142,6 +149,25 @@ class ResponseOwners:
                 code="store_unavailable",
             ) from exc
         return found is not None
+
+
+def _say_lost(exc: StoreError) -> None:
+    # An outage fails every write: said once a minute.
+    warn_limited(log, "responses.owner_record",
+                 "could not record the owner of a response (%s): it cannot be continued",
+                 exc)  # fmt: skip
+
+
+def unrecorded() -> ServiceUnavailable:
+    """The answer, when the record of the id it carries cannot be written: not given (the id
+    would answer `previous_response_not_found` ever after), the client asked to retry."""
+    error = ServiceUnavailable(
+        "the proxy's store is unavailable, so the owner of this response could not be recorded "
+        "and it could not be continued: not answered; retry later",
+        code="store_unavailable",
+    )
+    error.unsent = True  # no upstream's fault
+    return error
 
 
 def _owned_ids(response: Any) -> list[str]:
