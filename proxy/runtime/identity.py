@@ -33,7 +33,8 @@ from proxy.store.files import DIR_MODE, FILE_MODE
 
 CHALLENGE_HEADER = "x-agentproxy-challenge"
 MAX_NONCE_CHARS = 128  # a longer challenge is not answered
-PROBE_TIMEOUT_S = 2.0
+# A refused port answers at once; a proxy of ours on a loaded machine may take seconds.
+PROBE_TIMEOUT_S = 5.0
 MAX_FILE_BYTES = 4096
 Probe = Literal["ours", "foreign", "none"]  # a proxy of ours; something else; nothing
 
