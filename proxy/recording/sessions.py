@@ -34,7 +34,7 @@ from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
-from proxy.recording.answers import answer_of
+from proxy.recording.answers import answer_in_slices, answer_of, assembled_size
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
 
@@ -48,6 +48,10 @@ RECENT_TURNS = 16  # turns a session remembers the hashes of (requests in flight
 LINGER_S = 0.1  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
 LISTS = ("request", "sent")
+# A streamed answer up to this is assembled at once (about a ms); a longer one by the writer,
+# in slices that let the event loop run between them.
+INLINE_ANSWER_BYTES = 64 * 1024
+_UNREAD: Any = object()  # the answer is not assembled yet
 
 
 @dataclass(slots=True)
@@ -126,7 +130,7 @@ class TurnWriter:
             self._waiting.clear()
             self._task = asyncio.get_running_loop().create_task(self._work(self._queue))
         session = turn.ex.identity.session
-        if session in self._known and not self._waiting.get(session):
+        if session in self._known and not self._waiting.get(session) and not _long_answer(turn):
             asyncio.get_running_loop().call_soon(self._prepare_soon, turn)
         else:
             self._enqueue(turn)
@@ -230,10 +234,15 @@ class TurnWriter:
     async def _prepare_queued(
         self, turn: Finished
     ) -> tuple[str, str, list[tuple[BlobInfo, bytes]]] | None:
-        """A turn queued whole: its session's state read (from the store, if new), then split."""
+        """A turn queued whole: a long answer assembled (in slices), its session's state read
+        (from the store, if new), then split."""
         session = turn.ex.identity.session
         try:
-            blobs = self._prepare(turn, await self._session(session))
+            answer = _UNREAD
+            known = self._known.get(session)
+            if _long_answer(turn) and not (known is not None and known.stopped):
+                answer = await answer_in_slices(turn.ex.client.wire, turn.body, turn.ex.streamed)
+            blobs = self._prepare(turn, await self._session(session), answer)
         except Exception as exc:
             self._failed(exc, 1)
             self._known.pop(session, None)
@@ -246,9 +255,11 @@ class TurnWriter:
                 self._waiting.pop(session, None)
         return (session, turn.ex.identity.owner, blobs) if blobs else None
 
-    def _prepare(self, turn: Finished, known: _Known) -> list[tuple[BlobInfo, bytes]]:
+    def _prepare(
+        self, turn: Finished, known: _Known, answer: Any = _UNREAD
+    ) -> list[tuple[BlobInfo, bytes]]:
         """The turn's blobs not yet stored, its session's state moved past it (undone by
-        forgetting the session should the write fail)."""
+        forgetting the session should the write fail). `answer`: the answer, if assembled."""
         ex = turn.ex
         session = ex.identity.session
         if known.stopped:
@@ -280,7 +291,7 @@ class TurnWriter:
             "route": ex.client.route,
             "request": request,
             "sent": sent,
-            "answer": _answer(ex.client.wire, turn.body, ex.streamed, split.redaction),
+            "answer": _answer(ex.client.wire, turn.body, ex.streamed, split.redaction, answer),
             "status": turn.status,
             "events": events,
             "usage": None if usage is None else usage.described(),
@@ -456,11 +467,21 @@ class _Split:
         return ref
 
 
+def _long_answer(turn: Finished) -> bool:
+    return assembled_size(turn.body, turn.ex.streamed) > INLINE_ANSWER_BYTES
+
+
 def _answer(
-    wire: str, body: bytes | None, streamed: list[bytes] | None, redaction: Redaction
+    wire: str,
+    body: bytes | None,
+    streamed: list[bytes] | None,
+    redaction: Redaction,
+    assembled: Any = _UNREAD,
 ) -> Any:
     """The answer for the turn record: a JSON body kept as its bytes when nothing in it is
-    to be redacted (no parse), else parsed (a stream assembled) and redacted."""
+    to be redacted (no parse), else parsed (a stream assembled, unless it was) and redacted."""
+    if assembled is not _UNREAD:
+        return redaction.value(assembled)
     whole = not streamed and body is not None and body[:1] == b"{" and body.rstrip()[-1:] == b"}"
     if (
         whole
@@ -500,7 +521,8 @@ def _held(item: Queued) -> int:
     parse), a split one its blobs."""
     if isinstance(item, _Prepared):
         return item.size
-    return 2 * (len(item.raw) if item.raw else item.ex.client.body_bytes)
+    request = 2 * (len(item.raw) if item.raw else item.ex.client.body_bytes)
+    return request + sum(map(len, item.ex.streamed or ()))
 
 
 async def _put_many(store: Store, blobs: list[tuple[BlobInfo, bytes]]) -> None:
