@@ -121,7 +121,7 @@ def build_app(
     recorder = Recorder(metrics, events)
     recorder.board = app[BOARD] = SessionBoard()
     turns = recorder.turns = app[RECORDINGS] = TurnWriter(
-        store, metrics, recorder.recording_stopped
+        store, metrics, recorder.recording_stopped, on_unrecorded=recorder.turns_unrecorded
     )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.

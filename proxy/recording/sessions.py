@@ -108,10 +108,14 @@ class TurnWriter:
         metrics: Metrics,
         on_stopped: Callable[[Exchange, dict[str, Any]], None],
         memo_bytes: int = MEMO_BYTES,
+        on_unrecorded: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
+        # (session, outcome, turns): turns of a session not recorded, and why (the board
+        # shows them: a turn is never left out silently).
+        self.on_unrecorded = on_unrecorded
         self._queue: asyncio.Queue[Queued] | None = None
         self._waiting: dict[str, int] = {}  # sessions with whole turns queued: how many
         self._task: asyncio.Task[None] | None = None
@@ -144,7 +148,7 @@ class TurnWriter:
         try:
             blobs = self._prepare(turn, known)
         except Exception as exc:
-            self._failed(exc, 1)
+            self._failed(exc, {session: 1})
             self._known.pop(session, None)
             return
         if blobs:
@@ -159,7 +163,10 @@ class TurnWriter:
                 raise asyncio.QueueFull
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
-            self._count("dropped")
+            session = item.session if isinstance(item, _Prepared) else item.ex.identity.session
+            if isinstance(item, _Prepared):  # its state had moved past blobs never written
+                self._known.pop(session, None)
+            self._count("dropped", session)
             warn_limited(log, "recording.dropped", "recording falls behind: a turn was dropped")
             return
         self._queued_bytes += size
@@ -209,8 +216,8 @@ class TurnWriter:
         """The turns' new blobs, each owner's in one store call (one transaction in SQLite,
         one round trip to Redis); a failure loses those turns only, counted and said."""
         by_owner: dict[str, list[tuple[BlobInfo, bytes]]] = {}
-        sessions: dict[str, set[str]] = {}
-        recorded: dict[str, int] = {}
+        sessions: dict[str, dict[str, int]] = {}  # each owner's: turns by session
+        await self._read_new(batch)
         for item in batch:
             if isinstance(item, Finished):
                 prepared = await self._prepare_queued(item)
@@ -220,16 +227,28 @@ class TurnWriter:
             else:
                 item_session, owner, blobs = item.session, item.owner, item.blobs
             by_owner.setdefault(owner, []).extend(blobs)
-            sessions.setdefault(owner, set()).add(item_session)
-            recorded[owner] = recorded.get(owner, 0) + 1
+            turns = sessions.setdefault(owner, {})
+            turns[item_session] = turns.get(item_session, 0) + 1
         for owner, blobs in by_owner.items():
             try:
                 await _put_many(self.store, blobs)
             except Exception as exc:
-                self._failed(exc, recorded[owner])
-                self.forget(sessions[owner])  # what they hold is read again from the store
+                self._failed(exc, sessions[owner])
+                self.forget(set(sessions[owner]))  # what they hold is read again from the store
                 continue
-            self.metrics.child(self.metrics.recorded_turns, "recorded").inc(recorded[owner])
+            recorded = sum(sessions[owner].values())
+            self.metrics.child(self.metrics.recorded_turns, "recorded").inc(recorded)
+
+    async def _read_new(self, batch: list[Queued]) -> None:
+        """The state of the batch's sessions new to this process, read from the store all at
+        once: one round trip each, one after the other, fell behind many new sessions."""
+        new = {
+            item.ex.identity.session
+            for item in batch
+            if isinstance(item, Finished) and item.ex.identity.session not in self._known
+        }
+        if new:  # a failure is met again, and counted, by the turn itself
+            await asyncio.gather(*map(self._session, new), return_exceptions=True)
 
     async def _prepare_queued(
         self, turn: Finished
@@ -244,7 +263,7 @@ class TurnWriter:
                 answer = await answer_in_slices(turn.ex.client.wire, turn.body, turn.ex.streamed)
             blobs = self._prepare(turn, await self._session(session), answer)
         except Exception as exc:
-            self._failed(exc, 1)
+            self._failed(exc, {session: 1})
             self._known.pop(session, None)
             return None
         finally:
@@ -263,7 +282,7 @@ class TurnWriter:
         ex = turn.ex
         session = ex.identity.session
         if known.stopped:
-            self._count("skipped")
+            self._count("skipped", session)
             return []
         spec = ex.policy.record
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
@@ -306,7 +325,7 @@ class TurnWriter:
         limit = int(spec.max_mb_per_session * MB)
         if known.bytes + adding > limit:
             known.stopped = True
-            self._count("stopped")
+            self._count("stopped", session)
             fields = {"bytes": known.bytes, "max_mb_per_session": spec.max_mb_per_session}
             self.on_stopped(ex, fields)
             return []
@@ -332,8 +351,10 @@ class TurnWriter:
             self._known[session] = known  # it grew: the memo weighs it again
         return blobs
 
-    def _failed(self, exc: Exception, turns: int) -> None:
-        self.metrics.child(self.metrics.recorded_turns, "failed").inc(turns)
+    def _failed(self, exc: Exception, turns: dict[str, int]) -> None:
+        """`turns`: how many of each session's were lost."""
+        for session, count in turns.items():
+            self._count("failed", session, count)
         warn_limited(log, "recording.failed", "recording a turn failed: %s: %s",
                      type(exc).__name__, exc)  # fmt: skip
 
@@ -350,8 +371,11 @@ class TurnWriter:
         self._known[session] = known
         return known
 
-    def _count(self, outcome: str) -> None:
-        self.metrics.child(self.metrics.recorded_turns, outcome).inc()
+    def _count(self, outcome: str, session: str, turns: int = 1) -> None:
+        """Turns of `session` not recorded, and why: the metric and the session's own count."""
+        self.metrics.child(self.metrics.recorded_turns, outcome).inc(turns)
+        if self.on_unrecorded is not None:
+            self.on_unrecorded(session, outcome, turns)
 
 
 _secrets: LRUCache[str, tuple[str, ...]] = LRUCache(8)
