@@ -383,10 +383,11 @@ _secrets: LRUCache[str, tuple[str, ...]] = LRUCache(8)
 
 def secrets_of(config: Config, presented: str | None) -> tuple[str, ...]:
     """What a recording never keeps besides the policy's patterns: the key the client
-    presented, and every deployment's api_key (one tuple per configuration version)."""
+    presented, and every deployment's api_key and extra_headers values (one tuple per
+    configuration version)."""
     keys = _secrets.get(config.version)
     if keys is None:
-        found = {d.api_key for group in config.deployments.values() for d in group if d.api_key}
+        found = {s for group in config.deployments.values() for d in group for s in d.secrets()}
         keys = _secrets[config.version] = tuple(sorted(found))
     return keys if presented is None else (*keys, presented)
 

@@ -22,7 +22,7 @@ from tests.recording.test_recording import ALICE, config, session, turns_of
 
 EVENTS = 128_000
 PER_WRITE = 250  # events the upstream writes at once (a fast upstream's reads)
-WORST_HEALTHZ_S = 0.2
+WORST_HEALTHZ_S = 0.5  # main: 1.6 to 8.7 s; the machine's other load can cost 0.2 s
 PAUSE_S = 0.005
 
 
