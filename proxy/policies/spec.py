@@ -58,6 +58,16 @@ class Deployment:
     output_cost_per_token: float | None = None
     cache_read_cost_per_token: float | None = None  # model_info.cache_read_input_token_cost
     cache_write_cost_per_token: float | None = None  # model_info.cache_creation_input_token_cost
+
+    def secrets(self) -> tuple[str, ...]:
+        """What this deployment sends the provider that a recording or a session name may
+        never hold: its api_key and its extra_headers' values (a value's credential alone
+        too: the token of `Bearer <token>`)."""
+        found = [self.api_key] if self.api_key else []
+        for value in self.extra_headers.values():
+            found += [value, value.partition(" ")[2].strip()] if " " in value else [value]
+        return tuple(s for s in found if s)
+
     # model_info.supports_null_content: False = the server refuses `content: null` on an
     # assistant message (llama-cpp-python), so it gets "" (proxy/pipeline/compat.py); None =
     # unknown, learnt from the first such refusal.

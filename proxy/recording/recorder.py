@@ -45,6 +45,12 @@ class Recorder:
         if record is not None and self.turns is not None:
             self.turns.submit(record)
 
+    def turns_unrecorded(self, session: str, outcome: str, turns: int) -> None:
+        """Turns of a session that its recording lost (dropped, failed) or left out (stopped,
+        skipped): shown on the board with the session."""
+        if self.board is not None:
+            self.board.unrecorded(session, outcome, turns)
+
     def recording_stopped(self, ex: Exchange, fields: dict[str, Any]) -> None:
         """A session's recording reached record.max_mb_per_session: it ends here."""
         self.record(ex, "record", "stopped", **fields)

@@ -1,6 +1,7 @@
-"""What a recording may not keep: the keys the proxy knows of (the client's, the deployment's)
-and whatever the policy's `record.redact` patterns match, each replaced by "[redacted]" in
-every string of a recorded structure, before any of it reaches the store."""
+"""What a recording may not keep: the keys the proxy knows of (the client's, the deployments'
+api keys and extra_headers values) and whatever the policy's `record.redact` patterns match,
+each replaced by "[redacted]" in every string of a recorded structure, its objects' keys
+included, before any of it reaches the store."""
 
 from __future__ import annotations
 
@@ -76,13 +77,15 @@ def scrub(value: Any, redact: re.Pattern[str] | None) -> Any:
     if isinstance(value, str):
         return redact.sub(REDACTED, value) if redact.search(value) else value
     if isinstance(value, dict):
-        out: dict[str, Any] | None = None
-        for name, item in value.items():
+        pairs: list[tuple[Any, Any]] | None = None  # as far as read, once something changed
+        for at, (name, item) in enumerate(value.items()):
             clean = scrub(item, redact)
-            if clean is not item:
-                out = out if out is not None else dict(value)
-                out[name] = clean
-        return value if out is None else out
+            key = scrub(name, redact) if isinstance(name, str) else name  # keys hold text too
+            if pairs is None and (clean is not item or key is not name):
+                pairs = list(value.items())[:at]
+            if pairs is not None:
+                pairs.append((key, clean))
+        return value if pairs is None else _keyed(pairs)
     if isinstance(value, list):
         changed: list[Any] | None = None
         for index, item in enumerate(value):
@@ -92,3 +95,15 @@ def scrub(value: Any, redact: re.Pattern[str] | None) -> Any:
                 changed[index] = clean
         return value if changed is None else changed
     return value
+
+
+def _keyed(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """The pairs as an object, in order; keys redacted alike kept apart ("[redacted] (2)")."""
+    out: dict[Any, Any] = {}
+    for key, item in pairs:
+        name, n = key, 1
+        while name in out:
+            n += 1
+            name = f"{key} ({n})"
+        out[name] = item
+    return out

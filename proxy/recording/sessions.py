@@ -34,7 +34,7 @@ from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
-from proxy.recording.answers import answer_of
+from proxy.recording.answers import answer_in_slices, answer_of, assembled_size
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
@@ -48,6 +48,10 @@ BATCH_TURNS = 256  # turns written together when they queued up meanwhile
 RECENT_TURNS = 16  # turns a session remembers the hashes of (requests in flight at once)
 LINGER_S = 0.1  # how long the writer waits for more turns before it writes
 MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known parts)
+# A streamed answer up to this is assembled at once (about a ms); a longer one by the writer,
+# in slices that let the event loop run between them.
+INLINE_ANSWER_BYTES = 64 * 1024
+_UNREAD: Any = object()  # the answer is not assembled yet
 
 
 @dataclass(slots=True)
@@ -104,10 +108,14 @@ class TurnWriter:
         metrics: Metrics,
         on_stopped: Callable[[Exchange, dict[str, Any]], None],
         memo_bytes: int = MEMO_BYTES,
+        on_unrecorded: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
+        # (session, outcome, turns): turns of a session not recorded, and why (the board
+        # shows them: a turn is never left out silently).
+        self.on_unrecorded = on_unrecorded
         self._queue: asyncio.Queue[Queued] | None = None
         self._waiting: dict[str, int] = {}  # sessions with whole turns queued: how many
         self._task: asyncio.Task[None] | None = None
@@ -126,7 +134,7 @@ class TurnWriter:
             self._waiting.clear()
             self._task = asyncio.get_running_loop().create_task(self._work(self._queue))
         session = turn.ex.identity.session
-        if session in self._known and not self._waiting.get(session):
+        if session in self._known and not self._waiting.get(session) and not _long_answer(turn):
             asyncio.get_running_loop().call_soon(self._prepare_soon, turn)
         else:
             self._enqueue(turn)
@@ -140,7 +148,7 @@ class TurnWriter:
         try:
             blobs = self._prepare(turn, known)
         except Exception as exc:
-            self._failed(exc, 1)
+            self._failed(exc, {session: 1})
             self._known.pop(session, None)
             return
         if blobs:
@@ -155,7 +163,10 @@ class TurnWriter:
                 raise asyncio.QueueFull
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
-            self._count("dropped")
+            session = item.session if isinstance(item, _Prepared) else item.ex.identity.session
+            if isinstance(item, _Prepared):  # its state had moved past blobs never written
+                self._known.pop(session, None)
+            self._count("dropped", session)
             warn_limited(log, "recording.dropped", "recording falls behind: a turn was dropped")
             return
         self._queued_bytes += size
@@ -205,8 +216,8 @@ class TurnWriter:
         """The turns' new blobs, each owner's in one store call (one transaction in SQLite,
         one round trip to Redis); a failure loses those turns only, counted and said."""
         by_owner: dict[str, list[tuple[BlobInfo, bytes]]] = {}
-        sessions: dict[str, set[str]] = {}
-        recorded: dict[str, int] = {}
+        sessions: dict[str, dict[str, int]] = {}  # each owner's: turns by session
+        await self._read_new(batch)
         for item in batch:
             if isinstance(item, Finished):
                 prepared = await self._prepare_queued(item)
@@ -216,26 +227,43 @@ class TurnWriter:
             else:
                 item_session, owner, blobs = item.session, item.owner, item.blobs
             by_owner.setdefault(owner, []).extend(blobs)
-            sessions.setdefault(owner, set()).add(item_session)
-            recorded[owner] = recorded.get(owner, 0) + 1
+            turns = sessions.setdefault(owner, {})
+            turns[item_session] = turns.get(item_session, 0) + 1
         for owner, blobs in by_owner.items():
             try:
                 await _put_many(self.store, blobs)
             except Exception as exc:
-                self._failed(exc, recorded[owner])
-                self.forget(sessions[owner])  # what they hold is read again from the store
+                self._failed(exc, sessions[owner])
+                self.forget(set(sessions[owner]))  # what they hold is read again from the store
                 continue
-            self.metrics.child(self.metrics.recorded_turns, "recorded").inc(recorded[owner])
+            recorded = sum(sessions[owner].values())
+            self.metrics.child(self.metrics.recorded_turns, "recorded").inc(recorded)
+
+    async def _read_new(self, batch: list[Queued]) -> None:
+        """The state of the batch's sessions new to this process, read from the store all at
+        once: one round trip each, one after the other, fell behind many new sessions."""
+        new = {
+            item.ex.identity.session
+            for item in batch
+            if isinstance(item, Finished) and item.ex.identity.session not in self._known
+        }
+        if new:  # a failure is met again, and counted, by the turn itself
+            await asyncio.gather(*map(self._session, new), return_exceptions=True)
 
     async def _prepare_queued(
         self, turn: Finished
     ) -> tuple[str, str, list[tuple[BlobInfo, bytes]]] | None:
-        """A turn queued whole: its session's state read (from the store, if new), then split."""
+        """A turn queued whole: a long answer assembled (in slices), its session's state read
+        (from the store, if new), then split."""
         session = turn.ex.identity.session
         try:
-            blobs = self._prepare(turn, await self._session(session))
+            answer = _UNREAD
+            known = self._known.get(session)
+            if _long_answer(turn) and not (known is not None and known.stopped):
+                answer = await answer_in_slices(turn.ex.client.wire, turn.body, turn.ex.streamed)
+            blobs = self._prepare(turn, await self._session(session), answer)
         except Exception as exc:
-            self._failed(exc, 1)
+            self._failed(exc, {session: 1})
             self._known.pop(session, None)
             return None
         finally:
@@ -246,13 +274,15 @@ class TurnWriter:
                 self._waiting.pop(session, None)
         return (session, turn.ex.identity.owner, blobs) if blobs else None
 
-    def _prepare(self, turn: Finished, known: _Known) -> list[tuple[BlobInfo, bytes]]:
+    def _prepare(
+        self, turn: Finished, known: _Known, answer: Any = _UNREAD
+    ) -> list[tuple[BlobInfo, bytes]]:
         """The turn's blobs not yet stored, its session's state moved past it (undone by
-        forgetting the session should the write fail)."""
+        forgetting the session should the write fail). `answer`: the answer, if assembled."""
         ex = turn.ex
         session = ex.identity.session
         if known.stopped:
-            self._count("skipped")
+            self._count("skipped", session)
             return []
         spec = ex.policy.record
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
@@ -280,7 +310,7 @@ class TurnWriter:
             "route": ex.client.route,
             "request": request,
             "sent": sent,
-            "answer": _answer(ex.client.wire, turn.body, ex.streamed, split.redaction),
+            "answer": _answer(ex.client.wire, turn.body, ex.streamed, split.redaction, answer),
             "status": turn.status,
             "events": events,
             "usage": None if usage is None else usage.described(),
@@ -295,7 +325,7 @@ class TurnWriter:
         limit = int(spec.max_mb_per_session * MB)
         if known.bytes + adding > limit:
             known.stopped = True
-            self._count("stopped")
+            self._count("stopped", session)
             fields = {"bytes": known.bytes, "max_mb_per_session": spec.max_mb_per_session}
             self.on_stopped(ex, fields)
             return []
@@ -321,8 +351,10 @@ class TurnWriter:
             self._known[session] = known  # it grew: the memo weighs it again
         return blobs
 
-    def _failed(self, exc: Exception, turns: int) -> None:
-        self.metrics.child(self.metrics.recorded_turns, "failed").inc(turns)
+    def _failed(self, exc: Exception, turns: dict[str, int]) -> None:
+        """`turns`: how many of each session's were lost."""
+        for session, count in turns.items():
+            self._count("failed", session, count)
         warn_limited(log, "recording.failed", "recording a turn failed: %s: %s",
                      type(exc).__name__, exc)  # fmt: skip
 
@@ -339,8 +371,11 @@ class TurnWriter:
         self._known[session] = known
         return known
 
-    def _count(self, outcome: str) -> None:
-        self.metrics.child(self.metrics.recorded_turns, outcome).inc()
+    def _count(self, outcome: str, session: str, turns: int = 1) -> None:
+        """Turns of `session` not recorded, and why: the metric and the session's own count."""
+        self.metrics.child(self.metrics.recorded_turns, outcome).inc(turns)
+        if self.on_unrecorded is not None:
+            self.on_unrecorded(session, outcome, turns)
 
 
 _secrets: LRUCache[str, tuple[str, ...]] = LRUCache(8)
@@ -348,10 +383,11 @@ _secrets: LRUCache[str, tuple[str, ...]] = LRUCache(8)
 
 def secrets_of(config: Config, presented: str | None) -> tuple[str, ...]:
     """What a recording never keeps besides the policy's patterns: the key the client
-    presented, and every deployment's api_key (one tuple per configuration version)."""
+    presented, and every deployment's api_key and extra_headers values (one tuple per
+    configuration version)."""
     keys = _secrets.get(config.version)
     if keys is None:
-        found = {d.api_key for group in config.deployments.values() for d in group if d.api_key}
+        found = {s for group in config.deployments.values() for d in group for s in d.secrets()}
         keys = _secrets[config.version] = tuple(sorted(found))
     return keys if presented is None else (*keys, presented)
 
@@ -456,11 +492,21 @@ class _Split:
         return ref
 
 
+def _long_answer(turn: Finished) -> bool:
+    return assembled_size(turn.body, turn.ex.streamed) > INLINE_ANSWER_BYTES
+
+
 def _answer(
-    wire: str, body: bytes | None, streamed: list[bytes] | None, redaction: Redaction
+    wire: str,
+    body: bytes | None,
+    streamed: list[bytes] | None,
+    redaction: Redaction,
+    assembled: Any = _UNREAD,
 ) -> Any:
     """The answer for the turn record: a JSON body kept as its bytes when nothing in it is
-    to be redacted (no parse), else parsed (a stream assembled) and redacted."""
+    to be redacted (no parse), else parsed (a stream assembled, unless it was) and redacted."""
+    if assembled is not _UNREAD:
+        return redaction.value(assembled)
     whole = not streamed and body is not None and body[:1] == b"{" and body.rstrip()[-1:] == b"}"
     if (
         whole
@@ -500,7 +546,8 @@ def _held(item: Queued) -> int:
     parse), a split one its blobs."""
     if isinstance(item, _Prepared):
         return item.size
-    return 2 * (len(item.raw) if item.raw else item.ex.client.body_bytes)
+    request = 2 * (len(item.raw) if item.raw else item.ex.client.body_bytes)
+    return request + sum(map(len, item.ex.streamed or ()))
 
 
 async def _put_many(store: Store, blobs: list[tuple[BlobInfo, bytes]]) -> None:

@@ -129,6 +129,7 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
         "first_at": round(summary.first_at, 3),
         "last_at": round(summary.last_at, 3),
         "guard": summary.guard,
+        "not_recorded": summary.not_recorded,
     }
 
 

@@ -46,6 +46,9 @@ class SessionSummary:
     first_at: float = field(default_factory=time.time)
     last_at: float = 0.0
     guard: dict[str, Any] = field(default_factory=dict)
+    # Turns its recording does not hold, by why (agentproxy_recorded_turns_total's outcomes:
+    # dropped, failed, stopped, skipped).
+    not_recorded: dict[str, int] = field(default_factory=dict)
     timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=TURNS))
 
 
@@ -117,6 +120,13 @@ class SessionBoard:
         self._count -= 1
         if not theirs and victim != newcomer:
             del self._owners[victim]
+
+    def unrecorded(self, session: str, outcome: str, turns: int) -> None:
+        """Turns of the session its recording does not hold (a session no longer listed has
+        only the metric)."""
+        summary = self.get(session)
+        if summary is not None:
+            summary.not_recorded[outcome] = summary.not_recorded.get(outcome, 0) + turns
 
     def sessions(self) -> list[SessionSummary]:
         return [summary for mine in self._owners.values() for summary in mine.values()]

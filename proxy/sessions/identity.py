@@ -14,15 +14,17 @@ state is keyed by `scoped(owner, name)`, where the owner is the calling key (or 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import xxhash
+from cachetools import LRUCache
 
 from proxy.pipeline.messages import text_of
-from proxy.policies.spec import ApiKey, Keys
+from proxy.policies.spec import ApiKey, Config, Keys, key_digest
 
 SESSION_HEADER = "x-agentproxy-session"
 PARENT_HEADER = "x-agentproxy-parent-session"
@@ -83,6 +85,30 @@ def _in_user_id(user_id: Any) -> str | None:
     except orjson.JSONDecodeError:
         return None
     return _usable(value.get("session_id")) if isinstance(value, dict) else None
+
+
+# Per configuration version: the digests of its client keys, its deployments' secrets.
+_keys_of: LRUCache[str, tuple[frozenset[bytes], frozenset[str]]] = LRUCache(8)
+
+
+def key_free(name: str, presented: str | None, config: Config) -> str:
+    """`name`, a session id the client sent, unless it is a key: the one the client presented,
+    a configured API or admin key, a deployment's secret. A key is never a session's name (it
+    would be kept in the store's blobs, the board, the event log and the recording): its
+    name is then `key-` and 16 hex digits of its SHA-256, the same for every request."""
+    known = _keys_of.get(config.version)
+    if known is None:
+        keys = config.keys
+        admin = () if keys.admin_digest is None else (keys.admin_digest,)
+        deployments = config.deployments.values()
+        known = _keys_of[config.version] = (
+            frozenset((*admin, *(key.digest for key in keys.api_keys))),
+            frozenset(s for group in deployments for d in group for s in d.secrets()),
+        )
+    clients, secrets = known
+    if name == presented or name in secrets or (clients and key_digest(name) in clients):
+        return "key-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return name
 
 
 def parent_session_id(headers: Mapping[str, str]) -> str | None:

@@ -69,6 +69,22 @@ function guards(record) {
   return parts.join(", ");
 }
 
+// Turns of the session its recording does not hold, and why: "3 (dropped 2, failed 1)";
+// null when there are none.
+function notRecorded(s) {
+  const reasons = Object.entries(s.not_recorded || {}).filter(([, n]) => n > 0);
+  if (!reasons.length) return null;
+  const total = reasons.reduce((sum, [, n]) => sum + n, 0);
+  return count(total) + " (" + reasons.map(([why, n]) => why + " " + count(n)).join(", ") + ")";
+}
+
+// The list's mark on a session whose recording misses turns.
+function notRecordedMark(s) {
+  const missing = notRecorded(s);
+  if (!missing) return null;
+  return el("span", { class: "unrecorded" }, " · not recorded: " + missing);
+}
+
 function say(text, isError) {
   const status = document.getElementById("status");
   status.textContent = text || "";
@@ -155,7 +171,7 @@ function renderList(sessions) {
       el("td", {}, link),
       el("td", {}, s.key || s.owner || "–"),
       el("td", {}, s.model || "–"),
-      el("td", { class: "num" }, count(s.turns)),
+      el("td", { class: "num" }, count(s.turns), notRecordedMark(s)),
       el("td", { class: "num" }, count(s.tokens_received)),
       el("td", { class: "num" }, count(s.tokens_sent)),
       el("td", { class: "num" }, money(s.cost_usd)),
@@ -222,6 +238,7 @@ function renderSession(id, s) {
     ["model", s.model],
     ["policy", s.policy],
     ["turns", count(s.turns)],
+    ["turns not recorded", notRecorded(s)],
     ["tokens received", count(s.tokens_received)],
     ["tokens sent", count(s.tokens_sent)],
     ["cost", money(s.cost_usd)],

@@ -12,12 +12,18 @@ from aiohttp import web
 from proxy.errors import BadRequest, Forbidden, ModelNotFound
 from proxy.exchange import ClientRequest, Exchange, Identity
 from proxy.flow import Answers, Flow
-from proxy.http.auth import authenticate
+from proxy.http.auth import authenticate, presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import RAW_BODY
 from proxy.http.middleware import CLIENT_GONE, EXCHANGE, MODEL_LABEL, REQUEST_ID
 from proxy.policies.spec import ApiKey, Config, Policy
-from proxy.sessions.identity import SessionName, owner_of, parent_session_id, scoped
+from proxy.sessions.identity import (
+    SessionName,
+    key_free,
+    owner_of,
+    parent_session_id,
+    scoped,
+)
 from proxy.state import CONFIG, FLOW
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.body import read_body
@@ -116,14 +122,18 @@ def open_exchange(
         raise Forbidden(f"API key '{key.name}' may not use model '{alias}'", param="model")
     request[MODEL_LABEL] = alias
     owner = owner_of(key, config.keys)
+    presented = presented_key(request)
+    name = key_free(session.name, presented, config) if session.given else session.name
     parent = parent_session_id(request.headers)
+    if parent is not None:
+        parent = key_free(parent, presented, config)
     ex = request[EXCHANGE] = Exchange(
         identity=Identity(
             request_id=request[REQUEST_ID],
             key=key,
             owner=owner,
-            session=scoped(owner, session.name),
-            session_name=session.name,
+            session=scoped(owner, name),
+            session_name=name,
             session_given=session.given,
             parent_session=scoped(owner, parent) if parent else None,
         ),
