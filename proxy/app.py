@@ -103,6 +103,7 @@ def build_app(
         config = load_config(config_path)
     holder = ConfigHolder(config_path, config, metrics)
     natives = [wire.native for wire in REGISTRY if wire.native is not None]
+    natives += [native for wire in REGISTRY for native in wire.extra_natives]
     upstreams = Upstreams(lambda: holder.current.server, natives)
     app[METRICS] = metrics
     app[CONFIG] = holder

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import inspect
 import socket
 import struct
@@ -158,6 +159,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/responses/compact", self._responses_compact)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/sim/faults", self._post_faults)
@@ -175,6 +177,21 @@ class Simulator:
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         return await self._exchange(request, self.responses, "resp_sim")
+
+    async def _responses_compact(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/responses/compact as OpenAI answers it: the input's user messages, then
+        one compaction item whose content is opaque (and, here, made of the input's hash)."""
+        body = _json_object(await request.read())
+        seq, record = self._record(request, body)
+        call = _Call(request, self.responses, f"req_sim{seq:08d}", time.monotonic())
+        error = self._auth_error(request, self.responses)
+        if body is None or error:
+            response = call.error(error or self.responses.invalid_json())
+        else:
+            response = web.json_response(compacted_window(body, seq))
+        if record is not None:
+            record.status = response.status
+        return response
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
         return await self._exchange(request, self.anthropic, "", count_tokens=True)
@@ -472,3 +489,35 @@ async def serve_simulator(host: str, port: int, sim: Simulator) -> None:
     async with run_simulator(sim, host, port) as url:
         print(f"simulated upstream on {url}/v1", flush=True)
         await asyncio.Event().wait()
+
+
+def compacted_window(body: JSON, seq: int) -> JSON:
+    """OpenAI's CompactedResponse for `body`: its user messages, then an opaque item."""
+    raw = body.get("input")
+    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw or []
+    users = [
+        {"type": "message", **i, "content": _parts(i.get("content"))}
+        for i in items
+        if isinstance(i, dict) and i.get("type", "message") == "message" and i.get("role") == "user"
+    ]
+    digest = hashlib.sha256(orjson.dumps(items)).hexdigest()
+    item = {"type": "compaction", "id": f"cmp_sim{seq:08d}", "encrypted_content": f"gAAAAA{digest}"}
+    usage = {
+        "input_tokens": len(orjson.dumps(items)) // 4,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 64,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": len(orjson.dumps(items)) // 4 + 64,
+    }
+    return {
+        "id": f"resp_simcmp{seq:08d}",
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": [*users, item],
+        "usage": usage,
+    }
+
+
+def _parts(content: Any) -> Any:
+    """A message's text as input_text parts (how an output item carries a user message)."""
+    return [{"type": "input_text", "text": content}] if isinstance(content, str) else content

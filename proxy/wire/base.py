@@ -55,6 +55,12 @@ class Wire(Protocol):
         ...
 
     @property
+    def extra_natives(self) -> tuple[NativeFactory, ...]:
+        """More native upstreams of its own, each under its own wire name (another route of
+        the same format: Responses' /responses/compact)."""
+        ...
+
+    @property
     def one_shot(self) -> OneShot | None:
         """How the proxy's own requests (summaries) are written in this wire, for deployments
         its native upstream speaks to; None: chat, the shape they are built in."""
@@ -72,6 +78,7 @@ class WireFormat:
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
     usage_of: Callable[[Any], Usage | None] = Usage.of
     one_shot: OneShot | None = None
+    extra_natives: tuple[NativeFactory, ...] = ()
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:

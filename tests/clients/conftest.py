@@ -198,7 +198,11 @@ class Codex:
         """`config_toml`, once every provider in it is checked to be on loopback."""
         if self.config_toml is None:
             return None
-        for provider in tomllib.loads(self.config_toml).get("model_providers", {}).values():
+        given = tomllib.loads(self.config_toml)
+        builtin = given.get("openai_base_url")  # the built-in `openai` provider's
+        if builtin is not None and not _is_loopback(urlsplit(builtin).hostname or ""):
+            raise ValueError(f"refusing to point Codex at {builtin}: loopback only")
+        for provider in given.get("model_providers", {}).values():
             if not _is_loopback(urlsplit(provider.get("base_url", "")).hostname or ""):
                 raise ValueError(f"refusing to point Codex at {provider}: loopback only")
         return self.config_toml

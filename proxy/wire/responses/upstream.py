@@ -39,6 +39,18 @@ class ResponsesUpstream(OpenAICompatUpstream):
         return data.get("object") == "response" and isinstance(data.get("output"), list)
 
 
+class ResponsesCompactUpstream(ResponsesUpstream):
+    """POST /responses/compact, natively: a compaction the provider does itself."""
+
+    wire = "responses_compact"
+    path = "/responses/compact"
+    reply_kind = "compacted response"
+
+    @staticmethod
+    def is_reply(data: dict[str, Any]) -> bool:
+        return data.get("object") == "response.compaction" and isinstance(data.get("output"), list)
+
+
 def speaks_responses(deployment: Deployment) -> bool:
     """Whether the deployment takes the Responses wire natively: OpenAI's own API (and its
     twins), unless it was learnt to serve no /v1/responses (proxy/upstream/chat_only.py). Other

@@ -28,6 +28,7 @@ from typing import Any
 from proxy.exchange import NativeFit, NativePrefix
 from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment
+from proxy.wire.responses.compaction_items import is_minted
 from proxy.wire.responses.upstream import speaks_responses
 from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
@@ -37,6 +38,20 @@ OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "
 TEXT_PARTS = ("input_text", "output_text", "text")
 ENCRYPTED_REASONING = "reasoning.encrypted_content"  # what `include` asks to get them back
 AS_SENT = NativeFit()
+KEPT_ROLES = ("system", "developer", "user")  # what a compacted window keeps before its item
+
+
+def compact_threshold(body: dict[str, Any]) -> int | None:
+    """`context_management: [{"type": "compaction", "compact_threshold": N}]`: N (0 when the
+    entry gives none: compact whenever asked); None without such an entry."""
+    entries = body.get("context_management")
+    if not isinstance(entries, list):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("type") == "compaction":
+            threshold = entry.get("compact_threshold")
+            return threshold if isinstance(threshold, int) and threshold > 0 else 0
+    return None
 
 
 @dataclass(slots=True)
@@ -69,6 +84,12 @@ class ResponsesView:
     _fit: NativeFit = AS_SENT
     # This turn, and how many of its input items the last view's repeat (for the recording).
     _prefix: NativePrefix = field(default_factory=lambda: NativePrefix("input"))
+    # Compaction items the proxy minted: their view message (the summary, a user message once
+    # the route has read it) -> the item's index. The latest is the history's new start.
+    _minted: dict[int, int] = field(default_factory=dict)
+    # Minted items among the items mapped here, (index, item, message), for the route to read.
+    compactions: list[tuple[int, Item, Message]] = field(default_factory=list)
+    _compaction_at: int = -1  # the index of the input's first compaction item (anyone's)
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
@@ -129,8 +150,13 @@ class ResponsesView:
         self.messages += lent
         if count == len(previous._built):  # the usual turn: all of it (copies made in C)
             self._origins = dict(previous._origins)
+            self._minted = dict(previous._minted)
         else:
             self._origins = {id(m): previous._origins[id(m)] for m in lent}
+            minted = previous._minted
+            self._minted = {id(m): minted[id(m)] for m in lent if id(m) in minted}
+        if 0 <= previous._compaction_at < end:
+            self._compaction_at = previous._compaction_at
         offset = len(self.messages) - count
         ends = previous._ends[:k]
         self._ends = ends if not offset else [(i, m + offset) for i, m in ends]
@@ -141,8 +167,32 @@ class ResponsesView:
             self._outputs = {c: i for c, i in previous._outputs.items() if i < end}
         return end
 
+    @property
+    def client_manages_context(self) -> bool:
+        """The request carries the client's own context management or compaction state: a
+        `context_management` compaction entry, or a `compaction` item in its input (the
+        proxy's own compaction should then yield to it, as its policy says)."""
+        return self._compaction_at >= 0 or compact_threshold(self.body) is not None
+
+    def history(self) -> list[Message]:
+        """The view's messages from the history's start: with a compaction item the proxy
+        minted, its summary, after the client's own messages before it (system, developer
+        and user messages: what OpenAI's compacted window keeps) and before the rest; the
+        turns it summarized are left out (archived under its ref)."""
+        if not self._minted:
+            return self.messages
+        last = max((n for n, m in enumerate(self.messages) if id(m) in self._minted), default=None)
+        if last is None:  # the stages replaced it: nothing marks a start any more
+            return self.messages
+        kept = [
+            m
+            for m in self.messages[:last]
+            if m.get("role") in KEPT_ROLES and id(m) not in self._minted
+        ]
+        return [*kept, *self.messages[last:]]
+
     def chat_body(self) -> dict[str, Any]:
-        chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.messages}
+        chat: dict[str, Any] = {"model": self.body.get("model"), "messages": self.history()}
         tools = chat_tools(self.body.get("tools"), _chat_tool, self._tools)
         if tools:
             chat["tools"] = tools
@@ -152,7 +202,7 @@ class ResponsesView:
         choice = self.body.get("tool_choice")
         if isinstance(choice, str):
             chat["tool_choice"] = choice
-        self._untouched = (self.messages, chat.get("tools"), chat.get("tool_choice"))
+        self._untouched = (chat["messages"], chat.get("tools"), chat.get("tool_choice"))
         return chat
 
     @staticmethod
@@ -203,7 +253,7 @@ class ResponsesView:
 
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
         untouched = (chat["messages"], chat.get("tools"), chat.get("tool_choice"))
-        if untouched == self._untouched:
+        if untouched == self._untouched and not self._minted:
             if self._fit is AS_SENT:
                 return self.body  # the common turn: nothing rewritten, the client's own body
             return _fitted(dict(self.body), self._fit)
@@ -264,7 +314,15 @@ class ResponsesView:
             elif kind == "message" and isinstance(item.get("role"), str):
                 message = {"role": item["role"], "content": _content(item.get("content"))}
                 self._add(message, [*pending, index])
+            elif kind == "compaction" and is_minted(item):
+                self._saw_compaction(index)
+                summary: Message = {"role": "user", "content": ""}  # read by the route
+                self._add(summary, [*pending, index])
+                self._minted[id(summary)] = index
+                self.compactions.append((index, item, summary))
             else:
+                if kind == "compaction":
+                    self._saw_compaction(index)
                 if kind == "item_reference":
                     self.references.append(item.get("id"))
                 pending.append(index)  # reasoning, web search, additional_tools, ...
@@ -272,6 +330,10 @@ class ResponsesView:
             pending = []
             self._ends.append((index + 1, len(self.messages)))
         self._tail = pending
+
+    def _saw_compaction(self, index: int) -> None:
+        if self._compaction_at < 0:
+            self._compaction_at = index
 
     def _add(self, message: Message, indexes: list[int]) -> None:
         self.messages.append(message)
@@ -281,6 +343,10 @@ class ResponsesView:
 
     def _native(self, message: Message) -> Iterable[Item]:
         indexes = self._origins.get(id(message))
+        if indexes is not None and id(message) in self._minted:  # no provider can read it
+            text = text_of_content(message.get("content"))
+            summary = {"role": "user", "content": [{"type": "input_text", "text": text}]}
+            return [*(self._items[i] for i in indexes[:-1]), summary]
         if indexes is not None:
             return [self._items[i] for i in indexes]
         role = message.get("role")

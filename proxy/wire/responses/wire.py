@@ -2,7 +2,11 @@
 
 from proxy.wire.base import WireFormat
 from proxy.wire.responses import one_shot, route
-from proxy.wire.responses.upstream import ResponsesUpstream, responses_usage
+from proxy.wire.responses.upstream import (
+    ResponsesCompactUpstream,
+    ResponsesUpstream,
+    responses_usage,
+)
 
 RESPONSES = WireFormat(
     name="responses",
@@ -10,4 +14,5 @@ RESPONSES = WireFormat(
     native=ResponsesUpstream,
     usage_of=responses_usage,
     one_shot=one_shot.ONE_SHOT,
+    extra_natives=(ResponsesCompactUpstream,),
 )
