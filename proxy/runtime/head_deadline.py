@@ -7,8 +7,10 @@ kept-alive one from the first byte of its next head (the idle time before it is 
 timeout's to govern). Past it the connection is closed: after a 408 in the wire format of the
 route the head began to name when it sent anything, counted as an `unmatched` 408.
 
-The hooks are aiohttp's connection protocol (`RequestHandler`), made by a `web.Server` of ours:
-`ProxyRunner` serves the app with them and with SERVER_OPTIONS, for `serve` and tests alike.
+The hooks are aiohttp's connection protocol (`RequestHandler`, here its subclass that keeps
+pipelined and half-closed requests' answers: proxy/runtime/connection_ends.py), made by a
+`web.Server` of ours: `ProxyRunner` serves the app with them and with SERVER_OPTIONS, for
+`serve` and tests alike.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from proxy.app import SERVER_OPTIONS
 from proxy.errors import RequestTimeout
+from proxy.runtime.connection_ends import OrderlyEndsHandler
 from proxy.state import CONFIG, METRICS
 from proxy.wire.base import error_body_for
 from proxy.wire.registry import WIRES
@@ -30,7 +33,7 @@ from proxy.wire.registry import WIRES
 HEAD_START_BYTES = 64  # enough of a head to see which route it names
 
 
-class HeadTimedHandler(RequestHandler):
+class HeadTimedHandler(OrderlyEndsHandler):
     """One connection: the head of each request must be whole within the deadline."""
 
     __slots__ = ("_head_began", "_head_timeout", "_head_timer", "_on_late")

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import (
+    BadRequest,
     InternalError,
     UpstreamBadResponse,
     UpstreamTimeout,
@@ -184,10 +185,27 @@ class LiteLLMUpstream:
                 f"litellm_params.timeout of '{name}' if this model needs longer"
             )
         if not called and not _came_from_the_provider(exc):
+            root = _root_cause(exc)
+            if isinstance(root, ValueError) and _raised_in(root, "tool"):
+                # litellm's own check of a tool it cannot map to this provider (an unknown
+                # type, a computer tool without its display size): the client's field.
+                refused = BadRequest(
+                    f"'tools' cannot be sent to '{name}': {_first_line(message)[:200]}",
+                    param="tools",
+                )
+                refused.unsent = True
+                return refused
             # litellm's own translation failed (it calls that a connection error too): the
             # provider was never called, so this is no upstream failure to retry or to count
-            # against the deployment's circuit.
-            log.info("litellm failed before calling '%s'", name, exc_info=exc)
+            # against the deployment's circuit. Logged in one line: litellm's chain is three
+            # tracebacks of its own code; the whole chain is kept for DEBUG.
+            log.info(
+                "litellm failed before calling '%s': %s: %s",
+                name,
+                type(root).__name__,
+                _first_line(message),
+                exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+            )
             failed = InternalError(
                 f"the request for '{name}' could not be translated to its provider: "
                 f"{_first_line(message)}",
@@ -274,6 +292,24 @@ def _read_an_answer(exc: BaseException) -> bool:
 
 def _is_connection_error(exc: BaseException) -> bool:
     return type(exc).__name__ in ("APIConnectionError", "Timeout") or isinstance(exc, TimeoutError)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first error of a chain (litellm wraps its own crash in APIConnectionError)."""
+    for _ in range(16):  # chains are short; a cycle must not loop forever
+        cause = exc.__cause__ or exc.__context__
+        if cause is None:
+            break
+        exc = cause
+    return exc
+
+
+def _raised_in(exc: BaseException, word: str) -> bool:
+    """Whether the function that raised `exc` has `word` in its name."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and word in frame.tb_frame.f_code.co_name
 
 
 def _first_line(message: str) -> str:

@@ -7,7 +7,9 @@ gets only the documented fields of an OpenAI Chat Completions request from the b
 how it calls comes from the deployment's configuration alone. What is dropped is logged (debug).
 
 litellm's translation to another provider crashes (a Python error, not an answer) on some
-malformed tools, so their shapes are checked here first: the client gets a 400 naming the field.
+malformed tools and on user content parts of a type it does not know, so their shapes are
+checked here first: the client gets a 400 naming the field. (What any provider would refuse is
+checked earlier, by the chat request reader: proxy/wire/chat/request.py.)
 """
 
 from __future__ import annotations
@@ -83,6 +85,36 @@ def check_shapes(body: dict[str, Any]) -> None:
     response_format = body.get("response_format")
     if response_format is not None:
         _expect(response_format, dict, "response_format", "an object")
+    for i, message in enumerate(body.get("messages") or ()):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                _check_user_parts(content, f"messages[{i}].content")
+
+
+# The user content part types litellm translates (litellm.types.llms.openai
+# .ValidUserMessageContentTypes); any other makes it raise before the provider is called.
+USER_PART_TYPES = frozenset(
+    {"text", "image_url", "input_audio", "audio_url", "document", "guarded_text",
+     "grounding_source", "query", "video_url", "file"}
+)  # fmt: skip
+
+
+def _check_user_parts(parts: list[Any], where: str) -> None:
+    for j, part in enumerate(parts):
+        given = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, dict) and not (isinstance(given, str) and given in USER_PART_TYPES):
+            error = BadRequest(
+                f"'{where}[{j}].type' must be one of {', '.join(sorted(USER_PART_TYPES))} for "
+                f"this deployment, not {_shown(given)}",
+                param=f"{where}[{j}].type",
+            )
+            error.unsent = True
+            raise error
+
+
+def _shown(value: Any) -> str:
+    return repr(value[:40]) if isinstance(value, str) else kind(value)
 
 
 def _check_function(function: Any, where: str, *, schema: bool = True) -> None:

@@ -2,7 +2,8 @@
 
 With API keys configured, every tenant's requests go out under the operator's one provider
 account, so any object the provider stores and a request names by id (a file, a vector store,
-a code-execution container) is readable by whoever knows the id. The
+a code-execution container, a prompt template, a custom skill, a past audio answer) is readable
+by whoever knows the id. The
 proxy serves no /v1/files, vector stores or containers, so no tenant created one through it,
 and it does not record the ones a reply makes: with keys, a request naming one is refused with
 a 400 that names the field, before any call upstream. Inline content (an `encrypted_content`
@@ -19,7 +20,8 @@ from typing import Any
 
 from proxy.errors import BadRequest
 
-_HOSTED = frozenset(("code_interpreter", "file_search"))  # the tools that name stored objects
+# the tools that name stored objects
+_HOSTED = frozenset(("code_interpreter", "file_search", "image_generation"))
 SHARED_ACCOUNT = (
     "objects stored at the provider are shared by every key of this proxy, so none is named "
     "by id through it"
@@ -27,8 +29,11 @@ SHARED_ACCOUNT = (
 
 
 def refuse_responses_objects(body: dict[str, Any], fresh: int) -> None:
-    """A Responses request's files, vector stores and containers named by id;
-    `fresh`, the first input item not checked on an earlier turn."""
+    """A Responses request's files, vector stores, containers and prompt templates named by
+    id; `fresh`, the first input item not checked on an earlier turn."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, dict):
+        _check_prompt(prompt)
     for index, tool in enumerate(body.get("tools") or ()):  # each a dict: parse saw to it
         if tool.get("type") in _HOSTED:
             _check_tool(tool, f"tools[{index}]")
@@ -44,6 +49,20 @@ def refuse_responses_objects(body: dict[str, Any], fresh: int) -> None:
             parts = item.get(field)
             if isinstance(parts, list):
                 _check_parts(parts, f"{where}.{field}")
+            elif isinstance(parts, dict):  # a computer_call_output's screenshot
+                _check_parts([parts], f"{where}.{field}", indexed=False)
+
+
+def _check_prompt(prompt: dict[str, Any]) -> None:
+    """A prompt template is stored at the provider and named by id; its variables may name
+    files too (named first: the more precise field)."""
+    variables = prompt.get("variables")
+    if isinstance(variables, dict):
+        for name, value in variables.items():
+            if isinstance(value, dict) and value.get("file_id") is not None:
+                _refuse(f"prompt.variables.{name}.file_id", "files")
+    if "id" in prompt:
+        _refuse("prompt.id", "a prompt template")
 
 
 def reasoning_by_id(body: dict[str, Any], fresh: int) -> list[tuple[str, Any]]:
@@ -75,17 +94,20 @@ def _check_tool(tool: dict[str, Any], where: str) -> None:
         )
     if isinstance(container, dict) and container.get("file_ids"):
         _refuse(f"{where}.container.file_ids", "files")
+    mask = tool.get("input_image_mask")  # image_generation's inpainting mask
+    if isinstance(mask, dict) and mask.get("file_id") is not None:
+        _refuse(f"{where}.input_image_mask.file_id", "files")
 
 
-def _check_parts(parts: list[Any], where: str) -> None:
+def _check_parts(parts: list[Any], where: str, indexed: bool = True) -> None:
     for index, part in enumerate(parts):
         if isinstance(part, dict) and part.get("file_id") is not None:
-            _refuse(f"{where}[{index}].file_id", "files")
+            _refuse(f"{where}[{index}].file_id" if indexed else f"{where}.file_id", "files")
 
 
 def refuse_messages_objects(body: dict[str, Any], fresh: int) -> None:
-    """An Anthropic Messages request's container and files named by id; `fresh`, the first
-    message not checked on an earlier turn."""
+    """An Anthropic Messages request's container, custom skills and files named by id;
+    `fresh`, the first message not checked on an earlier turn."""
     container = body.get("container")
     if isinstance(container, str) or (isinstance(container, dict) and "id" in container):
         raise BadRequest(
@@ -94,6 +116,12 @@ def refuse_messages_objects(body: dict[str, Any], fresh: int) -> None:
             param="container",
             code="stored_object_refused",
         )
+    skills = container.get("skills") if isinstance(container, dict) else None
+    if isinstance(skills, list):
+        for index, skill in enumerate(skills):
+            # Anthropic's own skills (pptx, xlsx...) are no tenant's; any other is uploaded.
+            if not isinstance(skill, dict) or skill.get("type") != "anthropic":
+                _refuse(f"container.skills[{index}]", "a custom skill")
     messages = body["messages"]  # a list: parse_messages_request saw to it
     for index in range(fresh, len(messages)):
         message = messages[index]
@@ -109,6 +137,8 @@ def _check_blocks(blocks: list[Any], where: str) -> None:
         source = block.get("source")
         if isinstance(source, dict) and (source.get("type") == "file" or "file_id" in source):
             _refuse(f"{where}[{index}].source.file_id", "files")
+        if "file_id" in block:  # a container_upload block
+            _refuse(f"{where}[{index}].file_id", "files")
         nested = block.get("content")  # a tool_result's own blocks
         if isinstance(nested, list):
             _check_blocks(nested, f"{where}[{index}].content")
@@ -116,14 +146,26 @@ def _check_blocks(blocks: list[Any], where: str) -> None:
 
 def refuse_chat_objects(body: dict[str, Any], raw: bytes) -> None:
     """A Chat Completions request's files named by id (`{"type": "file", "file": {"file_id"}}`
-    parts). The chat route keeps no view of the last turn, so the whole history is walked, but
-    only when the bytes could hold such a part: the key as is, or one of its letters escaped
-    (`f i l e d` are \\u006x, `_` \\u005f). Terminal output's common escapes (\\u001b, ...)
-    do not count, so a long history pays one byte search, not a walk."""
-    if b"file_id" not in raw and b"\\u006" not in raw and b"\\u005" not in raw:
+    parts) and past audio answers (an assistant's `{"audio": {"id"}}`). The chat route keeps
+    no view of the last turn, so the whole history is walked, but only when the bytes could hold
+    such a key: as is, or one of its letters escaped (`f i l e d a o` are \\u006x, `_`
+    \\u005f, `u` \\u0075). Terminal output's common escapes (\\u001b, ...) do not count, so a
+    long history pays a few byte searches, not a walk."""
+    if (
+        b"file_id" not in raw
+        and b"audio" not in raw
+        and b"\\u006" not in raw
+        and b"\\u005" not in raw
+        and b"\\u007" not in raw
+    ):
         return
     for index, message in enumerate(body.get("messages") or ()):
-        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            continue
+        audio = message.get("audio")
+        if isinstance(audio, dict) and audio.get("id") is not None:
+            _refuse(f"messages[{index}].audio.id", "an audio answer")
+        content = message.get("content")
         if not isinstance(content, list):
             continue
         for at, part in enumerate(content):

@@ -93,32 +93,35 @@ CHAT_PARAMS = (
     "max_completion_tokens", "n", "temperature", "top_p", "stop", "seed", "logit_bias",
     "metadata", "user", "response_format", "presence_penalty", "parallel_tool_calls",
 )  # fmt: skip
+_CHAT_SEEDS: tuple[dict[str, Any], ...] = (
+    {"model": "sim", "messages": [{"role": "user", "content": "hello there"}]},
+    {"model": "sim", "messages": _TOOL_TURN, "tools": _TOOLS, "temperature": 0.2},
+    {
+        "model": "sim",
+        "messages": _TOOL_TURN,
+        "tools": _TOOLS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 100,
+    },
+    {
+        "model": "sim",
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Say hi.", "name": "bob"},
+        ],
+        "metadata": {"session_id": "fuzz-session"},
+        "user": "fuzz-user",
+        "n": 1,
+        "tool_choice": "auto",
+        "response_format": {"type": "text"},
+    },
+)
 CHAT = FuzzTarget(
     route="/v1/chat/completions",
-    seeds=(
-        {"model": "sim", "messages": [{"role": "user", "content": "hello there"}]},
-        {"model": "sim", "messages": _TOOL_TURN, "tools": _TOOLS, "temperature": 0.2},
-        {
-            "model": "sim",
-            "messages": _TOOL_TURN,
-            "tools": _TOOLS,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": 100,
-        },
-        {
-            "model": "sim",
-            "messages": [
-                {"role": "developer", "content": "Be brief."},
-                {"role": "user", "content": "Say hi.", "name": "bob"},
-            ],
-            "metadata": {"session_id": "fuzz-session"},
-            "user": "fuzz-user",
-            "n": 1,
-            "tool_choice": "auto",
-            "response_format": {"type": "text"},
-        },
-    ),
+    # Each seed also to `claude`, the Anthropic deployment: translated by litellm, whose
+    # translation must not be where a malformed field is first noticed.
+    seeds=_CHAT_SEEDS + tuple({**seed, "model": "claude"} for seed in _CHAT_SEEDS),
     params=CHAT_PARAMS,
     headers={"Authorization": f"Bearer {KEY}"},
 )
@@ -312,7 +315,8 @@ async def fuzz_proxy(start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: P
     # An Anthropic deployment too, after the list's first entry ("sim", OpenAI-compatible).
     claude = (
         "\n  - model_name: claude\n    litellm_params:\n      model: anthropic/claude-sim\n"
-        f"      api_base: {url}\n    model_info:\n      max_input_tokens: 4096\n"
+        f"      api_base: {url}\n      api_key: sk-sim-upstream-secret\n"
+        "    model_info:\n      max_input_tokens: 4096\n"
     )
     text = sim_config(url, window=4096).rstrip("\n") + claude
     path.write_text(f"{text}store: {{path: {tmp_path}}}\n{FUZZ_CONFIG}")

@@ -76,6 +76,14 @@ def user(content: Any) -> dict[str, Any]:
     return {"role": "user", "content": content}
 
 
+COMPUTER_CALL = {
+    "type": "computer_call",
+    "id": "cu_1",
+    "call_id": "cc1",
+    "action": {"type": "screenshot"},
+    "pending_safety_checks": [],
+    "status": "completed",
+}
 RESPONSES_ATTACKS: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "code_interpreter", "container": "cntr_alice"}]}, "tools[0].container"),
     (
@@ -117,6 +125,29 @@ RESPONSES_ATTACKS: list[tuple[dict[str, Any], str]] = [
         "input[1].output[0].file_id",
     ),
     ({"input": [user("hi"), {"type": "reasoning", "id": "rs_alice", "summary": []}]}, "input[1]"),
+    ({"prompt": {"id": "pmpt_alice", "version": "2"}}, "prompt.id"),
+    (
+        {"prompt": {"id": "pmpt_a", "variables": {"doc": {"type": "input_file", "file_id": "f"}}}},
+        "prompt.variables.doc.file_id",
+    ),
+    (
+        {"tools": [{"type": "image_generation", "input_image_mask": {"file_id": "file-a"}}]},
+        "tools[0].input_image_mask.file_id",
+    ),
+    (
+        {
+            "input": [
+                user("click"),
+                COMPUTER_CALL,
+                {
+                    "type": "computer_call_output",
+                    "call_id": "cc1",
+                    "output": {"type": "computer_screenshot", "file_id": "file-alice"},
+                },
+            ]
+        },
+        "input[2].output.file_id",
+    ),
 ]
 
 
@@ -142,7 +173,8 @@ async def test_responses_objects_named_by_id_are_refused(
 
 def escaped(raw: bytes) -> bytes:
     """The same request with every key the check looks for spelled in JSON escapes."""
-    for key in (b"file_id", b"container", b"vector_store_ids", b"reasoning", b"file"):
+    keys = (b"file_id", b"container", b"vector_store_ids", b"reasoning", b"file", b"prompt")
+    for key in (*keys, b"variables", b"input_image_mask", b"skills", b"audio"):
         spelled = b"".join(b"\\u%04x" % c for c in key)
         raw = raw.replace(b'"' + key + b'"', b'"' + spelled + b'"')
     return raw
@@ -167,6 +199,12 @@ async def test_responses_inline_content_goes_on(
     turn = [user("hi"), *said, user("go on")]
     status, answer = await post(proxy, "/v1/responses", {**asked, "input": turn})
     assert sim.request_count == 2 and status == 200, answer
+    # A computer-use agent's screenshot, sent inline as OpenAI documents it (an object).
+    screenshot = {"type": "computer_screenshot", "image_url": "data:image/png;base64,iVBORw0="}
+    output = {"type": "computer_call_output", "call_id": "cc1", "output": screenshot}
+    turn = [user("click"), COMPUTER_CALL, output]
+    status, answer = await post(proxy, "/v1/responses", {"model": "gpt", "input": turn})
+    assert sim.request_count == 3 and status == 200, answer
 
 
 MESSAGES_ATTACKS: list[tuple[dict[str, Any], str]] = [
@@ -203,6 +241,14 @@ MESSAGES_ATTACKS: list[tuple[dict[str, Any], str]] = [
         },
         "messages[2].content[0].content[0].source.file_id",
     ),
+    (
+        {"messages": [user([{"type": "container_upload", "file_id": "file_alice"}])]},
+        "messages[0].content[0].file_id",
+    ),
+    (
+        {"container": {"skills": [{"type": "custom", "skill_id": "skill_alice"}]}},
+        "container.skills[0]",
+    ),
 ]
 
 
@@ -225,6 +271,17 @@ async def test_messages_objects_named_by_id_are_refused(
     assert sim.request_count == 0
 
 
+async def test_messages_built_in_skills_go_on(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, sim: Simulator
+) -> None:
+    """Anthropic's own skills (pptx, xlsx...) are no tenant's: only custom ones are refused."""
+    proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, keys=True)
+    skills = [{"type": "anthropic", "skill_id": "pptx", "version": "latest"}]
+    body = {"model": "claude", "max_tokens": 16, "messages": [user("hi")]}
+    status, answer = await post(proxy, "/v1/messages", {**body, "container": {"skills": skills}})
+    assert sim.request_count == 1 and status == 200, answer
+
+
 CHAT_ATTACKS = [
     (
         [user([{"type": "text", "text": "read"}, {"type": "file", "file": {"file_id": "f"}}])],
@@ -237,6 +294,10 @@ CHAT_ATTACKS = [
             user([{"type": "file", "file": {"file_id": "f", "filename": "a.pdf"}}]),
         ],
         "messages[2].content[0].file.file_id",
+    ),
+    (
+        [user("hi"), {"role": "assistant", "audio": {"id": "audio_alice"}}, user("again")],
+        "messages[1].audio.id",
     ),
 ]
 
@@ -253,7 +314,8 @@ async def test_chat_files_named_by_id_are_refused(
     proxy = await start(aiohttp_server, start_proxy, tmp_path, sim, keys=True)
     raw = orjson.dumps({"model": "gpt", "messages": messages})
     underscore = raw.replace(b'"file_id"', b'"file\\u005Fid"')  # one character escaped
-    for spelled in (raw, escaped(raw), underscore):
+    audio = raw.replace(b'"audio"', b'"a\\u0075dio"')
+    for spelled in (raw, escaped(raw), underscore, audio):
         status, answer = await post(proxy, "/v1/chat/completions", spelled)
         assert status == 400, answer
         assert answer["error"]["param"] == field

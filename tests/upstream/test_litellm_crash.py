@@ -5,6 +5,7 @@ deployment's circuit, and its error body carries no traceback and no source path
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -108,26 +109,79 @@ async def test_a_string_tool_schema_is_a_400_naming_the_field(
     assert len(sim.requests) == 1
 
 
+def user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+# The classes of malformed fields the chat fuzz found reaching litellm's translation to
+# Anthropic (each crashed it: a 500 `translation_failed`), and the field each 400 names.
+MALFORMED: list[tuple[dict[str, Any], str]] = [
+    ({"response_format": {"json_schema": {"name": "x"}}}, "response_format.type"),
+    ({"response_format": {"type": ["text"]}}, "response_format.type"),
+    ({"tools": [{"function": {"name": "x"}}]}, "tools[0].type"),
+    ({"tools": [{"type": {"a": 1}, "function": {"name": "x"}}]}, "tools[0].type"),
+    ({"stop": ["ok", ["nested"]]}, "stop[1]"),
+    ({"stop": {"a": 1}}, "stop"),
+    ({"messages": [{"role": "developer"}, user("hi")]}, "messages[0].content"),
+    ({"messages": [user([[], {"type": "text"}])]}, "messages[0].content[0]"),
+    ({"messages": [user([{"text": "no type"}])]}, "messages[0].content[0].type"),
+    (
+        {"messages": [user([{"type": "input_text", "text": "x"}])]},
+        "messages[0].content[0].type",
+    ),
+    # Tools litellm checks itself (a ValueError) and cannot map to Anthropic.
+    ({"tools": [{"type": "[[[", "function": {"name": "x"}}]}, "tools"),
+    ({"tools": [{"type": "computer_20250124", "function": {"name": "c"}}]}, "tools"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "param"), MALFORMED)
+async def test_a_malformed_field_is_a_400_naming_it_not_a_translation_crash(
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    fields: dict[str, Any],
+    param: str,
+) -> None:
+    proxy, sim = await start(aiohttp_server, start_proxy, tmp_path)
+    for stream in (False, True):
+        status, raw = await chat(proxy, "sk-mallory", stream=stream, **fields)
+        assert status == 400, raw
+        assert_clean(raw)
+        error = orjson.loads(raw)["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error", error
+        assert param in error["message"]
+    assert sim.requests == []
+
+
 async def test_a_crash_inside_litellm_is_the_proxys_500_and_opens_no_circuit(
-    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Shapes the proxy does not check itself: litellm's translation raises (and calls it a
-    connection error). The provider was never called."""
+    connection error). The provider was never called. The log says so in one line: litellm's
+    exception chain is three tracebacks, one request's worth of noise at INFO."""
     proxy, sim = await start(aiohttp_server, start_proxy, tmp_path)
-    crashers: list[dict[str, Any]] = [
-        {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
-        {"response_format": "oops"},
-    ]
-    for fields in crashers * 2:
-        status, raw = await chat(proxy, "sk-mallory", **fields)
-        assert status in (400, 500), raw
+    # A JSON schema format without its (optional) schema: litellm indexes it (KeyError).
+    schemaless = {"type": "json_schema", "json_schema": {"name": "answer"}}
+    caplog.set_level(logging.INFO, logger="agentproxy.litellm")
+    for _ in range(2):
+        status, raw = await chat(proxy, "sk-mallory", response_format=schemaless)
+        assert status == 500, raw
         assert_clean(raw)
-        assert orjson.loads(raw)["error"]["code"] != "upstream_unreachable"
+        assert orjson.loads(raw)["error"]["code"] == "translation_failed"
     assert sim.requests == []
     assert await upstream_errors(proxy) == 0  # litellm failed before any call
     status, raw = await chat(proxy, "sk-alice")
     assert status == 200, raw
     assert await circuit_state(proxy) == 0
+    said = [r for r in caplog.records if r.name == "agentproxy.litellm" and "failed" in r.message]
+    assert len(said) == 2
+    for record in said:
+        assert record.exc_info is None and "\n" not in record.getMessage(), record.getMessage()
+        assert "KeyError" in record.getMessage()
 
 
 @pytest.mark.parametrize("answer", [b"not json at all", b'{"type": "message", "content": "x"}'])

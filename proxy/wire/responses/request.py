@@ -75,7 +75,15 @@ def _check_item(item: Any, where: str) -> None:
         raise BadRequest(
             f"{where}: a function_call needs a string 'name' and 'arguments'", param=where
         )
-    if kind_.endswith("_call_output") and not _is_output(item.get("output")):
+    if kind_ == "computer_call_output":  # its output is one screenshot object
+        if not isinstance(item.get("output"), dict):
+            raise BadRequest(
+                f"{where}.output must be a computer_screenshot object", param=f"{where}.output"
+            )
+    elif kind_ == "apply_patch_call_output":  # its output is an optional log text
+        if not isinstance(item.get("output"), str | None):
+            raise BadRequest(f"{where}.output must be a string", param=f"{where}.output")
+    elif kind_.endswith("_call_output") and not _is_output(item.get("output")):
         raise BadRequest(
             f"{where}.output must be a string or an array of parts", param=f"{where}.output"
         )
