@@ -363,3 +363,28 @@ async def test_the_proxys_compaction_yields_to_the_clients_unless_overridden(
     # Without the client's instructions the proxy compacts as always.
     _, headers = await ask(proxy, "gpt", False, history())
     assert "compaction.yielded" not in headers.get("x-agentproxy-applied", "")
+
+
+async def test_pausing_after_a_compaction_answers_with_the_block_alone(
+    proxy: TestServer, sim: Simulator
+) -> None:
+    compact = {"edits": [{**COMPACT, "pause_after_compaction": True}]}
+    message, _ = await ask(proxy, "gpt", False, history(), context_management=compact)
+    assert [b.type for b in message.content] == ["compaction"]
+    assert message.stop_reason == "compaction"
+
+
+async def test_an_overflow_is_still_recovered_from_while_honouring_the_client(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any
+) -> None:
+    sim = Simulator(api_key=UPSTREAM_KEY, context_window=2000)
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()))
+    quiet = {**CLEAR, "trigger": {"type": "input_tokens", "value": 10_000_000}}
+    message, headers = await ask(
+        proxy, "gpt", False, history(uses=4), context_management={"edits": [quiet]}
+    )
+    assert message.content[-1].type in ("text", "tool_use")
+    applied = headers["x-agentproxy-applied"]
+    assert "compaction.summarized" in applied or "compaction.middle_out" in applied
+    assert sim.requests[0].status == 400  # overflowed, then compacted and retried
+    assert sim.requests[-1].status == 200
