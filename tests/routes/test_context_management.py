@@ -23,6 +23,7 @@ from tests.conftest import ProxyFactory
 from tests.support.scrape import metrics_of, sample
 
 KEY = "sk-proxy-context-1"
+OTHER_KEY = "sk-proxy-context-2"
 UPSTREAM_KEY = "sk-sim-upstream-secret"
 TOOLS: list[Any] = [
     {
@@ -67,7 +68,7 @@ async def start(
     text = f"""\
         store: {{path: {tmp_path / "state"}}}
         keys:
-          api_keys: [{{name: agent, key: {KEY}}}]
+          api_keys: [{{name: agent, key: {KEY}}}, {{name: other, key: {OTHER_KEY}}}]
         model_list:
           - model_name: claude
             litellm_params:
@@ -92,9 +93,9 @@ async def start(
 OPENED: list[anthropic.AsyncAnthropic] = []
 
 
-def client(proxy: TestServer) -> anthropic.AsyncAnthropic:
+def client(proxy: TestServer, key: str = KEY) -> anthropic.AsyncAnthropic:
     sdk = anthropic.AsyncAnthropic(
-        base_url=str(proxy.make_url("")).rstrip("/"), api_key=KEY, max_retries=0
+        base_url=str(proxy.make_url("")).rstrip("/"), api_key=key, max_retries=0
     )
     OPENED.append(sdk)
     return sdk
@@ -120,10 +121,15 @@ async def proxy(
 
 
 async def ask(
-    proxy: TestServer, model: str, stream: bool, messages: list[Any], **fields: Any
+    proxy: TestServer,
+    model: str,
+    stream: bool,
+    messages: list[Any],
+    key: str = KEY,
+    **fields: Any,
 ) -> tuple[Any, dict[str, str]]:
     """The answer (a BetaMessage) and the response headers, plain or streamed."""
-    sdk = client(proxy)
+    sdk = client(proxy, key)
     fields.setdefault("tools", TOOLS)
     if stream:
         async with sdk.beta.messages.stream(
@@ -388,3 +394,22 @@ async def test_an_overflow_is_still_recovered_from_while_honouring_the_client(
     assert "compaction.summarized" in applied or "compaction.middle_out" in applied
     assert sim.requests[0].status == 400  # overflowed, then compacted and retried
     assert sim.requests[-1].status == 200
+
+
+async def test_a_cleared_result_is_its_owners_alone(proxy: TestServer, sim: Simulator) -> None:
+    """Two keys send the same session id and history: each clears into its own archive."""
+    refs = []
+    for key in (KEY, OTHER_KEY):
+        await ask(
+            proxy, "gpt", False, history(), key=key, context_management={"edits": [CLEAR]},
+            extra_headers={"x-agentproxy-session": "shared-name"},
+        )  # fmt: skip
+        tool = next(m for m in sim.requests[-1].body["messages"] if m["role"] == "tool")
+        refs.append(re.search(r"reference: (ap_\w+)", tool["content"]).group(1))  # type: ignore[union-attr]
+    assert refs[0] != refs[1]
+    async with aiohttp.ClientSession() as http:
+        url = str(proxy.make_url(f"/v1/agentproxy/archive/{refs[0]}"))
+        async with http.get(url, headers={"x-api-key": OTHER_KEY}) as r:
+            assert r.status == 404
+        async with http.get(url, headers={"x-api-key": KEY}) as r:
+            assert r.status == 200
