@@ -262,6 +262,65 @@ class OneShot(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ClearToolUses:
+    """Clear old tool results (and, if asked, their calls' inputs) once the prompt passes the
+    trigger, the most recent `keep` tool uses left as they are (Anthropic's
+    clear_tool_uses_20250919; its defaults)."""
+
+    trigger: tuple[str, int] = ("input_tokens", 100_000)  # ("input_tokens" | "tool_uses", n)
+    keep: int = 3  # the most recent tool uses kept
+    clear_at_least: int = 0  # clear only when at least this many tokens go
+    exclude_tools: frozenset[str] = frozenset()  # tools whose uses are never cleared
+    clear_inputs: bool | frozenset[str] = False  # also the calls' inputs: all, or these tools'
+
+
+@dataclass(frozen=True, slots=True)
+class ClearThinking:
+    """Drop the reasoning of all but the last `keep` assistant turns (None: keep all)."""
+
+    keep: int | None = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Compact:
+    """Summarize the history once the prompt passes `trigger` tokens; the summary becomes the
+    history's new start (Anthropic's compact_20260112)."""
+
+    trigger: int = 150_000
+    instructions: str | None = None  # added to the summarizer's instructions
+    pause: bool = False  # answer with the summary alone (stop_reason "compaction")
+
+
+ContextEdit = ClearToolUses | ClearThinking | Compact
+
+
+@dataclass(slots=True)
+class AppliedEdit:
+    """An edit the proxy carried out for the client, reported back in the client's wire."""
+
+    edit: str  # "clear_tool_uses", "clear_thinking" or "compaction"
+    cleared: int = 0  # tool uses, or thinking turns, cleared
+    tokens: int = 0  # estimated input tokens cleared
+    summary: str | None = None  # a compaction's summary: the client's new history start
+
+
+@dataclass(slots=True)
+class ClientContext:
+    """What the client says about its history's context, in no wire's terms: the edits it asks
+    for (carried out by the proxy where the deployment does not serve them natively), and
+    whether it manages the history's size itself, so that the proxy's compaction yields to it
+    (`compaction.client_managed`)."""
+
+    edits: tuple[ContextEdit, ...] = ()
+    manages: bool = False  # the client's edits or compaction state cut this history
+    applied: list[AppliedEdit] = field(default_factory=list)  # what the proxy carried out
+
+    def edit(self, kind: type[Any]) -> Any:
+        """The client's edit of that kind, if it asked for one."""
+        return next((e for e in self.edits if isinstance(e, kind)), None)
+
+
 @dataclass(slots=True)
 class Identity:
     """Who sent the request and whose state it reaches: the same for every call made for it
@@ -303,6 +362,8 @@ class ClientRequest:
     opaque_history: bool = False
     # The client's protocol headers to pass on (anthropic-version, anthropic-beta).
     forward_headers: dict[str, str] = field(default_factory=dict)
+    # The client's own context instructions and state (proxy/pipeline/context_edits.py).
+    context: ClientContext | None = None
     # Top-level fields of `body` a fallback's capabilities changed (tools, max_tokens...),
     # as the client sent them ((False, None) when absent): restored before another fallback.
     fields_sent: dict[str, tuple[bool, Any]] = field(default_factory=dict)

@@ -157,6 +157,14 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.context_edits = Counter(
+            "agentproxy_context_edits",
+            "Context edits applied, by edit (clear_tool_uses, clear_thinking, compaction) and "
+            "source: client (a client's instruction the proxy carried out), provider (a "
+            "provider's applied edits passed back), proxy (the proxy's own policy compaction).",
+            ["edit", "source"],
+            registry=r,
+        )
         self.summarizer_duration = Histogram(
             "agentproxy_summarizer_duration_seconds",
             "Time per summarizer call, by result (ok, failed).",
@@ -344,6 +352,9 @@ class Metrics:
             self.decisions.labels(guard, action)
         for phase in ("received", "sent"):
             self.context_tokens.labels(phase)
+        for edit in ("clear_tool_uses", "clear_thinking", "compaction"):
+            for source in ("client", "provider", "proxy"):
+                self.context_edits.labels(edit, source)
         for kind in ("tool_result", "tool_arguments", "history", "checkpoint"):
             self.store_writes.labels(kind)
             self.store_written_bytes.labels(kind)

@@ -26,6 +26,8 @@ ARCHIVING_ACTIONS = frozenset(
         ("compaction", "summarized"),
         ("compaction", "checkpoint_reused"),
         ("compaction", "middle_out"),
+        ("context_edits", "cleared_tool_uses"),
+        ("context_edits", "compacted"),
         ("capabilities", "removed_images"),
         ("capabilities", "removed_documents"),
         ("capabilities", "removed_reasoning"),

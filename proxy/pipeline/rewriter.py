@@ -15,6 +15,7 @@ from proxy.pipeline.capabilities import CapabilityStage
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compat import STAGE, CompatStage, Quirks, adapt
+from proxy.pipeline.context_edits import ContextEditStage
 from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
@@ -32,7 +33,8 @@ MEMO_SHARES = {
     "views": 0.0625,
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
-    "compaction_outputs": 0.09375,
+    "compaction_outputs": 0.0859375,
+    "client_compactions": 0.0078125,  # summaries written for clients' compact edits
     "offload_pointers": 0.05,
     "truncated_arguments": 0.05,
     "checkpoints": 0.05,
@@ -68,6 +70,7 @@ class Rewriter:
                 self.repair,
                 CompatStage(self.quirks),
                 CapabilityStage(),
+                ContextEditStage(size["client_compactions"]),  # the client's own edits
                 self.offload,
                 self.compaction,
                 self.loops,

@@ -282,6 +282,10 @@ class CompactionSpec:
     intent: str | None = None
     reactive: bool = True  # compact and retry once when the provider says it overflowed
     reactive_target: float = 0.6  # fraction of the window to compact to after an overflow
+    # A history whose client manages its context (its own context edits or compaction state):
+    # "honour" leaves it to the client (the proxy compacts it only after an overflow),
+    # "override" compacts it like any other.
+    client_managed: str = "honour"
 
 
 @dataclass(frozen=True, slots=True)

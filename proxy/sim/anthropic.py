@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from . import context_management
 from .model import (
     CHARS_4,
     JSON,
@@ -295,6 +296,8 @@ class AnthropicDialect(Dialect):
     def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
         if error := check_shape(body, headers) or check_breakpoints(body):
             return error
+        if error := context_management.check(body, betas(headers)):
+            return error
         messages = body["messages"]
         if error := check_tool_pairing(messages) or check_thinking_blocks(messages, self.signer):
             return error
@@ -321,6 +324,7 @@ class AnthropicDialect(Dialect):
             cache_read_tokens=read,
             cache_creation_tokens=creation,
             extra=thinking,
+            context=context_management.apply(body, self.count_prompt_tokens)[1],
         )
 
     def _thinking(self, body: JSON, chat: JSON, reply: Reply) -> ThinkingBlock | None:
@@ -337,7 +341,8 @@ class AnthropicDialect(Dialect):
         return ThinkingBlock(shown, self.signer.sign(shown, seed), tokens)
 
     def to_chat(self, body: JSON) -> JSON:
-        return to_chat(body)
+        """What the model reads: the body after its context management."""
+        return to_chat(context_management.apply(body, self.count_prompt_tokens)[0])
 
     def check_context(self, body: JSON, prompt_tokens: int, window: int) -> ApiError | None:
         # Only the prompt counts: current Claude models accept a max_tokens past the window
@@ -383,7 +388,7 @@ class AnthropicDialect(Dialect):
                     "input": _tool_input(call.arguments),
                 }
             )
-        return {
+        message = {
             "id": meta.id,
             "type": "message",
             "role": "assistant",
@@ -393,6 +398,7 @@ class AnthropicDialect(Dialect):
             "stop_sequence": None,
             "usage": _usage(meta, meta.completion_tokens),
         }
+        return context_management.report(message, meta.context)
 
     def stream_events(
         self, reply: Reply, meta: Meta, words_per_chunk: int, include_usage: bool
@@ -402,11 +408,17 @@ class AnthropicDialect(Dialect):
             "stop_reason": None,
             "usage": _usage(meta, 1),
         }
+        start.pop("context_management", None)
         events = [_event("message_start", {"type": "message_start", "message": start})]
         events.append(_event("ping", {"type": "ping"}))
         index = 0
+        applied = meta.context
+        if applied is not None and applied.compaction is not None:  # first, in one delta
+            delta = {"type": "compaction_delta", "content": applied.compaction}
+            events += _block_events(index, {"type": "compaction", "content": None}, [delta])
+            index += 1
         if thinking := _thinking_of(meta):
-            events += _thinking_events(thinking, words_per_chunk)
+            events += _thinking_events(thinking, words_per_chunk, index)
             index += 1
         if reply.content or not reply.tool_calls:
             pieces = [
@@ -433,6 +445,8 @@ class AnthropicDialect(Dialect):
             "delta": stop | {"stop_sequence": None},
             "usage": _usage(meta, meta.completion_tokens),
         }
+        if applied is not None and applied.requested:
+            delta["context_management"] = {"applied_edits": applied.edits}
         events.append(_event("message_delta", delta))
         events.append(_event("message_stop", {"type": "message_stop"}))
         return events
@@ -441,18 +455,18 @@ class AnthropicDialect(Dialect):
         return b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"del\n\n'
 
 
-def _thinking_events(thinking: ThinkingBlock, words_per_chunk: int) -> list[Event]:
+def _thinking_events(thinking: ThinkingBlock, words_per_chunk: int, index: int = 0) -> list[Event]:
     """Block 0: the thinking text in thinking_delta pieces, then one signature_delta (a
     redacted block arrives whole, with no deltas)."""
     if thinking.redacted:
-        return _block_events(0, thinking.wire(), [])
+        return _block_events(index, thinking.wire(), [])
     pieces: list[JSON] = [
         {"type": "thinking_delta", "thinking": p}
         for p in split_words(thinking.thinking, words_per_chunk)
     ]
     signature = {"type": "signature_delta", "signature": thinking.signature}
     start = {"type": "thinking", "thinking": "", "signature": ""}
-    return _block_events(0, start, pieces, [signature])
+    return _block_events(index, start, pieces, [signature])
 
 
 def _block_events(

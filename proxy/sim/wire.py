@@ -46,6 +46,7 @@ class Meta:
     cache_read_tokens: int = 0  # of prompt_tokens, read from the prompt cache
     cache_creation_tokens: int = 0  # of prompt_tokens, written to the prompt cache
     extra: Any = None  # what only one dialect renders (Anthropic: the thinking block)
+    context: Any = None  # Anthropic: what the request's context_management did
 
 
 class Dialect(ABC):

@@ -318,3 +318,57 @@ def test_an_untouched_turn_lent_a_view_sends_this_turns_own_blocks() -> None:
     ]
     out = view.render({**chat, "messages": offloaded})
     assert out["messages"][3]["content"][1] is second["messages"][3]["content"][1]
+
+
+def compacted_body() -> dict[str, Any]:
+    """A history whose client sent back a compaction block: what came before it is dropped."""
+    compaction = {"type": "compaction", "content": "SUMMARY: the files were listed."}
+    use = {"type": "tool_use", "id": "toolu_9", "name": "Bash", "input": {"command": "cat a"}}
+    return {
+        "model": "claude-opus-5-5",
+        "max_tokens": 1000,
+        "messages": [
+            {"role": "user", "content": "list the files"},
+            {"role": "assistant", "content": [{"type": "text", "text": "old answer"}]},
+            {"role": "user", "content": "now read a"},
+            {
+                "role": "assistant",
+                "content": [compaction, {"type": "text", "text": "Reading."}, use],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x" * 4000}
+                ],
+            },
+        ],
+    }
+
+
+def test_a_compaction_block_starts_the_history_as_a_summary() -> None:
+    body = compacted_body()
+    view = AnthropicView.of(body)
+    chat = view.chat_body()
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool"]
+    assert chat["messages"][0]["content"].endswith("SUMMARY: the files were listed.")
+    assert view.render(chat) is body  # untouched: the client's own body (Anthropic drops)
+    # A later turn lends the same view messages; the summary's text is the same bytes.
+    later = copy.deepcopy(body)
+    later["messages"].append({"role": "assistant", "content": [{"type": "text", "text": "ok"}]})
+    again = AnthropicView.of(later, view).chat_body()
+    assert again["messages"][:3] == chat["messages"] and len(again["messages"]) == 4
+
+
+async def test_a_rewritten_compacted_history_keeps_its_block_and_what_came_before() -> None:
+    body = compacted_body()
+    view = AnthropicView.of(body)
+    chat = view.chat_body()
+    policy = Policy(name="p", offload=OffloadSpec(min_tokens=100))
+    ex = exchange(chat["messages"], policy=policy)
+    out = await OffloadStage().run(ex, chat["messages"], context())
+    assert out is not None
+    native = view.render({**chat, "messages": out})["messages"]
+    assert native[:3] == body["messages"][:3]  # before the block: as sent, Anthropic drops it
+    assert native[3] == body["messages"][3]  # the block and the rest of its turn, one message
+    assert "offloaded" in native[4]["content"][0]["content"]
+    assert check_tool_pairing(native) is None

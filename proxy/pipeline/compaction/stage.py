@@ -148,12 +148,13 @@ class CompactionStage:
         # the budget is then in the measure's units.
         measure = await ctx.meter.measure(ex, seen, budget.fixed, budget.limit(spec.trigger))
         budget, tokens = budget.scaled(measure.factor, measure.fixed), measure.total
+        yields = yields_to_client(ex)
         state = self.index.peek(ex.identity.session)
         if state is None:
             # Only a session that overflowed has a smaller window than the catalog's, and such
             # a session is in memory (or, after a restart, overflows once more and is loaded).
             if tokens <= budget.limit(spec.trigger):
-                if tokens > _prepare_limit(spec, budget.limit(spec.trigger)):
+                if tokens > _prepare_limit(spec, budget.limit(spec.trigger)) and not yields:
                     self._prepare_first(ex, seen, ctx, budget)
                 return None
             state = await self.index.state(ctx.store, ex.identity.session)
@@ -161,6 +162,9 @@ class CompactionStage:
         budget = budget.capped(_in_units(state.cap_for(_model(ex)), measure.factor))
         trigger = budget.limit(spec.trigger)
         if tokens <= trigger:
+            return None
+        if yields:  # the client cuts this history itself: one owner of the context
+            record(ex, ctx, STAGE, "yielded", tokens=tokens, trigger=trigger)
             return None
         target = budget.limit(min(spec.target, spec.trigger))
         async with state.lock:
@@ -409,6 +413,7 @@ class CompactionStage:
             ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
             messages=len(stretch.messages), ref=archived.ref, summarizer_seconds=seconds,
         )  # fmt: skip
+        _count_compaction(ctx)
 
     async def _use_prepared(
         self,
@@ -457,6 +462,7 @@ class CompactionStage:
             messages=len(stretch.messages), ref=stretch.archived.ref, summarizer_seconds=waited,
             prepared=True,
         )  # fmt: skip
+        _count_compaction(ctx)
         return True
 
     async def _checkpoint(
@@ -517,6 +523,23 @@ def _stretch_at(ex: Exchange, plan: Plan, cut: int, window: int) -> Stretch:
     kept = plan.tokens() - tokens_of(plan.inserted) - sum(costs[plan.base : cut])
     kept += sum(t for i, t in plan.saved.items() if plan.base <= i < cut)  # saved there
     return Stretch(cut, stretch, archived, intent, kept)
+
+
+def _count_compaction(ctx: StageContext) -> None:
+    """A compaction event of the proxy's own policy (agentproxy_context_edits_total)."""
+    ctx.metrics.child(ctx.metrics.context_edits, "compaction", "proxy").inc()
+
+
+def yields_to_client(ex: Exchange) -> bool:
+    """Whether the proxy's compaction leaves this history to its client: the client manages
+    its context (its own edits or compaction state cut it) and the policy honours that. An
+    overflow is still recovered from (after_overflow): the request would fail otherwise."""
+    context = ex.client.context
+    return (
+        context is not None
+        and context.manages
+        and ex.policy.compaction.client_managed != "override"
+    )
 
 
 def _prepare_limit(spec: CompactionSpec, trigger: int) -> float:

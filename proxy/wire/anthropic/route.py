@@ -8,6 +8,8 @@ deployment the view as a Chat Completions request, its answer translated back.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from aiohttp import web
 
@@ -15,10 +17,18 @@ from proxy.exchange import ClientRequest, Exchange
 from proxy.flow import Flow
 from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
+from proxy.pipeline.context_edits import STAGE as CONTEXT_STAGE
 from proxy.sessions.identity import owner_of, scoped, session_id
 from proxy.state import VIEWS
-from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.anthropic import replies as anthropic
+from proxy.wire.anthropic.context import (
+    answered,
+    betas_needed,
+    cleared_thinking,
+    client_context,
+    provider_edits,
+)
 from proxy.wire.anthropic.request import parse_messages_request
 from proxy.wire.anthropic.stream import Relay, message_stream
 from proxy.wire.anthropic.upstream import DEFAULT_VERSION
@@ -69,8 +79,11 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     if not counting:
         views.keep(own, view, len(raw))
     chat = view.chat_body()
+    context = client_context(body, view.cut is not None)
     headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
     headers.setdefault("anthropic-version", DEFAULT_VERSION)
+    if context is not None and (betas := betas_needed(body, headers.get("anthropic-beta"))):
+        headers["anthropic-beta"] = betas  # what a native upstream needs for the edits
     return open_exchange(
         request,
         config,
@@ -85,6 +98,7 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
             wants_usage=True,
             body_bytes=len(raw),
             forward_headers=headers,
+            context=context,
         ),
     )
 
@@ -99,16 +113,49 @@ class AnthropicWire:
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)
-        return json_answer(
-            ex, anthropic.client_body(reply, ex.alias, ex.identity.request_id), reply.headers
-        )
+        if "choices" not in reply.data:  # the provider's own message, as it came
+            self._provider_edits(ex, flow, reply.data.get("context_management"))
+            return json_answer(ex, reply.body, reply.headers)
+        message = self._translated(ex, flow, reply)
+        return json_answer(ex, orjson.dumps(message), reply.headers)
 
     async def stream(self, request: web.Request, ex: Exchange, flow: Flow) -> web.StreamResponse:
         if ex.translated:  # the chat reply is asked for whole, then sent as this wire's events
             reply = await flow.complete(ex, self.replies)
-            message = anthropic.client_message(reply, ex.alias, ex.identity.request_id)
+            message = self._translated(ex, flow, reply)
             return events_answer(ex, message_stream(message), reply.headers)
-        return await relay_stream(request, ex, flow, lambda r: Relay(request, ex, r, self.view))
+
+        def relay(response: web.StreamResponse) -> Relay:
+            edits = lambda data: self._provider_edits(ex, flow, data)  # noqa: E731
+            return Relay(request, ex, response, self.view, edits)
+
+        return await relay_stream(request, ex, flow, relay)
+
+    def _translated(self, ex: Exchange, flow: Flow, reply: UpstreamReply) -> dict[str, Any]:
+        """A translated answer, with the client's context edits the proxy carried out."""
+        message = anthropic.client_message(reply, ex.alias, ex.identity.request_id)
+        context = ex.client.context
+        if context is None:
+            return message
+        thinking = cleared_thinking(context, self.view.body["messages"], self.view.cut or 0)
+        if thinking is not None and thinking not in context.applied:
+            context.applied.append(thinking)
+            flow.recorder.record(
+                ex, CONTEXT_STAGE, "cleared_thinking", turns=thinking.cleared,
+                tokens=thinking.tokens,
+            )  # fmt: skip
+            flow.metrics.child(flow.metrics.context_edits, "clear_thinking", "client").inc()
+        return answered(message, context)
+
+    @staticmethod
+    def _provider_edits(ex: Exchange, flow: Flow, data: Any) -> None:
+        """A native answer's applied edits (passed on as they came): counted and noted."""
+        edits = provider_edits(data)
+        if not edits:
+            return
+        flow.recorder.record(ex, CONTEXT_STAGE, "provider_applied", edits=edits)
+        for edit in edits:
+            flow.metrics.child(flow.metrics.context_edits, edit, "provider").inc()
 
     def upstream_error(self, ex: Exchange, error: UpstreamHTTPError) -> web.Response:
         return upstream_error(ex, error, anthropic.passthrough_body(error, ex.identity.request_id))

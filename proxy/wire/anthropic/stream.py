@@ -10,6 +10,7 @@ blocks numbered on from those the client already has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,10 +101,17 @@ class Relay(StreamRelay):
         )
 
     def __init__(
-        self, request: web.Request, ex: Exchange, response: web.StreamResponse, view: AnthropicView
+        self,
+        request: web.Request,
+        ex: Exchange,
+        response: web.StreamResponse,
+        view: AnthropicView,
+        provider_edits: Callable[[Any], None] | None = None,
     ) -> None:
         super().__init__(request, ex, response)
         self.view = view
+        # Told of the provider's `context_management` in message_delta (its applied edits).
+        self.provider_edits = provider_edits
         self._rounds = 0
         self._offset = 0  # content blocks the client already has, from earlier rounds
         self._sent_blocks = 0  # ...and from this round, so far
@@ -214,6 +222,8 @@ class Relay(StreamRelay):
             if isinstance(output, int):
                 self.ex.add_usage(Usage(0, output))
                 self.usage_reported = True
+            if self.provider_edits is not None and "context_management" in data:
+                self.provider_edits(data["context_management"])
 
     def _shifted(self, data: dict[str, Any]) -> dict[str, Any]:
         index = data.get("index")
@@ -235,6 +245,7 @@ def message_stream(message: dict[str, Any]) -> bytes:
     """A whole message as the event sequence an Anthropic client expects (a degraded answer,
     or a translated reply that came back whole)."""
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start.pop("context_management", None)  # reported in message_delta, as Anthropic does
     events: list[Event] = [("message_start", {"type": "message_start", "message": start})]
     for index, block in enumerate(message.get("content") or []):
         kind = block.get("type")
@@ -245,6 +256,9 @@ def message_stream(message: dict[str, Any]) -> bytes:
                 {"type": "text", "text": ""},
                 {"type": "text_delta", "text": block["text"]},
             )
+        elif kind == "compaction":  # the summary arrives whole, in one compaction_delta
+            first = {"type": "compaction", "content": None}
+            delta = {"type": "compaction_delta", "content": block.get("content")}
         elif kind == "tool_use":
             first = {**block, "input": {}}
             delta = {
@@ -269,15 +283,13 @@ def message_stream(message: dict[str, Any]) -> bytes:
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
     usage = message.get("usage") or {}
     stop = {"stop_reason": message.get("stop_reason"), "stop_sequence": None}
-    events.append(
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": stop,
-                "usage": {"output_tokens": usage.get("output_tokens", 0)},
-            },
-        )
-    )
+    ending: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": stop,
+        "usage": {"output_tokens": usage.get("output_tokens", 0)},
+    }
+    if "context_management" in message:
+        ending["context_management"] = message["context_management"]
+    events.append(("message_delta", ending))
     events.append(("message_stop", {"type": "message_stop"}))
     return b"".join(frame(name, data) for name, data in events)

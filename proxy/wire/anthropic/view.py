@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import NativeFit, NativePrefix
+from proxy.pipeline.context_edits import compaction_text
 from proxy.pipeline.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
@@ -74,6 +75,9 @@ class AnthropicView:
     _fit: NativeFit = AS_SENT
     # This turn, and how many of its messages the last view's repeat (for the recording).
     _prefix: NativePrefix = field(default_factory=lambda: NativePrefix("messages"))
+    # The client message holding the history's last compaction block: what comes before it
+    # is not part of the history (Anthropic drops it), and the block reads as a summary.
+    cut: int | None = None
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
@@ -89,9 +93,17 @@ class AnthropicView:
             view._add({"role": "system", "content": text_of_content(system)}, -1, None)
         messages = body["messages"]
         start = view._reuse(previous) if previous is not None else 0
-        view.fresh = start
+        cut = last_compaction(messages, start)
+        if cut is not None and start:  # a compaction new this turn: the history starts anew
+            return cls.of(body)
+        if cut is None and start and previous is not None and previous.cut is not None:
+            cut = previous.cut if previous.cut < start else None  # the lent part starts there
+        view.fresh, view.cut = start, cut
         for index in range(start, len(messages)):
-            view._map(index, messages[index])
+            if cut is None or index > cut:
+                view._map(index, messages[index])
+            elif index == cut:
+                view._map_compaction(index, messages[index])
             view._ends.append(len(view.messages))
         view._built = list(view.messages)
         return view
@@ -209,6 +221,8 @@ class AnthropicView:
         elif "system" in out:
             del out["system"]
         out["messages"] = list(self._native_messages(messages[start:]))
+        if self.cut is not None:  # the compaction block and its turn's rest, one message again
+            out["messages"] = self.body["messages"][: self.cut] + _rejoined(out["messages"])
         _render_tools(out, chat, self._tools)
         _cache_replacement(out, self.body["messages"])
         return out if self._fit is AS_SENT else _fitted(out, self._fit)
@@ -219,13 +233,23 @@ class AnthropicView:
         self.messages.append(message)
         self._origins[id(message)] = _Origin(index, blocks)
 
-    def _map(self, index: int, message: Any) -> None:
+    def _map_compaction(self, index: int, message: Message) -> None:
+        """The message holding the history's compaction block: the block as a summary message
+        (the history's new start), then its blocks after the block; those before it go."""
+        content = message["content"]
+        at = compaction_index(content)
+        summary = {"role": "user", "content": compaction_text(content[at]["content"])}
+        self._add(summary, index, (at,))
+        if any(isinstance(b, dict) for b in content[at + 1 :]):
+            self._map(index, message, after=at)
+
+    def _map(self, index: int, message: Any, after: int = -1) -> None:
         role = message.get("role")
         content = message.get("content")
         if not isinstance(content, list):
             self._add({"role": role, "content": content}, index, None)
             return
-        at = [i for i, b in enumerate(content) if isinstance(b, dict)]
+        at = [i for i, b in enumerate(content) if isinstance(b, dict) and i > after]
         if role == "assistant":
             self._add(assistant_message([content[i] for i in at]), index, tuple(at))
             return
@@ -378,6 +402,47 @@ class AnthropicView:
 
 
 REPLACEMENT_MARK = "[agentproxy] "  # how compaction's summaries and markers begin
+
+
+def compaction_index(content: Any) -> int:
+    """The position of the last compaction block with a summary in `content`, or -1 (a block
+    whose content is null is a failed compaction: a no-op)."""
+    if not isinstance(content, list):
+        return -1
+    for i in range(len(content) - 1, -1, -1):
+        block = content[i]
+        if (
+            isinstance(block, dict)
+            and block.get("type") == "compaction"
+            and isinstance(block.get("content"), str)
+        ):
+            return i
+    return -1
+
+
+def last_compaction(messages: list[Message], start: int = 0) -> int | None:
+    """The index of the last message from `start` on that holds a compaction block."""
+    for index in range(len(messages) - 1, start - 1, -1):
+        if compaction_index(messages[index].get("content")) >= 0:
+            return index
+    return None
+
+
+def _rejoined(messages: list[Message]) -> list[Message]:
+    """A compaction block rendered on its own, then the rest of its turn: one message."""
+    if len(messages) < 2:
+        return messages
+    first, second = messages[0], messages[1]
+    content = first.get("content")
+    if (
+        first.get("role") == second.get("role")
+        and isinstance(content, list)
+        and len(content) == 1
+        and compaction_index(content) == 0
+        and isinstance(second.get("content"), list)
+    ):
+        return [{**second, "content": [*content, *second["content"]]}, *messages[2:]]
+    return messages
 
 
 def _cache_replacement(out: dict[str, Any], client: list[Message]) -> None:
