@@ -129,14 +129,6 @@ class Metrics:
             ["stage", "action"],
             registry=r,
         )
-        self.context_edits = Counter(
-            "agentproxy_context_edits",
-            "Context edits and compactions applied to requests, by edit (clear_tool_uses, "
-            "clear_thinking, compaction) and source: client (a client's instruction the proxy "
-            "carried out), provider (done by the provider, passed back) or proxy (its policy).",
-            ["edit", "source"],
-            registry=r,
-        )
         self.decisions = Counter(
             "agentproxy_decisions",
             "Guard decisions (loop detection, budgets, session circuits, degraded answers), "

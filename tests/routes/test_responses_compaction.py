@@ -190,3 +190,47 @@ async def test_context_management_and_codexs_trigger_on_a_chat_only_deployment(
     )
     assert [i.type for i in trigger.output] == ["compaction"]
     assert len(sim.requests) == 1  # the summary only: the model was not asked to go on
+
+
+@pytest.mark.parametrize("mode", ["honour", "override"])
+async def test_the_proxys_compaction_yields_to_a_responses_client_managing_its_context(
+    upstream: tuple[Simulator, TestServer], start_proxy: ProxyFactory, tmp_path: Path, mode: str
+) -> None:
+    """A request with its own `context_management` compaction is the client's to cut: past the
+    policy's trigger the proxy's compaction yields (compaction.yielded), unless it overrides."""
+    sim, server = upstream
+    proxy = await start(start_proxy, tmp_path, str(server.make_url("")).rstrip("/"))
+    config = tmp_path / "agentproxy.yaml"
+    text = config.read_text().replace("max_input_tokens: 100000", "max_input_tokens: 3000")
+    policy = (
+        "policies:\n  - name: tight\n    compaction: {trigger: 0.5, target: 0.3, "
+        f"keep_messages: 2, prepare_at: null, client_managed: {mode}}}\n"
+    )
+    config.write_text(text + policy)
+    proxy = await start_proxy(config)
+    filler = "The build log said nothing new. " * 75  # ~600 tokens a turn
+    turns = [
+        message
+        for n in range(4)
+        for message in (
+            {"role": "user", "content": f"Run the build again ({n})."},
+            {"role": "assistant", "content": filler},
+        )
+    ]
+    history = [*HISTORY, *turns]  # ~2,400 tokens: past half of 3,000
+    quiet = [{"type": "compaction", "compact_threshold": 10_000_000}]  # never the client's turn
+    raw = await client(proxy).responses.with_raw_response.create(
+        model="chat", input=[*history, {"role": "user", "content": "next?"}],
+        extra_body={"context_management": quiet},
+    )  # fmt: skip
+    applied = raw.headers.get("x-agentproxy-applied", "")
+    if mode == "honour":
+        assert "compaction.yielded" in applied
+        assert OLD_WORDS in sent_text(sim.requests[-1].body)  # the client's history, whole
+    else:
+        assert "compaction.yielded" not in applied
+        assert "compaction.summarized" in applied or "compaction.middle_out" in applied
+    plain = await client(proxy).responses.with_raw_response.create(
+        model="chat", input=[*history, {"role": "user", "content": "next?"}]
+    )
+    assert "compaction.yielded" not in plain.headers.get("x-agentproxy-applied", "")

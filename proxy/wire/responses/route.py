@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import BadRequest, NotFound, UpgradeRequired
-from proxy.exchange import ClientRequest, Exchange, NativeFit, NativePrefix
+from proxy.exchange import ClientContext, ClientRequest, Exchange, NativeFit, NativePrefix
 from proxy.flow import Flow
 from proxy.http.auth import authenticate
 from proxy.pipeline.base import StageContext
@@ -92,6 +92,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             body_bytes=len(raw),
             opaque_history=body.get("previous_response_id") is not None
             or body.get("conversation") is not None,
+            # Its own compaction state or instruction: the proxy's compaction yields to it.
+            context=ClientContext(manages=True) if view.client_manages_context else None,
         ),
     )
     # A response made with `store: false` (Codex's every turn) cannot be continued: no record.
