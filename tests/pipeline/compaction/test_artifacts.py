@@ -4,6 +4,7 @@ stage level, how it is carried from one compaction to the next, a restart includ
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -37,6 +38,7 @@ from tests.pipeline.compaction.factories import (
     coding_session,
     context,
     exchange,
+    note,
 )
 
 
@@ -327,3 +329,30 @@ async def test_a_common_turn_never_walks_the_ledger() -> None:
     again = await CompactionStage().run(ex, longer, context(summarize, store))
     assert again is not None and actions(ex) == ["checkpoint_reused"]
     assert summary_of(again) == summary_of(first) and "- z (written)" not in summary_of(again)
+
+
+async def test_a_summary_written_ahead_gets_the_ledger_too() -> None:
+    """Written ahead, the summarizer is asked for its room less the ledger's share, and the
+    crossing turn that takes it adds the ledger as an inline summary would."""
+    summarize = Scripted()
+    stage, ctx = CompactionStage(), context(summarize)
+    rooms: list[tuple[int, int]] = []
+    start = stage.prepared.start
+
+    def starting(*args: Any) -> bool:
+        rooms.append((args[5], args[6]))  # the room, and what of it is kept for the ledger
+        return start(*args)
+
+    stage.prepared.start = starting  # type: ignore[method-assign]
+    for turns in range(2, 40):
+        history = coding_session(turns, content_chars=280)
+        ex = exchange(history)
+        out = await stage.run(ex, history, ctx)
+        await asyncio.sleep(0.01)  # the summary written ahead meanwhile
+        if "summarized" in actions(ex):
+            break
+    assert out is not None and note(ex, "summarized").get("prepared") is True
+    listed, left_out = written_in(summary_of(out))
+    assert listed and listed == list(range(left_out, left_out + len(listed)))
+    [(room, kept)] = rooms
+    assert 0 < kept <= room // 4 and summarize.rooms == [room - kept]
