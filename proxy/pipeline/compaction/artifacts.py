@@ -24,6 +24,7 @@ with "and N more" for the rest.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterable, Iterator
@@ -219,16 +220,25 @@ def touches(name: str, arguments: Any) -> tuple[list[tuple[str, str]], str | Non
         return [], None
     if tool in COMMAND_TOOLS:
         return _command_touches(args.get("command", args.get("cmd")))
-    path = next((args[k] for k in PATH_ARGUMENTS if isinstance(args.get(k), str)), None)
-    if path is None or not (path := _clean(path)):
+    path = ""
+    for key in PATH_ARGUMENTS:
+        value = args.get(key)
+        if isinstance(value, str):
+            path = _clean(value)
+            break
+    if not path:
         return [], None
     action = NAMED_TOOLS.get(tool)
     if action is None:
         command = args.get("command")
         action = EDITOR_COMMANDS.get(command) if isinstance(command, str) else None
-    if action is None:
-        action = next((a for pattern, a in _NAME_ACTIONS if pattern.search(tool)), READ)
-    return [(path, action)], None
+    return [(path, action or _action_named(tool))], None
+
+
+@functools.lru_cache(maxsize=1024)
+def _action_named(tool: str) -> str:
+    """What a tool's name says it does to the file it names (a few names in a session)."""
+    return next((action for pattern, action in _NAME_ACTIONS if pattern.search(tool)), READ)
 
 
 def patch_touches(patch: str) -> list[tuple[str, str]]:
@@ -253,31 +263,40 @@ def shell_writes(script: str) -> list[tuple[str, str]]:
     operands. Nothing with a variable, a glob or a substitution; a heredoc's body and what
     follows it are not read."""
     found: list[tuple[str, str]] = []
+    if ">" not in script and "rm" not in script:
+        return found  # most commands: nothing to look for
     for line in script[:SCRIPT_CHARS].splitlines()[:SCRIPT_LINES]:
-        try:
-            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-            lexer.whitespace_split = True
-            tokens = list(lexer)
-        except ValueError:  # unbalanced quotes: not plain
-            continue
-        starts, removing = True, False
-        for i, token in enumerate(tokens):
-            if token in _SEPARATORS:
-                starts, removing = True, False
-                continue
-            action = _REDIRECTS.get(token)
-            if action is not None:
-                target = tokens[i + 1] if i + 1 < len(tokens) else ""
-                if _plain(target):
-                    found.append((_clean(target), action))
-                removing = False
-            elif removing and not token.startswith("-") and _plain(token):
-                found.append((_clean(token), DELETED))
-            elif starts:
-                removing = token == "rm"
-            starts = False
+        if ">" in line or "rm" in line:
+            found += _line_writes(line)
         if "<<" in line:
             break
+    return found
+
+
+def _line_writes(line: str) -> list[tuple[str, str]]:
+    try:
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:  # unbalanced quotes: not plain
+        return []
+    found: list[tuple[str, str]] = []
+    starts, removing = True, False
+    for i, token in enumerate(tokens):
+        if token in _SEPARATORS:
+            starts, removing = True, False
+            continue
+        action = _REDIRECTS.get(token)
+        if action is not None:
+            target = tokens[i + 1] if i + 1 < len(tokens) else ""
+            if _plain(target):
+                found.append((_clean(target), action))
+            removing = False
+        elif removing and not token.startswith("-") and _plain(token):
+            found.append((_clean(token), DELETED))
+        elif starts:
+            removing = token == "rm"
+        starts = False
     return [(p, a) for p, a in found if p]
 
 

@@ -356,3 +356,8 @@ async def test_a_summary_written_ahead_gets_the_ledger_too() -> None:
     assert listed and listed == list(range(left_out, left_out + len(listed)))
     [(room, kept)] = rooms
     assert 0 < kept <= room // 4 and summarize.rooms == [room - kept]
+
+
+def test_a_heredocs_body_is_never_read_as_commands() -> None:
+    assert shell_writes("python - <<'EOF'\nimport os\nos.system('rm x')\nEOF\nrm y") == []
+    assert shell_writes("ls\nrm y > z") == [("y", DELETED), ("z", WRITTEN)]
