@@ -20,6 +20,7 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.logs.limit import warn_limited
+from proxy.pipeline.compaction.artifacts import EMPTY, ArtifactLedger
 from proxy.pipeline.messages import Message, estimate_tokens
 from proxy.store.base import Store
 
@@ -51,21 +52,30 @@ class Checkpoint:
     kind: str  # "summary" or "middle_out"
     messages: tuple[Message, ...]  # what replaces them
     ref: str  # the archive of what was replaced
+    # What the tool calls of messages[:cut] touched: the next compaction extends it.
+    ledger: ArtifactLedger = EMPTY
 
     @property
     def size(self) -> int:
         """Roughly its bytes in memory, for the cache that holds it."""
-        return 256 + sum(4 * estimate_tokens(m) for m in self.messages)
+        return 256 + sum(4 * estimate_tokens(m) for m in self.messages) + self.ledger.size
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps(
-            {"kind": self.kind, "cut": self.mark.length, "ref": self.ref, "messages": self.messages}
-        )
+        raw = {
+            "kind": self.kind,
+            "cut": self.mark.length,
+            "ref": self.ref,
+            "messages": self.messages,
+        }
+        if self.ledger:
+            raw["ledger"] = self.ledger.to_json()
+        return orjson.dumps(raw)
 
     @classmethod
     def from_bytes(cls, mark: Mark, data: bytes) -> Checkpoint:
         raw = orjson.loads(data)
-        return cls(mark, str(raw["kind"]), tuple(raw["messages"]), str(raw["ref"]))
+        ledger = ArtifactLedger.from_json(raw.get("ledger"))  # none in an older checkpoint
+        return cls(mark, str(raw["kind"]), tuple(raw["messages"]), str(raw["ref"]), ledger)
 
     def fresh_messages(self) -> list[Message]:
         # Copies, so a later stage that edits a message in place cannot corrupt the cache.

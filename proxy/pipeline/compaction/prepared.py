@@ -84,10 +84,12 @@ class PreparedSummaries:
         base: int,
         mark: Mark,
         room: int,
+        kept: int = 0,
     ) -> bool:
         """Start writing the summary of `stretch` for the exchange's session, unless one is
         there already or the process has `limit` in flight. Synchronous up to the task's
-        creation, so concurrent turns of a session start one at most."""
+        creation, so concurrent turns of a session start one at most. `room`: the tokens the
+        summary will have; `kept`: those of them kept for the ledger (not asked for)."""
         session = ex.identity.session
         if session in self._by_session:
             return False
@@ -95,7 +97,7 @@ class PreparedSummaries:
             _count(ctx.metrics, "skipped")
             return False
         carrier = _carrier(ex)
-        task = asyncio.create_task(self._write(carrier, ctx, stretch, room))
+        task = asyncio.create_task(self._write(carrier, ctx, stretch, room - kept))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         self._by_session[session] = Prepared(base, mark, room, task, ctx.metrics)

@@ -22,3 +22,14 @@ def missing_sections(summary: str) -> list[str]:
     """The required sections a summary lacks, in order (empty: it has them all)."""
     found = {match.group(1).upper() for match in _HEADING.finditer(summary)}
     return [section for section in SECTIONS if section not in found]
+
+
+def section_span(summary: str, section: str) -> tuple[int, int] | None:
+    """Where the body of `section` lies in `summary`: from after its heading to the next
+    heading (or the end); None when it has no such heading."""
+    headings = list(_HEADING.finditer(summary))
+    for n, heading in enumerate(headings):
+        if heading.group(1).upper() == section:
+            end = headings[n + 1].start() if n + 1 < len(headings) else len(summary)
+            return heading.end(), end
+    return None

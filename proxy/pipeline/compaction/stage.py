@@ -37,6 +37,7 @@ from cachetools import LRUCache
 from proxy.exchange import Exchange
 from proxy.pipeline.archive import Entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
+from proxy.pipeline.compaction.artifacts import ArtifactLedger
 from proxy.pipeline.compaction.budget import (
     Budget,
     budget_for,
@@ -63,6 +64,7 @@ from proxy.pipeline.compaction.prepared import Ledger, PreparedSummaries
 from proxy.pipeline.compaction.summarize import (
     STAGE,
     history_entry,
+    ledger_room,
     replace_stretch,
     summary_replacement,
     summary_room,
@@ -295,7 +297,7 @@ class CompactionStage:
         if checkpoint is None:
             return
         before = plan.tokens()
-        plan.rebase(mark.length, checkpoint.fresh_messages())
+        plan.rebase(mark.length, checkpoint.fresh_messages(), checkpoint.ledger)
         record(
             ex, ctx, STAGE, "checkpoint_reused", tokens_before=before,
             tokens_after=plan.tokens(), messages=mark.length, ref=checkpoint.ref,
@@ -379,7 +381,8 @@ class CompactionStage:
         # Its room as it will be at the crossing, with what comes until then kept as well.
         room = summary_room(window, target, stretch.kept + coming, tokens_of(stretch.intent))
         mark = Mark(stretch.cut, key_of(plan.seen.prefix_hashes(stretch.cut)[-1]))
-        self.prepared.start(ex, ctx, stretch.messages, plan.base, mark, room)
+        kept = ledger_room(plan.ledger_to(stretch.cut), room)  # as the crossing turn will keep
+        self.prepared.start(ex, ctx, stretch.messages, plan.base, mark, room, kept)
 
     async def _summarize(
         self,
@@ -402,12 +405,13 @@ class CompactionStage:
         if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
             return  # nothing leaves the context unless it is stored
         room = summary_room(window, target, stretch.kept, tokens_of(stretch.intent))
+        ledger = plan.ledger_to(stretch.cut)
         started = time.perf_counter()
         replacement, kind = await replace_stretch(
-            ex, ctx, stretch.intent, stretch.messages, archived.ref, room
+            ex, ctx, stretch.intent, stretch.messages, archived.ref, room, ledger
         )
         seconds = round(time.perf_counter() - started, 3)
-        await self._checkpoint(ex, ctx, state, plan, stretch, replacement, kind)
+        await self._checkpoint(ex, ctx, state, plan, stretch, (replacement, kind, ledger))
         action = "summarized" if kind == "summary" else "middle_out"
         record(
             ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
@@ -443,9 +447,11 @@ class CompactionStage:
         stretch = _stretch_at(ex, plan, prepared.mark.length, window)
         # The room it was written for: whether it fits is checked next, not cut to fit.
         before = plan.tokens()
+        ledger = plan.ledger_to(stretch.cut)
         replacement, kind = summary_replacement(
-            ex, ctx, stretch.intent, stretch.messages, stretch.archived.ref, prepared.room, summary
-        )
+            ex, ctx, stretch.intent, stretch.messages, stretch.archived.ref, prepared.room, summary,
+            ledger,
+        )  # fmt: skip
         # Well under the trigger, or the next compaction would come a turn or two later:
         # no further above the target than halfway to the trigger.
         if stretch.kept + tokens_of(replacement) > (target + trigger) // 2:
@@ -455,7 +461,7 @@ class CompactionStage:
             self.prepared.waste(prepared)
             return False  # nothing leaves the context unless it is stored
         self.prepared.used(prepared)
-        await self._checkpoint(ex, ctx, state, plan, stretch, replacement, kind)
+        await self._checkpoint(ex, ctx, state, plan, stretch, (replacement, kind, ledger))
         action = "summarized" if kind == "summary" else "middle_out"
         record(
             ex, ctx, STAGE, action, tokens_before=before, tokens_after=plan.tokens(),
@@ -472,17 +478,18 @@ class CompactionStage:
         state: SessionState,
         plan: Plan,
         stretch: Stretch,
-        replacement: list[Message],
-        kind: str,
+        made: tuple[list[Message], str, ArtifactLedger],
     ) -> None:
-        """Keep the replacement of the stretch for later turns, and apply it to this one."""
+        """Keep the replacement of the stretch (`made`: it, its kind and the ledger up to the
+        cut) for later turns, and apply it to this one."""
+        replacement, kind, ledger = made
         mark = Mark(stretch.cut, key_of(plan.seen.prefix_hashes(stretch.cut)[-1]))
-        checkpoint = Checkpoint(mark, kind, tuple(replacement), stretch.archived.ref)
+        checkpoint = Checkpoint(mark, kind, tuple(replacement), stretch.archived.ref, ledger)
         try:
             await self.index.add(ctx.store, ex.identity.session, state, checkpoint)
         except Exception as exc:  # this turn still fits; the next one recomputes
             record(ex, ctx, STAGE, "store_failed", error=f"{type(exc).__name__}: {exc}")
-        plan.rebase(stretch.cut, checkpoint.fresh_messages())
+        plan.rebase(stretch.cut, checkpoint.fresh_messages(), ledger)
 
     async def _save(self, ex: Exchange, ctx: StageContext, state: SessionState) -> None:
         try:

@@ -18,6 +18,7 @@ from proxy.exchange import Exchange
 from proxy.pipeline import messages as msgs
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, record
+from proxy.pipeline.compaction.artifacts import EMPTY, ArtifactLedger
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.sections import missing_sections
 from proxy.pipeline.messages import Message
@@ -38,6 +39,10 @@ MIDDLE_OUT_HOW = " (agentproxy_recall can read them)"
 SUMMARY_WINDOW_SHARE = 0.2
 MIN_SUMMARY_TOKENS = 64
 MIN_SUMMARY_CHARS = 256
+# The share of a summary's room kept for the ledger of touched files (what the summarizer is
+# asked for is the rest), and its characters at most.
+LEDGER_ROOM_SHARE = 0.25
+MAX_LEDGER_CHARS = 8_000
 
 
 def history_entry(ex: Exchange, stretch: Sequence[Message], first: int, last: int) -> Entry:
@@ -48,16 +53,37 @@ def history_entry(ex: Exchange, stretch: Sequence[Message], first: int, last: in
     return entry(ex, KIND, data, **meta)
 
 
-def summary_message(summary: str, count: int, ref: str, max_tokens: int, recall: bool) -> Message:
+def summary_message(
+    summary: str,
+    count: int,
+    ref: str,
+    max_tokens: int,
+    recall: bool,
+    ledger: ArtifactLedger = EMPTY,
+) -> Message:
     """The summary as a message: a header with its archive reference, then the text, cut at
-    `max_tokens` (the room it has in the window) should the summarizer have overrun it."""
-    limit = max(MIN_SUMMARY_CHARS, int(max_tokens * msgs.CHARS_PER_TOKEN))
+    `max_tokens` (the room it has in the window) should the summarizer have overrun it, with
+    what the ledger knows that its ARTIFACTS section does not name (artifacts.py), in the
+    part of that room kept for it."""
+    kept = ledger_room(ledger, max_tokens)
+    limit = max(MIN_SUMMARY_CHARS, int((max_tokens - kept) * msgs.CHARS_PER_TOKEN))
     text = summary.strip()
     if len(text) > limit:
         text = text[:limit] + " …"
+    if kept:
+        text = ledger.merged_into(text, int(kept * msgs.CHARS_PER_TOKEN))
     how = SUMMARY_HOW if recall else ""
     header = SUMMARY_HEADER.format(count=count, ref=ref, how=how)
     return {"role": "user", "content": f"{header}\n\n{text}"}
+
+
+def ledger_room(ledger: ArtifactLedger, room: int) -> int:
+    """Tokens of a summary's `room` kept for the ledger's lines: what they would all take, at
+    most LEDGER_ROOM_SHARE of the room (the summarizer is asked for the rest)."""
+    if not ledger:
+        return 0
+    chars = min(MAX_LEDGER_CHARS, ledger.chars())
+    return min(int(room * LEDGER_ROOM_SHARE), int(chars / msgs.CHARS_PER_TOKEN) + 1)
 
 
 def summary_room(window: int, target: int, kept: int, intent: int) -> int:
@@ -83,15 +109,18 @@ async def replace_stretch(
     stretch: list[Message],
     ref: str,
     room: int,
+    ledger: ArtifactLedger = EMPTY,
 ) -> tuple[list[Message], str]:
     """`[*intent, summary]` for an archived stretch, or `[*intent, marker]` (middle-out) when
     the summarizer fails, is too slow or answers without the required sections; the kind
-    ("summary" or "middle_out") comes with it. `room`: the tokens the summary may take."""
+    ("summary" or "middle_out") comes with it. `room`: the tokens the summary may take;
+    `ledger`: what the session's tool calls touched up to the stretch's end."""
     spec = ex.policy.compaction
     started = time.perf_counter()
     try:
+        asked = room - ledger_room(ledger, room)
         summary = await asyncio.wait_for(
-            ctx.summarize(ex, stretch, room), spec.summarizer_timeout_s
+            ctx.summarize(ex, stretch, asked), spec.summarizer_timeout_s
         )
         if not summary.strip():
             raise ValueError("the summarizer returned an empty summary")
@@ -100,7 +129,7 @@ async def replace_stretch(
         waited = round(time.perf_counter() - started, 3)
         record(ex, ctx, STAGE, "summarizer_failed", error=error, seconds=waited)
         return middle_out(intent, stretch, ref, ex.policy.recall.enabled), "middle_out"
-    return summary_replacement(ex, ctx, intent, stretch, ref, room, summary)
+    return summary_replacement(ex, ctx, intent, stretch, ref, room, summary, ledger)
 
 
 def summary_replacement(
@@ -111,6 +140,7 @@ def summary_replacement(
     ref: str,
     room: int,
     summary: str,
+    ledger: ArtifactLedger = EMPTY,
 ) -> tuple[list[Message], str]:
     """What replaces the stretch given the summarizer's answer: the intent and the summary,
     or the intent and a marker when the summary lacks its sections; and which it is."""
@@ -119,4 +149,5 @@ def summary_replacement(
     if missing:  # a summary that lost its structure has likely lost the task too
         record(ex, ctx, STAGE, "summary_rejected", missing=missing, chars=len(summary))
         return middle_out(intent, stretch, ref, recall), "middle_out"
-    return [*intent, summary_message(summary, len(stretch), ref, room, recall)], "summary"
+    message = summary_message(summary, len(stretch), ref, room, recall, ledger)
+    return [*intent, message], "summary"
