@@ -28,9 +28,10 @@ from cachetools import LRUCache
 from proxy.exchange import AppliedEdit, ClearToolUses, Compact, Exchange
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, forget_sessions, record
+from proxy.pipeline.compaction.artifacts import EMPTY
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
-from proxy.pipeline.compaction.summarize import history_entry
-from proxy.pipeline.messages import Message, estimate_tokens
+from proxy.pipeline.compaction.summarize import history_entry, ledger_room
+from proxy.pipeline.messages import CHARS_PER_TOKEN, Message, estimate_tokens
 from proxy.pipeline.offload import ARCHIVE_PATH, RECALL_TOOL
 from proxy.policies.spec import Policy
 
@@ -196,12 +197,17 @@ class ContextEditStage:
         if edit.instructions:  # the client's own summarization instructions, read last
             note = f"[instructions for this summary] {edit.instructions}"
             shown = [*stretch, {"role": "user", "content": note}]
+        ledger = EMPTY.extended(stretch)  # what the agent touched: named whatever it writes
+        kept = ledger_room(ledger, room)
         try:
-            summary = await ctx.summarize(ex, shown, room)
+            summary = await ctx.summarize(ex, shown, room - kept)
         except Exception as exc:  # never fail the request because compaction failed
             record(ex, ctx, STAGE, "summarizer_failed", error=f"{type(exc).__name__}: {exc}")
             return None
-        return summary.strip() or None
+        summary = summary.strip()
+        if summary and kept:
+            summary = ledger.merged_into(summary, int(kept * CHARS_PER_TOKEN))
+        return summary or None
 
 
 def _input_tokens(ex: Exchange, messages: list[Message]) -> int:

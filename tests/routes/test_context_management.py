@@ -18,6 +18,7 @@ import anthropic
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sim.model import SUMMARY_MAX_ARTIFACTS
 from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
 from tests.support.scrape import metrics_of, sample
@@ -413,3 +414,26 @@ async def test_a_cleared_result_is_its_owners_alone(proxy: TestServer, sim: Simu
             assert r.status == 404
         async with http.get(url, headers={"x-api-key": KEY}) as r:
             assert r.status == 200
+
+
+async def test_a_compaction_the_client_asked_for_names_every_file_it_wrote(
+    proxy: TestServer, sim: Simulator
+) -> None:
+    """The ledger of touched files (issue 38, item 5) reaches the client's own compactions too:
+    every file the history wrote is in the compaction block, whatever the summarizer wrote (the
+    simulated one names the first SUMMARY_MAX_ARTIFACTS paths it meets)."""
+    written = SUMMARY_MAX_ARTIFACTS + 12
+    messages: list[Any] = [{"role": "user", "content": "Write the modules."}]
+    for i in range(written):
+        arguments = {"file_path": f"src/written_{i}.py", "content": "x = 1\n" * 60}
+        call = {"type": "tool_use", "id": f"toolu_w{i}", "name": "Write", "input": arguments}
+        done = {"type": "tool_result", "tool_use_id": f"toolu_w{i}", "content": "written"}
+        messages += [
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [done]},
+        ]
+    messages[-1]["content"].append({"type": "text", "text": "now say done"})
+    message, _ = await ask(proxy, "gpt", False, messages, context_management={"edits": [COMPACT]})
+    block = message.content[0]
+    assert block.type == "compaction"
+    assert all(f"src/written_{i}.py" in block.content for i in range(written)), block.content

@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.sim import Simulator
+from proxy.sim.model import SUMMARY_MAX_ARTIFACTS
 from tests.conftest import ProxyFactory
 from tests.support.scrape import metrics_of, sample
 
@@ -234,3 +235,30 @@ async def test_the_proxys_compaction_yields_to_a_responses_client_managing_its_c
         model="chat", input=[*history, {"role": "user", "content": "next?"}]
     )
     assert "compaction.yielded" not in plain.headers.get("x-agentproxy-applied", "")
+
+
+async def test_a_compact_names_every_file_the_history_wrote(
+    upstream: tuple[Simulator, TestServer], start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """The ledger of touched files (issue 38, item 5) reaches /v1/responses/compact too: the
+    summary a later turn starts from names every file written, whatever the summarizer wrote
+    (the simulated one names the first SUMMARY_MAX_ARTIFACTS paths it meets)."""
+    sim, server = upstream
+    proxy = await start(start_proxy, tmp_path, str(server.make_url("")).rstrip("/"))
+    written = SUMMARY_MAX_ARTIFACTS + 12
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Write the modules."}]
+    for i in range(written):
+        arguments = orjson.dumps({"path": f"src/written_{i}.py", "content": "x = 1\n"}).decode()
+        history += [
+            {"type": "function_call", "call_id": f"c{i}", "name": "write_file",
+             "arguments": arguments},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "written"},
+        ]  # fmt: skip
+    alice = client(proxy)
+    compacted = await alice.responses.compact(model="chat", input=history)  # type: ignore[arg-type]
+    window = [item.model_dump(exclude_none=True) for item in compacted.output]
+    await alice.responses.create(
+        model="chat", input=[*window, {"role": "user", "content": "Now add a test."}]
+    )
+    sent = sent_text(sim.requests[-1].body)
+    assert all(f"src/written_{i}.py" in sent for i in range(written)), sent

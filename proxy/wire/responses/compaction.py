@@ -25,7 +25,8 @@ from typing import Any
 from proxy.errors import ProxyError, ServiceUnavailable, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.compaction.summarize import history_entry, summary_message
+from proxy.pipeline.compaction.artifacts import EMPTY
+from proxy.pipeline.compaction.summarize import history_entry, ledger_room, summary_message
 from proxy.pipeline.compaction.summarizer import SUMMARY_MAX_TOKENS
 from proxy.pipeline.messages import Message
 from proxy.store.base import StoreError
@@ -56,14 +57,15 @@ async def compact(
         if archived.ref not in await ctx.archive.keep(ex, STAGE, [archived]):
             raise StoreError("the history to compact could not be archived")
         room = summary_room(ex)
+        ledger = EMPTY.extended(stretch)  # what the agent touched: named whatever it writes
         summary = await asyncio.wait_for(
-            ctx.summarize(ex, stretch, room), ex.policy.compaction.summarizer_timeout_s
+            ctx.summarize(ex, stretch, room - ledger_room(ledger, room)),
+            ex.policy.compaction.summarizer_timeout_s,
         )
         if not summary.strip():
             raise ValueError("the summarizer returned an empty summary")
-        text = summary_message(summary, len(stretch), archived.ref, room, ex.policy.recall.enabled)[
-            "content"
-        ]
+        recall = ex.policy.recall.enabled
+        text = summary_message(summary, len(stretch), archived.ref, room, recall, ledger)["content"]
         item = await mint(ex, ctx.archive, text, history=archived.ref, messages=len(stretch))
     except StoreError as exc:
         raise ServiceUnavailable(
