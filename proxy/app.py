@@ -132,7 +132,11 @@ def build_app(
     recorder.board = app[BOARD] = SessionBoard()
     app[TIMELINE_READS] = asyncio.Semaphore(sessions.PAGES_AT_ONCE)
     turns = recorder.turns = app[RECORDINGS] = TurnWriter(
-        store, metrics, recorder.recording_stopped, on_unrecorded=recorder.turns_unrecorded
+        store,
+        metrics,
+        recorder.recording_stopped,
+        on_unrecorded=recorder.turns_unrecorded,
+        assemblies={wire.name: wire.answer_assembly for wire in REGISTRY},
     )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from proxy.errors import ProxyError
 from proxy.exchange import OneShot, Usage
+from proxy.recording.answers import AnswerAssembly, Assemble
 from proxy.upstream.pool import NativeFactory
 
 ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
@@ -54,6 +55,10 @@ class Wire(Protocol):
         """A usage object as this wire's replies and events report it."""
         ...
 
+    def answer_assembly(self) -> AnswerAssembly:
+        """A fresh assembly of one streamed answer into its non-streamed form (recordings)."""
+        ...
+
     @property
     def extra_natives(self) -> tuple[NativeFactory, ...]:
         """More native upstreams of its own, each under its own wire name (another route of
@@ -73,6 +78,7 @@ class WireFormat:
 
     name: str
     routes: web.RouteTableDef
+    assembly: Assemble
     native: NativeFactory | None = None
     error_paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
@@ -87,6 +93,9 @@ class WireFormat:
 
     def usage(self, usage: Any) -> Usage | None:
         return self.usage_of(usage)
+
+    def answer_assembly(self) -> AnswerAssembly:
+        return self.assembly()
 
 
 # The registry's wires, on the app: the HTTP shell frames an error in its route's wire.
