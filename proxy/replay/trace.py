@@ -12,11 +12,9 @@ from typing import IO, Any
 
 import orjson
 
-ROUTES = {
-    "chat": "/v1/chat/completions",
-    "anthropic": "/v1/messages",
-    "responses": "/v1/responses",
-}
+from proxy.wire.registry import WIRES
+
+ROUTES = {wire.name: wire.model_route for wire in WIRES}  # a turn is replayed on its wire's
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one turn; a real history is well under this
 MAX_TRACE_BYTES = 1024 * 1024 * 1024  # a whole trace: what a replay may hold in memory
 CHUNK_BYTES = 1024 * 1024  # read at a time: a line past the limit is refused, never held whole

@@ -37,6 +37,17 @@ class Wire(Protocol):
         ...
 
     @property
+    def model_route(self) -> str:
+        """The path of its model route: a recorded turn of this wire is replayed there."""
+        ...
+
+    @property
+    def provider(self) -> str:
+        """The provider whose deployments speak this wire (a replayed trace's models are
+        deployments of it)."""
+        ...
+
+    @property
     def native(self) -> NativeFactory | None:
         """The upstream that serves its clients natively, on the deployments it speaks to
         (any other deployment gets the request translated to chat)."""
@@ -78,6 +89,8 @@ class WireFormat:
 
     name: str
     routes: web.RouteTableDef
+    model_route: str
+    provider: str
     assembly: Assemble
     native: NativeFactory | None = None
     error_paths: tuple[str, ...] = ()

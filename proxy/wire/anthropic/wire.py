@@ -8,6 +8,8 @@ from proxy.wire.base import WireFormat
 ANTHROPIC = WireFormat(
     name="anthropic",
     routes=route.routes,
+    model_route=route.MESSAGES_ROUTE,
+    provider="anthropic",
     assembly=AnthropicAnswer,
     native=AnthropicUpstream,
     error_paths=(route.MESSAGES_ROUTE,),  # count_tokens too, and a path it does not serve

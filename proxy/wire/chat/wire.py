@@ -5,4 +5,10 @@ from proxy.wire.base import WireFormat
 from proxy.wire.chat import route
 from proxy.wire.chat.answer import ChatAnswer
 
-CHAT = WireFormat(name="chat", routes=route.routes, assembly=ChatAnswer)
+CHAT = WireFormat(
+    name="chat",
+    routes=route.routes,
+    model_route=route.CHAT_ROUTE,
+    provider="openai",
+    assembly=ChatAnswer,
+)

@@ -12,6 +12,8 @@ from proxy.wire.responses.upstream import (
 RESPONSES = WireFormat(
     name="responses",
     routes=route.routes,
+    model_route=route.RESPONSES_ROUTE,
+    provider="openai",
     assembly=ResponsesAnswer,
     native=ResponsesUpstream,
     usage_of=responses_usage,
