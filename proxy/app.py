@@ -42,6 +42,7 @@ from proxy.state import (
     CONFIG,
     CONTROL,
     EVENTS,
+    FACTS,
     FLOW,
     HANDOVER,
     IDENTITY,
@@ -60,6 +61,7 @@ from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.base import WIRES
 from proxy.wire.registry import WIRES as REGISTRY
@@ -104,10 +106,12 @@ def build_app(
     holder = ConfigHolder(config_path, config, metrics)
     natives = [wire.native for wire in REGISTRY if wire.native is not None]
     natives += [native for wire in REGISTRY for native in wire.extra_natives]
-    upstreams = Upstreams(lambda: holder.current.server, natives)
+    facts = DeploymentFacts()  # learnt of the deployments: this app's alone
+    upstreams = Upstreams(lambda: holder.current.server, natives, facts)
     app[METRICS] = metrics
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
+    app[FACTS] = facts
     app[HANDLING] = Handling()
     app[HOST_NAMES] = HostNames(lambda: holder.current.server, host)
     # Never below one body of the largest size allowed: that one is always read when alone.
@@ -150,6 +154,7 @@ def build_app(
     ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder, meter)
     rewriter = Rewriter(
         ctx,
+        facts=facts,
         memo_bytes=memo_bytes,
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
@@ -278,5 +283,6 @@ def summary_wires(upstreams: Upstreams) -> SummaryWires:
             SummaryWire(wire.name, wire.one_shot, upstreams.natives[wire.name].speaks)
             for wire in REGISTRY
             if wire.one_shot is not None and wire.name in upstreams.natives
-        ]
+        ],
+        upstreams.facts,
     )

@@ -17,12 +17,15 @@ from proxy.runtime.handover import Handover
 from proxy.sessions.board import SessionBoard
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.view_memo import ViewMemo
 
 CONFIG = web.AppKey("config", ConfigHolder)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
+# What the proxy learnt of its deployments from their answers (proxy/upstream/facts.py).
+FACTS = web.AppKey("facts", DeploymentFacts)
 CATALOG = web.AppKey("catalog", ModelCatalog)
 STORE = web.AppKey("store", Store)
 STORE_HEALTH = web.AppKey("store_health", StoreHealth)

@@ -49,9 +49,7 @@ def lacks_route(status: int, body: bytes, phrases: tuple[str, ...] = ()) -> bool
 class MissingRoute:
     """The deployments learnt not to serve `route`; `then` says what the proxy does instead."""
 
-    def __init__(
-        self, route: str, then: str, size: int = 4096, phrases: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, route: str, then: str, size: int, phrases: tuple[str, ...] = ()) -> None:
         self.route = route
         self.then = then
         self.phrases = phrases  # what an error body says when the route is missing

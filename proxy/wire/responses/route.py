@@ -25,10 +25,9 @@ from proxy.pipeline.base import StageContext
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.policies.spec import Deployment
 from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import CONFIG, FLOW, STORE, VIEWS
+from proxy.state import CONFIG, FACTS, FLOW, STORE, VIEWS
 from proxy.store.base import Store
 from proxy.upstream.base import UpstreamHTTPError
-from proxy.upstream.chat_only import is_chat_only
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.provider_objects import reasoning_by_id, refuse_responses_objects
@@ -69,7 +68,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner, session.name)
-    view = ResponsesView.of(body, views.last(own))
+    view = ResponsesView.of(body, views.last(own), request.app[FACTS])
     if owners is not None:  # stored items, files, containers named by id could be anyone's
         refuse_responses_objects(body, view.fresh)
         reasoning = reasoning_by_id(body, view.fresh)
@@ -122,7 +121,7 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
     identity = {"metadata": {"session_id": body.get("prompt_cache_key")}}
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
-    view = ResponsesView.of(body)  # a window of its own: nothing lent, nothing kept
+    view = ResponsesView.of(body, facts=request.app[FACTS])  # its own: nothing lent or kept
     if owners is not None:
         refuse_responses_objects(body, 0)
         reasoning = reasoning_by_id(body, 0)
@@ -155,9 +154,8 @@ class CompactView:
     def __init__(self, view: ResponsesView) -> None:
         self.view = view
 
-    @staticmethod
-    def native_for(deployment: Deployment) -> bool:
-        return speaks_responses(deployment)
+    def native_for(self, deployment: Deployment) -> bool:
+        return speaks_responses(deployment, self.view.facts)
 
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
         return self.view.render(chat)
@@ -189,7 +187,7 @@ class CompactWire:
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         deployment = ex.deployment
-        if deployment is not None and speaks_responses(deployment):
+        if deployment is not None and speaks_responses(deployment, self.view.facts):
             reply = await flow.control.call(ex, stream=False)
             return json_answer(ex, reply.body, reply.headers)
         if ex.client.opaque_history and (
@@ -299,7 +297,8 @@ class ResponsesWire:
             )
         except UpstreamHTTPError as error:
             deployment = ex.deployment
-            if error.status != 404 or deployment is None or not is_chat_only(deployment):
+            learnt = self.view.facts.no_responses
+            if error.status != 404 or deployment is None or not learnt.lacked_by(deployment):
                 raise
             # Its 404 just taught that the deployment serves no /v1/responses
             # (proxy/upstream/chat_only.py): nothing was sent to the client yet, so it is

@@ -7,7 +7,8 @@ from typing import Any
 
 from proxy.exchange import Usage, cached_tokens
 from proxy.policies.spec import Deployment
-from proxy.upstream.chat_only import is_chat_only, may_serve_responses
+from proxy.upstream.chat_only import may_serve_responses
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.openai_compat import OpenAICompatUpstream
 
 
@@ -26,9 +27,12 @@ class ResponsesUpstream(OpenAICompatUpstream):
     path = "/responses"
     reply_kind = "Responses API response"
 
-    @staticmethod
-    def speaks(deployment: Deployment) -> bool:
-        return speaks_responses(deployment)
+    def __init__(self, settings_source: Any, facts: DeploymentFacts) -> None:
+        super().__init__(settings_source)
+        self.facts = facts
+
+    def speaks(self, deployment: Deployment) -> bool:
+        return speaks_responses(deployment, self.facts)
 
     @staticmethod
     def usage(data: dict[str, Any]) -> Usage | None:
@@ -51,8 +55,8 @@ class ResponsesCompactUpstream(ResponsesUpstream):
         return data.get("object") == "response.compaction" and isinstance(data.get("output"), list)
 
 
-def speaks_responses(deployment: Deployment) -> bool:
+def speaks_responses(deployment: Deployment, facts: DeploymentFacts) -> bool:
     """Whether the deployment takes the Responses wire natively: OpenAI's own API (and its
     twins), unless it was learnt to serve no /v1/responses (proxy/upstream/chat_only.py). Other
     OpenAI-compatible servers mostly lack it."""
-    return may_serve_responses(deployment) and not is_chat_only(deployment)
+    return may_serve_responses(deployment) and not facts.no_responses.lacked_by(deployment)
