@@ -17,6 +17,7 @@ from proxy.control.control import Control
 from proxy.flow import Flow
 from proxy.http.auth import HOST_NAMES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
+from proxy.http.keys import ERROR_BODY, ErrorBody
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.logs.lines import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
@@ -63,7 +64,7 @@ from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
-from proxy.wire.base import WIRES
+from proxy.wire.base import ErrorFrames
 from proxy.wire.registry import WIRES as REGISTRY
 from proxy.wire.view_memo import ViewMemo
 
@@ -194,7 +195,8 @@ def build_app(
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }
     )
-    app[WIRES] = REGISTRY
+    frames: ErrorBody = ErrorFrames(REGISTRY)  # each error in its matched route's wire
+    app[ERROR_BODY] = frames
     for wire in REGISTRY:
         app.add_routes(wire.routes)
     app.add_routes(admin.routes)

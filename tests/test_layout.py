@@ -49,7 +49,7 @@ FLOORS = {
         7,
     ),
 }
-UPWARD_LIMIT = 20
+UPWARD_LIMIT = 19
 
 
 def _module_name(path: Path) -> str:

@@ -53,11 +53,6 @@ class Wire(Protocol):
         (any other deployment gets the request translated to chat)."""
         ...
 
-    @property
-    def error_paths(self) -> tuple[str, ...]:
-        """Path prefixes whose clients read this wire's error envelope."""
-        ...
-
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         """A proxy error in this wire's envelope."""
         ...
@@ -93,7 +88,6 @@ class WireFormat:
     provider: str
     assembly: Assemble
     native: NativeFactory | None = None
-    error_paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
     usage_of: Callable[[Any], Usage | None] = Usage.of
     one_shot: OneShot | None = None
@@ -111,15 +105,26 @@ class WireFormat:
         return self.assembly()
 
 
-# The registry's wires, on the app: the HTTP shell frames an error in its route's wire.
-WIRES = web.AppKey("wires", tuple[Wire, ...])
+class ErrorFrames:
+    """Which wire frames a proxy error: the one whose route the request matched (`matched`,
+    the route's path as declared); for a path no route matched (a 404, a request head that
+    never completed), the wire with the longest route path `path` starts with; else OpenAI's
+    envelope. Made once per app from the registry (the middleware's ERROR_BODY)."""
 
+    def __init__(self, wires: tuple[Wire, ...]) -> None:
+        self._by_route: dict[str, Wire] = {}
+        for wire in wires:
+            for route in wire.routes:
+                if isinstance(route, web.RouteDef):
+                    self._by_route[route.path] = wire
+        # Longest first: a path under /v1/messages/ is Anthropic's before it is anyone's.
+        self._prefixes = sorted(self._by_route.items(), key=lambda item: -len(item[0]))
 
-def error_body_for(
-    wires: tuple[Wire, ...], path: str, error: ProxyError, request_id: str | None
-) -> Mapping[str, Any]:
-    """`error` in the envelope of the wire whose route `path` names (OpenAI's by default)."""
-    for wire in wires:
-        if wire.error_paths and path.startswith(wire.error_paths):
-            return wire.error_body(error, request_id)
-    return error.body(request_id)
+    def __call__(
+        self, matched: str | None, path: str, error: ProxyError, request_id: str | None
+    ) -> Mapping[str, Any]:
+        wire = self._by_route.get(matched) if matched is not None else self._extended(path)
+        return error.body(request_id) if wire is None else wire.error_body(error, request_id)
+
+    def _extended(self, path: str) -> Wire | None:
+        return next((wire for route, wire in self._prefixes if path.startswith(route)), None)

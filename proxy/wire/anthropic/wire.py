@@ -12,7 +12,6 @@ ANTHROPIC = WireFormat(
     provider="anthropic",
     assembly=AnthropicAnswer,
     native=AnthropicUpstream,
-    error_paths=(route.MESSAGES_ROUTE,),  # count_tokens too, and a path it does not serve
     error_shape=replies.error_body,
     usage_of=anthropic_usage,
     one_shot=one_shot.ONE_SHOT,
