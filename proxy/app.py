@@ -34,9 +34,10 @@ from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
 from proxy.routes import admin, archive, health, sessions, ui
-from proxy.runtime.handover import Handover
+from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
+from proxy.sessions.view_memo import ViewMemo
 from proxy.state import (
     BOARD,
     CATALOG,
@@ -45,7 +46,6 @@ from proxy.state import (
     EVENTS,
     FACTS,
     FLOW,
-    HANDOVER,
     IDENTITY,
     METRICS,
     RECORDINGS,
@@ -66,7 +66,6 @@ from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.base import ErrorFrames
 from proxy.wire.registry import WIRES as REGISTRY
-from proxy.wire.view_memo import ViewMemo
 
 log = logging.getLogger("agentproxy")
 

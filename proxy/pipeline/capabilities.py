@@ -34,10 +34,10 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange, NativeFit
+from proxy.messages import Message, text_of
 from proxy.model_catalog import ModelFacts
 from proxy.pipeline.archive import entry
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.messages import Message, text_of
 from proxy.pipeline.offload import ARCHIVE_PATH, RECALL_TOOL
 from proxy.policies.spec import Deployment, Policy
 

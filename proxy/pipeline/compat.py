@@ -17,8 +17,8 @@ The stage runs right after repair, before anything is sent; the control loop's r
 from __future__ import annotations
 
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment, Policy
 from proxy.upstream import chat_only, no_chat
 from proxy.upstream.facts import DeploymentFacts

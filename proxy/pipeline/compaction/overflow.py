@@ -17,10 +17,10 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.summarize import STAGE
-from proxy.pipeline.messages import Message
 
 
 class Compactor(Protocol):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import NativeFit, NativePrefix
-from proxy.pipeline.messages import Message
+from proxy.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.upstream.facts import DeploymentFacts
 from proxy.wire.responses.compaction_items import is_minted
