@@ -51,7 +51,7 @@ FLOORS = {
         7,
     ),
 }
-UPWARD_LIMIT = 11
+UPWARD_LIMIT = 9
 
 
 def _module_name(path: Path) -> str:

@@ -32,7 +32,6 @@ from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
-from proxy.pipeline.compaction.overflow import stated_tokens
 from proxy.policies.spec import Deployment, ErrorClass, Keys
 from proxy.recording.recorder import Recorder
 from proxy.sessions.identity import owner_of
@@ -40,6 +39,7 @@ from proxy.store.state import StateStore
 from proxy.tracing import call_span, replied
 from proxy.tracing import span as trace_span
 from proxy.upstream.base import Upstream, UpstreamHTTPError, UpstreamReply, UpstreamStream
+from proxy.upstream.overflow import stated_tokens
 from proxy.upstream.priming import prime
 
 if TYPE_CHECKING:

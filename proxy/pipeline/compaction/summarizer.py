@@ -31,12 +31,12 @@ from proxy.messages import Message, text_of
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import Summarizer
-from proxy.pipeline.compaction.overflow import is_context_overflow
 from proxy.pipeline.compaction.sections import SECTIONS
 from proxy.pipeline.compaction.summary_wire import SummaryView, SummaryWires, send_in
 from proxy.policies.spec import Deployment, Policy
 from proxy.tracing import span as trace_span
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.overflow import is_context_overflow
 
 __all__ = ["SECTIONS", "SYSTEM_PROMPT", "make_summarizer"]
 
