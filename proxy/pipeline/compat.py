@@ -20,8 +20,8 @@ from proxy.exchange import Exchange
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.policies.spec import Deployment, Policy
-from proxy.upstream import chat_only, no_chat
-from proxy.upstream.facts import DeploymentFacts
+from proxy.upstream import no_chat
+from proxy.upstream.facts import DeploymentFacts, as_chat_note
 
 STAGE = "compat"
 NULL_CONTENT = "emptied_null_content"
@@ -106,8 +106,9 @@ class CompatStage:
         deployment = ex.deployment
         if deployment is None:
             return None
-        if ex.client.wire == "responses" and self.quirks.facts.no_responses.lacked_by(deployment):
-            record(ex, ctx, STAGE, chat_only.NOTE)  # visible on every request it translates
+        if self.quirks.facts.lacks_native_route(ex.client.wire, deployment):
+            # Visible on every request it translates (a Responses client's: responses_as_chat).
+            record(ex, ctx, STAGE, as_chat_note(ex.client.wire))
         alternate = ex.client.alternate
         if alternate is not None and alternate.applies(deployment):
             record(ex, ctx, STAGE, no_chat.NOTE)  # a chat request sent in another wire

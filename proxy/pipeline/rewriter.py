@@ -20,9 +20,9 @@ from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import Deployment
-from proxy.upstream import chat_only, no_chat
+from proxy.upstream import no_chat
 from proxy.upstream.base import UpstreamHTTPError
-from proxy.upstream.facts import DeploymentFacts
+from proxy.upstream.facts import DeploymentFacts, as_chat_note
 
 MB = 1024 * 1024
 # How server.memo_mb is shared between the warm-turn memos ("views" is the routes' ViewMemo).
@@ -163,13 +163,15 @@ class Rewriter:
     def _learnt_chat_only(
         self, ex: Exchange, deployment: Deployment, error: UpstreamHTTPError
     ) -> bool:
-        """A Responses request its `openai/` deployment answered 404 on the route: the server
-        speaks only chat, so the request goes as chat from now on (proxy/upstream/chat_only.py)."""
-        if ex.client.wire != "responses" or ex.translated:  # its 404 came from chat
+        """A request its `openai/` deployment answered 404 on its wire's native route (one
+        its native upstream says may be missing: /v1/responses): the server speaks only chat,
+        so the request goes as chat from now on (DeploymentFacts.native_route)."""
+        if ex.translated:  # its 404 came from chat
             return False
-        if not self.facts.no_responses.learn(deployment, error.status, error.body):
+        wire = ex.client.wire
+        if not self.facts.learn_native_route(wire, deployment, error.status, error.body):
             return False
-        record(ex, self.ctx, STAGE, chat_only.NOTE)
+        record(ex, self.ctx, STAGE, as_chat_note(wire))
         return True
 
     def _learnt_no_chat(

@@ -10,6 +10,7 @@ import orjson
 from proxy.app import build_app, summary_wires
 from proxy.policies.spec import Deployment
 from proxy.state import FACTS, UPSTREAMS
+from proxy.wire.responses.upstream import no_responses
 from tests.conftest import sim_config
 
 NOT_FOUND = orjson.dumps({"detail": "Not Found"})
@@ -29,6 +30,6 @@ def test_a_fact_one_app_learnt_is_not_anothers(tmp_path: Path) -> None:
     assert learning.choose("chat", TARGET) is not None  # it goes as Responses there now
     assert other.choose("chat", TARGET) is None  # the second app still sends chat
     responses = second[UPSTREAMS].natives["responses"]
-    assert first[FACTS].no_responses.learn(TARGET, 404, NOT_FOUND)
+    assert no_responses(first[FACTS]).learn(TARGET, 404, NOT_FOUND)
     assert responses.speaks(TARGET)  # the second app never learnt it
     assert not first[UPSTREAMS].natives["responses"].speaks(TARGET)

@@ -37,7 +37,7 @@ from proxy.wire.responses.compaction_items import read
 from proxy.wire.responses.owners import ResponseOwners, continues
 from proxy.wire.responses.request import parse_responses_request
 from proxy.wire.responses.stream import Relay
-from proxy.wire.responses.upstream import speaks_responses
+from proxy.wire.responses.upstream import no_responses, speaks_responses
 from proxy.wire.responses.view import KEPT_ROLES, ResponsesView, compact_threshold
 from proxy.wire.serve import (
     events_answer,
@@ -297,11 +297,11 @@ class ResponsesWire:
             )
         except UpstreamHTTPError as error:
             deployment = ex.deployment
-            learnt = self.view.facts.no_responses
+            learnt = no_responses(self.view.facts)
             if error.status != 404 or deployment is None or not learnt.lacked_by(deployment):
                 raise
             # Its 404 just taught that the deployment serves no /v1/responses
-            # (proxy/upstream/chat_only.py): nothing was sent to the client yet, so it is
+            # (upstream.no_responses): nothing was sent to the client yet, so it is
             # asked again, as chat, whole.
             return await self.stream(request, ex, flow)
 

@@ -17,6 +17,7 @@ from proxy.wire.anthropic.one_shot import ONE_SHOT as ANTHROPIC
 from proxy.wire.registry import WIRES
 from proxy.wire.responses.one_shot import ONE_SHOT as RESPONSES
 from proxy.wire.responses.one_shot import REASONING_ALLOWANCE
+from proxy.wire.responses.upstream import no_responses
 
 NOT_FOUND = orjson.dumps({"detail": "Not Found"})
 MODEL_NOT_FOUND = orjson.dumps(
@@ -76,7 +77,7 @@ def test_a_route_missing_404_teaches_that_a_deployment_serves_no_chat() -> None:
 
 def test_a_deployment_learnt_to_serve_no_responses_gets_chat() -> None:
     target = deployment("openai")
-    assert FACTS.no_responses.learn(target, 404, NOT_FOUND)
+    assert no_responses(FACTS).learn(target, 404, NOT_FOUND)
     assert chosen("responses", target) == "chat"
 
 
