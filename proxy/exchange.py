@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.messages import TOKENS_PER_MESSAGE
+from proxy.messages import CHAT, TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
@@ -345,7 +345,7 @@ class ClientRequest:
     """What the client asked, and how: the surface and wire it came in on, as it was sent."""
 
     route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
-    wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
+    wire: str = CHAT  # the client's wire format: a Wire's name (proxy/wire/registry.py)
     # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
     # the stages rewrite), and this renders the native request back from it.
     view: RequestView | None = None

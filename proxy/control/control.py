@@ -31,6 +31,7 @@ from proxy.control.retry import with_retries
 from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
+from proxy.messages import CHAT
 from proxy.metrics import Metrics
 from proxy.policies.spec import Deployment, ErrorClass, Keys
 from proxy.recording.recorder import Recorder
@@ -53,7 +54,7 @@ class Router(Protocol):
         usable: Callable[[Deployment], bool] | None = None,
     ) -> Deployment: ...
 
-    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream: ...
+    def for_deployment(self, deployment: Deployment, wire: str = CHAT) -> Upstream: ...
 
 
 class Fitter(Protocol):

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from proxy.messages import CHAT
 from proxy.policies.spec import Config, Deployment, ServerSettings
 from proxy.upstream.base import Upstream
 from proxy.upstream.facts import DeploymentFacts
@@ -61,7 +62,7 @@ class Upstreams:
                     return candidate
         return deployments[start % len(deployments)]
 
-    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream:
+    def for_deployment(self, deployment: Deployment, wire: str = CHAT) -> Upstream:
         """The client's own wire where its native upstream speaks to the deployment; else
         OpenAI chat (the fast path, or litellm's translation to the provider)."""
         native = self.natives.get(wire)

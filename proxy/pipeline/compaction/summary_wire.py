@@ -26,8 +26,6 @@ from proxy.exchange import Exchange, NativeFit, NativePrefix, OneShot
 from proxy.policies.spec import Deployment
 from proxy.upstream.facts import DeploymentFacts
 
-CHAT = "chat"  # the shape a summary is built in, sent as it is by the shared transports
-
 
 @dataclass(frozen=True, slots=True)
 class SummaryWire:
