@@ -532,11 +532,11 @@ def _lineage(ex: Exchange) -> tuple[object | None, object | None, int, str]:
     of its list are equal to that one's, and which list: the chain's comparison for a chat
     body; the view's of the native entries for another wire's (equal chat views do not prove
     equal items: encrypted reasoning, signatures)."""
-    view = ex.client.view
-    if view is None:
+    native = ex.client.native
+    if native is None:
         rewrite = ex.rewrite
         return rewrite.turn, rewrite.stable_base, rewrite.stable_prefix, "messages"
-    prefix = view.native_prefix()
+    prefix = native.native_prefix()
     return prefix.turn, prefix.base, prefix.shared, prefix.key
 
 

@@ -104,6 +104,6 @@ def send_in(child: Exchange, wire: SummaryWire, native: dict[str, Any]) -> Summa
     """Make `child` (its body the chat-shaped summary request) a request of `wire`."""
     view = SummaryView(wire, native)
     child.client.wire = wire.name
-    child.client.view = view
+    child.client.renderer = child.client.native = view
     child.client.forward_headers = dict(wire.one_shot.headers)
     return view

@@ -93,7 +93,8 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
         ClientRequest(
             route=MESSAGES_ROUTE,
             wire="anthropic",
-            view=view,
+            renderer=view,
+            native=view,
             stream=body.get("stream") is True,
             wants_usage=True,
             body_bytes=len(raw),
@@ -107,9 +108,10 @@ class AnthropicWire:
     """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
 
     def __init__(self, ex: Exchange) -> None:
-        assert isinstance(ex.client.view, AnthropicView)
-        self.view = ex.client.view
-        self.replies = anthropic.Replies(ex.client.view)
+        view = ex.client.native
+        assert isinstance(view, AnthropicView)
+        self.view = view
+        self.replies = anthropic.Replies(view)
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)

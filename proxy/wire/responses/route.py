@@ -85,7 +85,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         ClientRequest(
             route=RESPONSES_ROUTE,
             wire="responses",
-            view=view,
+            renderer=view,
+            native=view,
             stream=body.get("stream") is True,
             wants_usage=True,
             body_bytes=len(raw),
@@ -128,6 +129,7 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         if view.references or reasoning:
             await owners.check_items(view.references, reasoning)
     await read_summaries(view, request.app[STORE], owner)
+    compact = CompactView(view)
     ex = open_exchange(
         request,
         config,
@@ -137,7 +139,8 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         ClientRequest(
             route=COMPACT_ROUTE,
             wire=CompactView.wire,
-            view=CompactView(view),
+            renderer=compact,
+            native=compact,
             body_bytes=len(raw),
             opaque_history=True,  # compacted as sent: no stage rewrites it first
         ),
