@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Simulator
-from proxy.wire.anthropic.thinking import ANSWERS_PER_SESSION, RelayedThinking
+from proxy.wire.anthropic.thinking import ANSWERS_PER_SESSION, RelayedThinking, loop_start
 from tests.conftest import ProxyFactory
 
 KEY, OTHER_KEY = "sk-proxy-thinking-1", "sk-proxy-thinking-2"
@@ -170,3 +170,29 @@ def test_the_memory_keeps_the_last_answers_within_its_bytes() -> None:
     huge = {"type": "thinking", "thinking": "x" * 200_000, "signature": "s"}
     memo.remember("one/big", [huge, {"type": "tool_use", "id": "toolu_big"}])
     assert memo.of("one/big") == {}  # larger than the whole memory: not kept
+
+
+def test_the_loop_start_seen_incrementally_is_the_loop_start() -> None:
+    """Every split of a history into a part looked at and new messages finds the same start
+    of the tool loop as a walk over all of it."""
+
+    def call(n: int) -> Any:
+        return {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{n}"}]}
+
+    def result(n: int) -> Any:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}"}]}
+
+    text = {"role": "user", "content": "go"}
+    system = {"role": "system", "content": "note"}
+    histories = [
+        [text, call(1), result(1), call(2), result(2)],
+        [text, call(1), result(1), system, call(2), result(2), call(3), result(3)],
+        [text, call(1), result(1), {"role": "assistant", "content": "done"}, text],
+        [text, {"role": "assistant", "content": "hm"}, text, call(1), result(1)],
+        [text, call(1), result(1), text, call(2), result(2)],
+    ]
+    for messages in histories:
+        whole = loop_start(messages)
+        for floor in range(1, len(messages) + 1):
+            before = loop_start(messages[:floor])
+            assert loop_start(messages, floor, before) == whole, (messages, floor)

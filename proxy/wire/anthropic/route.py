@@ -113,8 +113,9 @@ def _repair_thinking(
 ) -> None:
     """Thinking the client dropped put back (or, with none to put back where a tool loop needs
     it, thinking off for this request): a repair, recorded as one (applied unless dry-run)."""
-    if not ex.policy.repair.enabled:
-        return
+    deployments = ex.config.deployments.get(ex.alias, ())
+    if not ex.policy.repair.enabled or not any(view.native_for(d) for d in deployments):
+        return  # a translated request carries no thinking: nothing to put back or turn off
     recorder = request.app[FLOW].recorder
     if repair.fresh:
         recorder.record(

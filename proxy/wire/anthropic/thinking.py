@@ -131,11 +131,20 @@ def dropped(
     return found
 
 
-def loop_start(messages: list[Any]) -> int | None:
+def loop_start(messages: list[Any], floor: int = 0, before: int | None = None) -> int | None:
     """The first assistant message of the tool loop the request continues (it ends with tool
     results): a tool loop is one assistant turn, and that turn must start with thinking. None
-    when the request does not continue one."""
-    turns = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") != "system"]
+    when the request does not continue one.
+
+    Incremental: `messages[:floor]` is a history already looked at, whose loop started at
+    `before` (None: it ended in none); only the messages from `floor` on are walked."""
+    turns = [
+        i
+        for i in range(floor, len(messages))
+        if isinstance(messages[i], dict) and messages[i].get("role") != "system"
+    ]
+    if not turns:
+        return before
     start: int | None = None
     at = len(turns) - 1
     while at >= 1:
@@ -149,6 +158,10 @@ def loop_start(messages: list[Any]) -> int | None:
             break
         start = turns[at - 1]
         at -= 2
+    if at == -1 and floor:  # every new message in the loop: it goes on from the history's
+        return before if before is not None else start
+    if at == 0 and floor:  # a pair across the boundary: walk it all
+        return loop_start(messages)
     return start
 
 

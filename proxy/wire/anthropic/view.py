@@ -108,6 +108,11 @@ class AnthropicView:
     _restored: dict[int, tuple[Block, ...]] = field(default_factory=dict)
     _lent_restored: dict[int, tuple[Block, ...]] = field(default_factory=dict)
     _thinking_off: bool = False  # nothing to put back, and the loop needs it: thinking off
+    # Where the tool loop the request continues starts (thinking.loop_start), once looked at;
+    # the last turn's, when this one continues its whole history.
+    _loop: int | None = None
+    _loop_seen: bool = False
+    _loop_lent: tuple[int, int | None] | None = None  # (its history's length, its loop)
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
@@ -172,6 +177,8 @@ class AnthropicView:
         self.messages += lent
         if previous._restored:
             self._lent_restored = {i: b for i, b in previous._restored.items() if i < shared}
+        if previous._loop_seen and shared == len(previous.body["messages"]):
+            self._loop_lent = (shared, previous._loop)
         ends = previous._ends[:shared]
         self._ends = ends if not offset else [end + offset for end in ends]
         return shared
@@ -185,7 +192,9 @@ class AnthropicView:
         messages = self.body["messages"]
         fresh = dropped(messages, self.fresh, answers)
         restored = {**self._lent_restored, **fresh}
-        start = loop_start(messages)
+        floor, before = self._loop_lent or (0, None)
+        start = self._loop = loop_start(messages, floor, before)
+        self._loop_seen = True
         if start is not None and starts_with_thinking(messages[start], restored.get(start)):
             start = None
         if not restored and start is None:
