@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Simulator
+from proxy.sim.thinking import REDACTED_TRIGGER
 from proxy.wire.anthropic.thinking import ANSWERS_PER_SESSION, RelayedThinking, loop_start
 from tests.conftest import ProxyFactory
 
@@ -196,3 +197,17 @@ def test_the_loop_start_seen_incrementally_is_the_loop_start() -> None:
         for floor in range(1, len(messages) + 1):
             before = loop_start(messages[:floor])
             assert loop_start(messages, floor, before) == whole, (messages, floor)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_dropped_redacted_thinking_block_is_put_back_too(
+    sdks: dict[str, anthropic.AsyncAnthropic], sim: Simulator, stream: bool
+) -> None:
+    ask_redacted = {"role": "user", "content": f'{REDACTED_TRIGGER} read_file({{"path": "a"}})'}
+    first, _ = await ask(sdks[KEY], [ask_redacted], stream)
+    assert first.content[0].type == "redacted_thinking"
+    history, relayed = dropped_history(first)
+    history[0] = ask_redacted
+    final, applied = await ask(sdks[KEY], history, stream)
+    assert final.content[-1].type == "text" and "repair.restored_thinking" in applied
+    assert sim.requests[-1].body["messages"][1]["content"] == relayed
