@@ -47,6 +47,7 @@ from proxy.state import (
     IDENTITY,
     METRICS,
     RECORDINGS,
+    RELAYED_THINKING,
     STORE,
     STORE_HEALTH,
     TIMELINE_READS,
@@ -61,6 +62,7 @@ from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.pool import Upstreams
+from proxy.wire.anthropic.thinking import RelayedThinking
 from proxy.wire.base import WIRES
 from proxy.wire.registry import WIRES as REGISTRY
 from proxy.wire.view_memo import ViewMemo
@@ -150,11 +152,14 @@ def build_app(
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
     views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
+    relayed = app[RELAYED_THINKING] = RelayedThinking(
+        int(MEMO_SHARES["relayed_thinking"] * memo_bytes)
+    )
 
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
         turns.forget(sessions)
-        forget_sessions(sessions, named=[views.cache], led=meter.by_session())
+        forget_sessions(sessions, named=[views.cache, relayed.cache], led=meter.by_session())
 
     activity = Activity(
         retention,
@@ -181,6 +186,7 @@ def build_app(
         {
             **rewriter.memos(),
             "views": views.cache,
+            "relayed_thinking": relayed.cache,
             **meter.memos(),
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }

@@ -18,6 +18,7 @@ from proxy.sessions.board import SessionBoard
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
 from proxy.upstream.pool import Upstreams
+from proxy.wire.anthropic.thinking import RelayedThinking
 from proxy.wire.view_memo import ViewMemo
 
 CONFIG = web.AppKey("config", ConfigHolder)
@@ -29,6 +30,8 @@ STORE_HEALTH = web.AppKey("store_health", StoreHealth)
 CONTROL = web.AppKey("control", Control)
 FLOW = web.AppKey("flow", Flow)
 VIEWS = web.AppKey("views", ViewMemo)
+# The thinking blocks relayed to each session, to put back what a client drops.
+RELAYED_THINKING = web.AppKey("relayed_thinking", RelayedThinking)
 EVENTS = web.AppKey("events", EventLog)
 HANDOVER = web.AppKey("handover", Handover)
 BOARD = web.AppKey("board", SessionBoard)
