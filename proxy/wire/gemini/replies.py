@@ -196,27 +196,41 @@ def degraded_response(alias: str, request_id: str, text: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def assembled(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """A streamed answer as one response (the recording's): the chunks' parts joined (text
-    pieces of the same kind run together), the last finish reason and usage."""
-    parts: list[dict[str, Any]] = []
-    last: dict[str, Any] | None = None
-    for event in events:
-        last = event
+class Assembly:
+    """A streamed answer as one response (the recording's), linear in the chunks: their parts
+    in order, a run of text pieces of one kind (thought or not) joined once at the end; the
+    last chunk's finish reason and usage."""
+
+    def __init__(self) -> None:
+        self._parts: list[dict[str, Any] | list[str]] = []  # a list: a run of text pieces
+        self._thought: list[bool] = []
+        self._last: dict[str, Any] | None = None
+
+    def add(self, event: dict[str, Any]) -> None:
+        self._last = event
         for part in first_parts(event):
-            before = parts[-1] if parts else None
-            if (
-                before is not None
-                and set(part) <= {"text", "thought"}
-                and set(before) <= {"text", "thought"}
-                and before.get("thought") == part.get("thought")
-                and isinstance(part.get("text"), str)
-            ):
-                parts[-1] = {**before, "text": str(before.get("text", "")) + part["text"]}
+            text, thought = part.get("text"), part.get("thought") is True
+            if isinstance(text, str) and set(part) <= {"text", "thought"}:
+                run = self._parts[-1] if self._parts else None
+                if isinstance(run, list) and self._thought[-1] == thought:
+                    run.append(text)
+                    continue
+                self._parts.append([text])
             else:
-                parts.append(part)
-    if last is None:
-        return None
-    candidate = dict((last.get("candidates") or [{}])[0])
-    candidate["content"] = {"role": "model", "parts": parts}
-    return {**last, "candidates": [candidate]}
+                self._parts.append(part)
+            self._thought.append(thought)
+
+    def answer(self) -> dict[str, Any] | None:
+        if self._last is None:
+            return None
+        parts = [
+            ({"text": "".join(p), "thought": True} if thought else {"text": "".join(p)})
+            if isinstance(p, list)
+            else p
+            for p, thought in zip(self._parts, self._thought, strict=True)
+        ]
+        candidates = self._last.get("candidates")
+        first = candidates[0] if isinstance(candidates, list) and candidates else {}
+        candidate = {**(first if isinstance(first, dict) else {}), "index": 0}
+        candidate["content"] = {"role": "model", "parts": parts}
+        return {**self._last, "candidates": [candidate]}
