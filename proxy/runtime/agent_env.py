@@ -37,7 +37,7 @@ PROVIDER_CREDENTIALS = frozenset(
         "CLAUDE_CODE_OAUTH_TOKEN",
         "GEMINI_API_KEY",
         "GOOGLE_API_KEY",
-    }  # fmt: skip
+    }
 )
 _ROOT_PROVIDER = re.compile(r"^\s*model_provider\s*=")
 _TABLE = re.compile(r"^\s*\[")
