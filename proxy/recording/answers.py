@@ -112,6 +112,10 @@ def _assembly(wire: str) -> _Assembly:
         return _Anthropic()
     if wire == "responses":
         return _Responses()
+    if wire == "gemini":  # its assembly lives with its wire (imported here only when needed)
+        from proxy.wire.gemini.replies import Assembly
+
+        return Assembly()  # type: ignore[return-value]
     return _Chat()
 
 
