@@ -64,6 +64,7 @@ from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
+from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
 from proxy.wire.base import ErrorFrames
 from proxy.wire.registry import WIRES as REGISTRY
 
@@ -159,11 +160,14 @@ def build_app(
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
     views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
+    relayed = app[RELAYED_THINKING] = RelayedThinking(
+        int(MEMO_SHARES["relayed_thinking"] * memo_bytes)
+    )
 
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
         turns.forget(sessions)
-        forget_sessions(sessions, named=[views.cache], led=meter.by_session())
+        forget_sessions(sessions, named=[views.cache, relayed.cache], led=meter.by_session())
 
     activity = Activity(
         retention,
@@ -190,6 +194,7 @@ def build_app(
         {
             **rewriter.memos(),
             "views": views.cache,
+            "relayed_thinking": relayed.cache,
             **meter.memos(),
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }

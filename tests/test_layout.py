@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from proxy.wire.registry import WIRES
+
 PROXY = Path(__file__).resolve().parent.parent / "proxy"
 ROOT_LIMIT = 22
 # Modules that must not know any wire format: the exchange, the flow and the layers under them.
@@ -19,13 +21,14 @@ CORE = (
     "proxy.upstream",
     "proxy.tokens",
 )
-WIRE_FORMATS = ("chat", "anthropic", "responses")
+WIRE_FORMATS = tuple(wire.name for wire in WIRES)  # the registry's: every format
 # Where a format may be named: its own folder, the simulator's dialects, the app's registry.
 FORMAT_HOMES = ("proxy.wire", "proxy.sim", "proxy.app")
 # Names that are the same word as a format but name something else (a provider, GenAI's
 # operation, Codex's own setting), module by module: not a wire.
 NOT_A_WIRE = {
     ("proxy.policies.providers", "anthropic"),  # a provider's key variable
+    ("proxy.policies.providers", "gemini"),
     ("proxy.tokens.tokenizers", "anthropic"),  # a tokenizer's name
     ("proxy.tracing", "chat"),  # gen_ai.operation.name
     ("proxy.runtime.agent_env", "responses"),  # Codex's wire_api setting

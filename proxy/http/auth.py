@@ -111,7 +111,14 @@ def presented_key(request: web.Request) -> str | None:
     if auth:
         scheme, _, token = auth.partition(" ")
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return request.headers.get("x-api-key") or None
+    # Anthropic's header; Google's header, or its `?key=` (never logged: the access log
+    # writes the path without its query).
+    return (
+        request.headers.get("x-api-key")
+        or request.headers.get("x-goog-api-key")
+        or request.query.get("key")
+        or None
+    )
 
 
 def is_loopback(request: web.Request) -> bool:

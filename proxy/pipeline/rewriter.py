@@ -31,7 +31,8 @@ MB = 1024 * 1024
 MEMO_SHARES = {
     "histories": 0.28125,
     "loop_calls": 0.015625,  # the calls of each session's recent tool-call turns
-    "views": 0.0625,
+    "views": 0.05,
+    "relayed_thinking": 0.0125,  # thinking blocks relayed, to put back what clients drop
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
     "compaction_outputs": 0.0859375,

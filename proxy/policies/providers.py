@@ -26,6 +26,7 @@ PRICE_MAP = "model_prices_and_context_window_backup.json"  # shipped inside the 
 KEY_VARIABLES: Mapping[str, tuple[str, ...]] = {
     "openai": ("OPENAI_API_KEY",),
     "anthropic": ("ANTHROPIC_API_KEY",),
+    "gemini": ("GEMINI_API_KEY",),
     "groq": ("GROQ_API_KEY",),
     "deepseek": ("DEEPSEEK_API_KEY",),
     "xai": ("XAI_API_KEY",),

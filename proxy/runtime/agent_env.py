@@ -2,9 +2,10 @@
 Codex a private CODEX_HOME.
 
 Every command gets the base URLs the SDKs read (OPENAI_BASE_URL, OPENAI_API_BASE for older
-ones, ANTHROPIC_BASE_URL), the run's session id (AGENTPROXY_SESSION; Claude Code also sends it
-as the `x-agentproxy-session` header through ANTHROPIC_CUSTOM_HEADERS) and a key for the proxy
-in place of the user's provider keys.
+ones, ANTHROPIC_BASE_URL, GOOGLE_GEMINI_BASE_URL), the run's session id (AGENTPROXY_SESSION;
+Claude Code also sends it as the `x-agentproxy-session` header through ANTHROPIC_CUSTOM_HEADERS,
+the Gemini CLI through GEMINI_CLI_CUSTOM_HEADERS) and a key for the proxy in place of the
+user's provider keys.
 Codex ignores OPENAI_BASE_URL: it gets a temporary CODEX_HOME whose config.toml is the user's,
 with `model_provider` turned to a provider at the proxy, and whose other entries are links to
 the user's own (auth, sessions, history, prompts stay where they were).
@@ -29,7 +30,14 @@ CODEX_PROVIDER = "agentproxy"
 # The user's provider credentials an agent would send to the proxy: never in its environment.
 # (ANTHROPIC_API_KEY would also override the proxy key that ANTHROPIC_AUTH_TOKEN carries.)
 PROVIDER_CREDENTIALS = frozenset(
-    {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"}
+    {
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "CLAUDE_CODE_OAUTH_TOKEN",
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+    }
 )
 _ROOT_PROVIDER = re.compile(r"^\s*model_provider\s*=")
 _TABLE = re.compile(r"^\s*\[")
@@ -54,15 +62,19 @@ def agent_environment(
         OPENAI_BASE_URL=f"{proxy_url}/v1",
         OPENAI_API_BASE=f"{proxy_url}/v1",
         ANTHROPIC_BASE_URL=proxy_url,
+        GOOGLE_GEMINI_BASE_URL=proxy_url,  # the Gemini CLI's (google-genai reads it too)
         AGENTPROXY_URL=proxy_url,
         AGENTPROXY_SESSION=session,
     )
     header = f"{SESSION_HEADER}: {session}"
     given = env.get("ANTHROPIC_CUSTOM_HEADERS", "").strip()
     env["ANTHROPIC_CUSTOM_HEADERS"] = f"{given}\n{header}" if given else header
+    given = env.get("GEMINI_CLI_CUSTOM_HEADERS", "").strip()  # comma-separated, not lines
+    env["GEMINI_CLI_CUSTOM_HEADERS"] = f"{given},{header}" if given else header
     # Claude Code takes a bearer token without asking whether to trust it (else it asks to log
     # in), and the proxy reads `Authorization` before `x-api-key`.
     env[KEY_VARIABLE] = env["OPENAI_API_KEY"] = env["ANTHROPIC_AUTH_TOKEN"] = key or PLACEHOLDER_KEY
+    env["GEMINI_API_KEY"] = env[KEY_VARIABLE]  # sent as x-goog-api-key
     return env
 
 

@@ -26,6 +26,7 @@ from aiohttp import web
 from .anthropic import AnthropicDialect, betas
 from .anthropic import to_chat as anthropic_to_chat
 from .chat import OPENAI, OpenAIDialect
+from .gemini import GeminiDialect
 from .model import (
     CHARS_4,
     JSON,
@@ -151,6 +152,7 @@ class Simulator:
         self.openai = OpenAIDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
         self.anthropic = AnthropicDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
         self.responses = ResponsesDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
+        self.gemini = GeminiDialect(cache_min_tokens=cache_min_tokens, tokenizer=tokenizer)
 
     def inject(self, *faults: Fault) -> None:
         # Copies: consuming a fault decrements `times`, which must not touch the caller's object.
@@ -165,6 +167,7 @@ class Simulator:
         self.openai.prompt_cache.clear()
         self.anthropic.prompt_cache.clear()
         self.responses.prompt_cache.clear()
+        self.gemini.prompt_cache.clear()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
@@ -176,6 +179,8 @@ class Simulator:
         app.router.add_post("/v1/responses/compact", self._responses_compact)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
+        for version in ("/v1beta", "/v1"):  # Gemini: the model and action in the path
+            app.router.add_post(version + "/models/{target:.+}", self._gemini)
         app.router.add_post("/sim/faults", self._post_faults)
         app.router.add_get("/sim/requests", self._get_requests)
         app.router.add_delete("/sim/requests", self._delete_requests)
@@ -210,13 +215,38 @@ class Simulator:
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
         return await self._exchange(request, self.anthropic, "", count_tokens=True)
 
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        """models/{model}:generateContent, :streamGenerateContent, :countTokens."""
+        model, _, action = request.match_info["target"].rpartition(":")
+        path: JSON = {"model": model.removeprefix("models/")}
+        if action == "countTokens":
+            body = _json_object(await request.read()) or {}
+            seq, _ = self._record(request, body)
+            call = _Call(request, self.gemini, f"req_sim{seq:08d}", time.monotonic())
+            if error := self._auth_error(request, self.gemini):
+                return call.error(error)
+            tokens = self.gemini.count_prompt_tokens({**body, **path})
+            return call.respond(200, orjson.dumps({"totalTokens": tokens}), "application/json")
+        if action not in ("generateContent", "streamGenerateContent"):
+            raise web.HTTPNotFound()
+        path["stream"] = action == "streamGenerateContent"
+        return await self._exchange(request, self.gemini, "gemini-sim", from_path=path)
+
     async def _exchange(
-        self, request: web.Request, dialect: Dialect, id_prefix: str, count_tokens: bool = False
+        self,
+        request: web.Request,
+        dialect: Dialect,
+        id_prefix: str,
+        count_tokens: bool = False,
+        from_path: JSON | None = None,
     ) -> web.StreamResponse:
-        """Record the request, answer it, and note on the record how it was answered."""
+        """Record the request, answer it, and note on the record how it was answered.
+        `from_path`: what the URL says of the request (Gemini: its model, whether to stream)."""
         started = time.monotonic()
         body = _json_object(await request.read())
         seq, record = self._record(request, body)
+        if body is not None and from_path:
+            body = {**body, **from_path}
         call = _Call(request, dialect, f"req_sim{seq:08d}", started)
         response: web.StreamResponse
         if count_tokens:

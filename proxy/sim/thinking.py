@@ -4,7 +4,8 @@ the rules the real API applies to them on the way back in.
 A thinking block's `signature` is minted here (an HMAC of the block's text under a secret each
 Simulator draws for itself), so a block whose text or signature was changed on its way back —
 by a proxy, say — is refused with the API's own 400, as is a tool loop whose assistant turn lost
-its thinking block while thinking is on.
+its thinking block while thinking is on ("enabled" or "adaptive"). Thinking is emitted only when
+the request asks for it; without it, the loop rule does not apply.
 """
 
 from __future__ import annotations
@@ -174,27 +175,38 @@ def check_thinking_blocks(messages: list[JSON], signer: Signer) -> ApiError | No
 
 
 def check_tool_loop_thinking(messages: list[JSON]) -> ApiError | None:
-    """With thinking on, the assistant turn whose tool_use the final user message answers must
-    start with a thinking (or redacted_thinking) block: the API resumes that reasoning."""
+    """With thinking on, a request that continues a tool loop (it ends with tool results) must
+    give back the thinking its assistant turn started with: a tool loop is one assistant turn,
+    so the first assistant message of the loop starts with a thinking (or redacted_thinking)
+    block; the later ones need not (a model thinks once per turn without interleaved
+    thinking). With thinking off (or not asked for) the rule does not apply."""
     turns = [(i, m) for i, m in enumerate(messages) if m.get("role") != "system"]
-    if len(turns) < 2:
+    start: int | None = None
+    at = len(turns) - 1
+    while at >= 1:
+        (i, asked), (_, answer) = turns[at - 1], turns[at]
+        answers = any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in _blocks(answer)
+        )
+        calls = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in _blocks(asked))
+        if answer.get("role") != "user" or asked.get("role") != "assistant":
+            break
+        if not answers or not calls:
+            break
+        start = i
+        at -= 2
+    if start is None:
         return None
-    (i, asked), (_, answer) = turns[-2], turns[-1]
-    answers = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in _blocks(answer))
-    if answer.get("role") != "user" or asked.get("role") != "assistant" or not answers:
-        return None
-    blocks = _blocks(asked)
-    if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks):
-        return None
+    blocks = _blocks(messages[start])
     first = blocks[0].get("type") if isinstance(blocks[0], dict) else None
     if first in ("thinking", "redacted_thinking"):
         return None
     return ApiError(
         400,
-        f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
-        f"`{first}`. When `thinking` is enabled, a final `assistant` message must start with a "
-        "thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). "
-        "We recommend you include thinking blocks from previous turns. To avoid this "
+        f"messages.{start}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+        f"found `{first}`. When `thinking` is enabled, a final `assistant` message must start "
+        "with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` "
+        "blocks). We recommend you include thinking blocks from previous turns. To avoid this "
         f"requirement, disable `thinking`. Please consult our documentation at {THINKING_DOCS}",
     )
 

@@ -133,6 +133,13 @@ class OpenAICompatUpstream:
     def url(self, deployment: Deployment) -> str:
         return f"{deployment.base_url}{self.path}"
 
+    def posting(
+        self, deployment: Deployment, body: dict[str, Any], stream: bool
+    ) -> tuple[str, bytes]:
+        """Where to post and what: the body naming the deployment's model (a wire whose URL
+        names the model says so otherwise)."""
+        return self.url(deployment), orjson.dumps({**body, "model": deployment.upstream_model})
+
     def auth_headers(self, deployment: Deployment) -> dict[str, str]:
         return {"Authorization": f"Bearer {deployment.api_key}"} if deployment.api_key else {}
 
@@ -161,7 +168,7 @@ class OpenAICompatUpstream:
         *,
         stream: bool,
     ) -> aiohttp.ClientResponse:
-        payload = orjson.dumps({**body, "model": deployment.upstream_model})
+        url, payload = self.posting(deployment, body, stream)
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
@@ -172,7 +179,7 @@ class OpenAICompatUpstream:
         }
         try:
             response = await self.session.post(
-                self.url(deployment),
+                url,
                 data=payload,
                 headers=headers,
                 timeout=self._timeout(deployment, stream),

@@ -74,6 +74,8 @@ async def prime(stream: UpstreamStream, alias: str) -> PrimedStream:
                     )
                 seen += 1
     except StopAsyncIteration:
+        if seen:  # a short stream (Gemini's can be one chunk): its wire's relay judges its end
+            return PrimedStream(stream, _ended(), start)
         await stream.close()
         raise UpstreamBadResponse(
             f"the upstream for '{alias}' ended the stream before 'data: [DONE]'"
@@ -82,3 +84,8 @@ async def prime(stream: UpstreamStream, alias: str) -> PrimedStream:
         await stream.close()
         raise
     return PrimedStream(stream, batches, start)
+
+
+async def _ended() -> AsyncIterator[list[bytes]]:
+    return
+    yield  # an async generator that yields nothing

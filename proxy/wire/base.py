@@ -37,8 +37,15 @@ class Wire(Protocol):
         ...
 
     @property
-    def model_route(self) -> str:
-        """The path of its model route: a recorded turn of this wire is replayed there."""
+    def model_route(self) -> str | None:
+        """The path of its model route: a recorded turn of this wire is replayed there (None:
+        its route names the model, its turns are not replayed)."""
+        ...
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Path prefixes it owns beyond its routes' own: a path no route matched under one
+        gets its error envelope."""
         ...
 
     @property
@@ -84,10 +91,11 @@ class WireFormat:
 
     name: str
     routes: web.RouteTableDef
-    model_route: str
+    model_route: str | None
     provider: str
     assembly: Assemble
     native: NativeFactory | None = None
+    paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
     usage_of: Callable[[Any], Usage | None] = Usage.of
     one_shot: OneShot | None = None
@@ -108,17 +116,22 @@ class WireFormat:
 class ErrorFrames:
     """Which wire frames a proxy error: the one whose route the request matched (`matched`,
     the route's path as declared); for a path no route matched (a 404, a request head that
-    never completed), the wire with the longest route path `path` starts with; else OpenAI's
-    envelope. Made once per app from the registry (the middleware's ERROR_BODY)."""
+    never completed), the wire owning the longest prefix of it (a route's path up to its
+    first variable, or one of the wire's `paths`); else OpenAI's envelope. Made once per app
+    from the registry (the middleware's ERROR_BODY)."""
 
     def __init__(self, wires: tuple[Wire, ...]) -> None:
         self._by_route: dict[str, Wire] = {}
+        owned: dict[str, Wire] = {}
         for wire in wires:
             for route in wire.routes:
-                if isinstance(route, web.RouteDef):
-                    self._by_route[route.path] = wire
+                if isinstance(route, web.RouteDef):  # by its path as a match names it
+                    self._by_route.setdefault(_canonical(route.path), wire)
+                    owned.setdefault(route.path.partition("{")[0], wire)
+            for path in wire.paths:
+                owned.setdefault(path, wire)
         # Longest first: a path under /v1/messages/ is Anthropic's before it is anyone's.
-        self._prefixes = sorted(self._by_route.items(), key=lambda item: -len(item[0]))
+        self._prefixes = sorted(owned.items(), key=lambda item: -len(item[0]))
 
     def __call__(
         self, matched: str | None, path: str, error: ProxyError, request_id: str | None
@@ -128,3 +141,8 @@ class ErrorFrames:
 
     def _extended(self, path: str) -> Wire | None:
         return next((wire for route, wire in self._prefixes if path.startswith(route)), None)
+
+
+def _canonical(path: str) -> str:
+    """A route's path as its matched resource gives it: variables without their patterns."""
+    return web.DynamicResource(path).canonical if "{" in path else path

@@ -3,6 +3,7 @@
 from proxy.wire.anthropic.wire import ANTHROPIC
 from proxy.wire.base import Wire
 from proxy.wire.chat.wire import CHAT
+from proxy.wire.gemini.wire import GEMINI
 from proxy.wire.responses.wire import RESPONSES
 
-WIRES: tuple[Wire, ...] = (CHAT, ANTHROPIC, RESPONSES)
+WIRES: tuple[Wire, ...] = (CHAT, ANTHROPIC, RESPONSES, GEMINI)

@@ -281,29 +281,49 @@ def _installed_codex() -> tuple[Path | None, str]:
     return CODEX_BIN, ""
 
 
+def claude_pins() -> dict[str, Path]:
+    """Every pinned Claude Code release, version -> its binary: the newest under its own name,
+    older ones under npm aliases (`"claude-code-2.1.197": "npm:@anthropic-ai/claude-code@..."`),
+    whose binary .bin/ does not link (the name `claude` is taken)."""
+    manifest = json.loads((CLIENTS / "package.json").read_text())
+    pins = {}
+    for name, spec in manifest["dependencies"].items():
+        if name == CLAUDE_PACKAGE:
+            pins[spec] = CLAUDE_BIN
+        elif spec.startswith(f"npm:{CLAUDE_PACKAGE}@"):
+            pins[spec.rpartition("@")[2]] = CLIENTS / "node_modules" / name / "bin" / "claude.exe"
+    return pins
+
+
 @cache
-def _installed_claude() -> tuple[Path | None, str]:
-    """The pinned binary, or None and why it cannot be used."""
-    pinned = pinned_version()
-    if not CLAUDE_BIN.exists():
+def _installed_claude(version: str | None = None) -> tuple[Path | None, str]:
+    """The pinned binary (of `version`, else the newest pin), or None and why it cannot be
+    used."""
+    pinned = version or pinned_version()
+    binary = claude_pins()[pinned]
+    if not binary.exists():
         how = "run `make clients`" if shutil.which("npm") else "npm is not installed"
-        return None, f"Claude Code CLI not installed in clients/ ({how})"
+        return None, f"Claude Code {pinned} not installed in clients/ ({how})"
     shown = subprocess.run(
-        [str(CLAUDE_BIN), "--version"], capture_output=True, text=True, timeout=60, check=False
+        [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
     ).stdout
     if not shown.startswith(pinned + " "):
         return None, f"clients/ has Claude Code {shown.strip()!r}, pinned {pinned}: `make clients`"
-    return CLAUDE_BIN, ""
+    return binary, ""
 
 
-@pytest.fixture(scope="session")
-def claude_binary() -> Path:
-    binary, why = _installed_claude()
+def _claude_binary(version: str | None = None) -> Path:
+    binary, why = _installed_claude(version)
     if binary is None:
         if os.environ.get("CI"):
             pytest.fail(f"{why}; CI must run the Claude Code tests")
         pytest.skip(why)
     return binary
+
+
+@pytest.fixture(scope="session")
+def claude_binary() -> Path:
+    return _claude_binary()
 
 
 def scratch_repo(path: Path, files: dict[str, str]) -> Path:
@@ -321,6 +341,15 @@ def claude_code(claude_binary: Path, tmp_path: Path) -> ClaudeCode:
     home = tmp_path / "home"
     home.mkdir()
     return ClaudeCode(claude_binary, scratch_repo(tmp_path / "repo", SCRATCH_FILES), home)
+
+
+@pytest.fixture(params=sorted(claude_pins()))
+def any_claude_code(request: pytest.FixtureRequest, tmp_path: Path) -> ClaudeCode:
+    """`claude_code`, once for every pinned release."""
+    home = tmp_path / "home"
+    home.mkdir()
+    binary = _claude_binary(request.param)
+    return ClaudeCode(binary, scratch_repo(tmp_path / "repo", SCRATCH_FILES), home)
 
 
 @pytest.fixture(scope="session")

@@ -72,8 +72,9 @@ def at_proxy(text: str, proxy: TestServer) -> str:
 
 
 async def test_the_claude_code_recipe_runs_as_written(
-    claude_code: ClaudeCode, readme_proxy: TestServer
+    any_claude_code: ClaudeCode, readme_proxy: TestServer
 ) -> None:
+    claude_code = any_claude_code
     env, argv = split_env(readme_line("claude", "--model"))
     assert argv[0] == "claude" and set(env) == {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
     run = await claude_code.run(

@@ -96,7 +96,8 @@ import json, os, pathlib
 home = pathlib.Path(os.environ.get("CODEX_HOME", "/nonexistent"))
 print(json.dumps({{
     "env": {{k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "OPENAI_",
-                                                                   "AGENTPROXY_", "CODEX_"))}},
+                                                                   "AGENTPROXY_", "CODEX_",
+                                                                   "GEMINI_", "GOOGLE_"))}},
     "config": (home / "config.toml").read_text() if home.is_dir() else None,
     "links": {{p.name: os.readlink(p) for p in home.iterdir() if p.is_symlink()}}
              if home.is_dir() else {{}},
@@ -259,6 +260,20 @@ async def test_claude_code_is_pointed_at_the_proxy_with_the_runs_session(
 
     keyed = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "claude", env=env)
     assert json.loads(keyed.stdout)["env"]["ANTHROPIC_AUTH_TOKEN"] == "sk-mine"
+
+
+async def test_the_gemini_cli_is_pointed_at_the_proxy_with_the_runs_session(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "gemini")
+    env["GEMINI_API_KEY"] = "the-users-google-key"  # never handed to the agent
+    env["GEMINI_CLI_CUSTOM_HEADERS"] = "x-team: red"  # the user's own stay
+    run = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "gemini", env=env)
+    assert run.exit_code == 0, run.stderr
+    seen = json.loads(run.stdout)["env"]
+    assert seen["GOOGLE_GEMINI_BASE_URL"] == run.started_url
+    assert seen["GEMINI_API_KEY"] == "sk-mine"
+    assert seen["GEMINI_CLI_CUSTOM_HEADERS"] == f"x-team: red,x-agentproxy-session: {run.session}"
 
 
 async def test_codex_gets_a_temporary_codex_home_on_the_users_config(

@@ -228,3 +228,41 @@ async def test_bad_thinking_settings_are_400(
 ) -> None:
     got = await bad_request(client, [ASK], thinking=thinking, max_tokens=max_tokens)
     assert got.startswith(message)
+
+
+async def test_the_rule_is_for_the_turn_a_tool_loop_is(client: anthropic.AsyncAnthropic) -> None:
+    """A tool loop is one assistant turn: its first message must start with thinking, the later
+    ones need not (a model without interleaved thinking thinks once, at the start)."""
+    first = await create(client, [ASK])
+    history = answered(first)
+    step = {"type": "tool_use", "id": "toolu_step2", "name": "read_file", "input": {"path": "b"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_step2", "content": "eggs"}
+    loop = [
+        *history,
+        {"role": "assistant", "content": [step]},
+        {"role": "user", "content": [result]},
+    ]
+    assert (await create(client, loop)).content[-1].type == "text"
+
+    signed = (await create(client, [{"role": "user", "content": "think about b"}])).content[0]
+    assert signed.type == "thinking"
+    lost = [dict(m) for m in loop]
+    lost[1] = {"role": "assistant", "content": dumped(first)[1:]}
+    lost[3] = {"role": "assistant", "content": [signed.model_dump(exclude_none=True), step]}
+    message = await bad_request(client, lost)
+    assert message.startswith(
+        "messages.1.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+        "`tool_use`."
+    )
+
+
+async def test_thinking_off_lifts_the_rule(
+    client: anthropic.AsyncAnthropic,
+) -> None:
+    first = await create(client, [ASK])
+    history = answered(first)
+    history[1] = {"role": "assistant", "content": dumped(first)[1:]}
+    for off in ({"type": "disabled"}, None):
+        extra = {"thinking": off} if off else {"thinking": anthropic.NOT_GIVEN}
+        final = await create(client, history, **extra)
+        assert [b.type for b in final.content] == ["text"]  # and no thinking of its own

@@ -23,14 +23,14 @@ def _own_envelope(error: ProxyError, request_id: str | None) -> Mapping[str, Any
 def _wire() -> WireFormat:
     routes = web.RouteTableDef()
 
-    @routes.post("/v1/models/{model}:act")
+    @routes.post("/v1/models/{model:[^/]+}:act")
     async def act(request: web.Request) -> web.Response:
         raise NotImplementedError
 
     return WireFormat(
         name="own",
         routes=routes,
-        model_route="/v1/models/{model}:act",
+        model_route=None,
         provider="own",
         assembly=ChatAnswer,
         error_shape=_own_envelope,

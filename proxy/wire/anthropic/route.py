@@ -19,7 +19,7 @@ from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.pipeline.context_edits import STAGE as CONTEXT_STAGE
 from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import VIEWS
+from proxy.state import FLOW, VIEWS
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.anthropic import replies as anthropic
 from proxy.wire.anthropic.context import (
@@ -31,8 +31,9 @@ from proxy.wire.anthropic.context import (
 )
 from proxy.wire.anthropic.request import parse_messages_request
 from proxy.wire.anthropic.stream import Relay, message_stream
+from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
 from proxy.wire.anthropic.upstream import DEFAULT_VERSION
-from proxy.wire.anthropic.view import AnthropicView
+from proxy.wire.anthropic.view import AnthropicView, ThinkingRepair
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.provider_objects import refuse_messages_objects
 from proxy.wire.serve import (
@@ -54,7 +55,7 @@ PASSED_HEADERS = ("anthropic-version", "anthropic-beta")
 @routes.post(MESSAGES_ROUTE)
 async def messages(request: web.Request) -> web.StreamResponse:
     ex = await _exchange(request)
-    return await serve(request, ex, AnthropicWire(ex))
+    return await serve(request, ex, AnthropicWire(ex, request.app[RELAYED_THINKING]))
 
 
 @routes.post("/v1/messages/count_tokens")
@@ -76,15 +77,14 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     view = AnthropicView.of(body, views.last(own))
     if key is not None:  # tenants share the provider's account: its stored objects too
         refuse_messages_objects(body, view.fresh)
-    if not counting:
-        views.keep(own, view, len(raw))
+    repair = None if counting else view.thinking_repair(request.app[RELAYED_THINKING].of(own))
     chat = view.chat_body()
     context = client_context(body, view.cut is not None)
     headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
     headers.setdefault("anthropic-version", DEFAULT_VERSION)
     if context is not None and (betas := betas_needed(body, headers.get("anthropic-beta"))):
         headers["anthropic-beta"] = betas  # what a native upstream needs for the edits
-    return open_exchange(
+    ex = open_exchange(
         request,
         config,
         key,
@@ -102,21 +102,53 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
             context=context,
         ),
     )
+    if repair is not None:
+        _repair_thinking(request, ex, view, repair)
+    if not counting:
+        views.keep(own, view, len(raw) + view.restored_bytes())
+    return ex
+
+
+def _repair_thinking(
+    request: web.Request, ex: Exchange, view: AnthropicView, repair: ThinkingRepair
+) -> None:
+    """Thinking the client dropped put back (or, with none to put back where a tool loop needs
+    it, thinking off for this request): a repair, recorded as one (applied unless dry-run)."""
+    deployments = ex.config.deployments.get(ex.alias, ())
+    if not ex.policy.repair.enabled or not any(view.native_for(d) for d in deployments):
+        return  # a translated request carries no thinking: nothing to put back or turn off
+    recorder = request.app[FLOW].recorder
+    if repair.fresh:
+        recorder.record(
+            ex,
+            "repair",
+            "restored_thinking",
+            count=repair.fresh,
+            tool_call_ids=repair.new_calls,
+            carried=repair.carried,
+        )
+    if repair.thinking_off is not None:
+        recorder.record(ex, "repair", "disabled_thinking", message=repair.thinking_off)
+    if not ex.dry_run:
+        view.repair_thinking(repair)
 
 
 class AnthropicWire:
     """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
 
-    def __init__(self, ex: Exchange) -> None:
+    def __init__(self, ex: Exchange, relayed: RelayedThinking) -> None:
         view = ex.client.native
         assert isinstance(view, AnthropicView)
         self.view = view
+        self.relayed = relayed
         self.replies = anthropic.Replies(view)
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)
         if "choices" not in reply.data:  # the provider's own message, as it came
             self._provider_edits(ex, flow, reply.data.get("context_management"))
+            if isinstance(content := reply.data.get("content"), list):
+                self.relayed.remember(ex.identity.session, content)  # if it called
             return json_answer(ex, reply.body, reply.headers)
         message = self._translated(ex, flow, reply)
         return json_answer(ex, orjson.dumps(message), reply.headers)

@@ -24,6 +24,7 @@ from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.anthropic.replies import error_body, passthrough_body
+from proxy.wire.anthropic.thinking import RELAYED_THINKING, THINKING, thinking_on
 from proxy.wire.anthropic.upstream import anthropic_usage
 from proxy.wire.anthropic.view import AnthropicView, assistant_message
 from proxy.wire.relay import StreamRelay, nonempty
@@ -68,6 +69,40 @@ class Blocks:
 
     def content(self) -> list[dict[str, Any]]:
         return [self.blocks[i] for i in sorted(self.blocks)]
+
+
+@dataclass(slots=True)
+class ThinkingCapture:
+    """A relayed stream's thinking blocks (text and signature deltas) and tool_use blocks,
+    to put back what a client drops (thinking.py): only block starts and a thinking block's
+    deltas are parsed, text and tool input pass by as bytes."""
+
+    blocks: Blocks = field(default_factory=Blocks)
+    _open: int | None = None  # the index of the thinking block being streamed
+
+    def see(self, name: str, event: bytes, data: dict[str, Any] | None) -> None:
+        if name == "content_block_start":
+            data = data if data is not None else _parsed(event)
+            block = data.get("content_block") if data else None
+            kind = block.get("type") if isinstance(block, dict) else None
+            if data is not None and (kind in THINKING or kind == "tool_use"):
+                self.blocks.add(name, data)
+                self._open = data.get("index") if kind == "thinking" else None
+        elif name == "content_block_delta" and self._open is not None:
+            data = data if data is not None else _parsed(event)
+            if data is not None and data.get("index") == self._open:
+                self.blocks.add(name, data)
+        elif name == "content_block_stop":
+            self._open = None
+
+
+def _parsed(event: bytes) -> dict[str, Any] | None:
+    payload = data_of(event)
+    try:
+        data = orjson.loads(payload) if payload is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 @dataclass(slots=True)
@@ -152,6 +187,7 @@ class Relay(StreamRelay):
         held: Held | None = None
         watch = self.hold_tool_calls or self._rounds > 1
         blocks = Blocks() if self.hold_tool_calls else None
+        capture = ThinkingCapture() if thinking_on(self.view.body) else None
         async for batch in self.batches(source):
             out = bytearray()
             for event in batch:
@@ -160,6 +196,8 @@ class Relay(StreamRelay):
                     stopped = True
                 if data is not None:
                     self._account(name, data)
+                if capture is not None:
+                    capture.see(name, event, data)
                 if not watch or data is None:  # the common case: passed on untouched
                     if name.startswith("content_block_start"):
                         self._sent_blocks += 1
@@ -186,6 +224,10 @@ class Relay(StreamRelay):
             )
         if held is not None:  # continued by a recall round: the turn goes back whole
             self.view.remember_turn(held.blocks.content())
+        if capture is not None:
+            self.request.app[RELAYED_THINKING].remember(
+                ex.identity.session, capture.blocks.content()
+            )
         return held
 
     def _read(self, event: bytes) -> tuple[str, dict[str, Any] | None]:

@@ -21,7 +21,7 @@ message and blocks by position, so what goes back upstream is always this turn's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,14 @@ from proxy.messages import Message
 from proxy.pipeline.context_edits import compaction_text
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
+from proxy.wire.anthropic.thinking import (
+    Relayed,
+    dropped,
+    loop_start,
+    starts_with_thinking,
+    thinking_on,
+    without_thinking,
+)
 from proxy.wire.anthropic.upstream import speaks_anthropic
 from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
@@ -50,6 +58,22 @@ class _Origin:
 
     index: int
     blocks: tuple[int, ...] | None  # None: a string content, or the system prompt as sent
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingRepair:
+    """What putting back dropped thinking would do to a request: the tool_use ids of the
+    assistant messages newly given their thinking back, how many the history carried on from
+    earlier turns, and whether thinking must be off for this request."""
+
+    restored: dict[int, tuple[Block, ...]]
+    fresh: int  # messages given their thinking back this turn
+    new_calls: list[str]  # ...their tool_use ids
+    carried: int  # messages given it back on an earlier turn, again
+    thinking_off: int | None  # the loop's first message, when thinking must be off
+
+    def __bool__(self) -> bool:
+        return bool(self.restored) or self.thinking_off is not None
 
 
 @dataclass(slots=True)
@@ -78,6 +102,17 @@ class AnthropicView:
     # The client message holding the history's last compaction block: what comes before it
     # is not part of the history (Anthropic drops it), and the block reads as a summary.
     cut: int | None = None
+    # Thinking the client dropped, put back when rendered (proxy/wire/anthropic/thinking.py):
+    # client message index -> the relayed blocks that go in front of it; lent on, like the
+    # view messages, for the history the next turn shares.
+    _restored: dict[int, tuple[Block, ...]] = field(default_factory=dict)
+    _lent_restored: dict[int, tuple[Block, ...]] = field(default_factory=dict)
+    _thinking_off: bool = False  # nothing to put back, and the loop needs it: thinking off
+    # Where the tool loop the request continues starts (thinking.loop_start), once looked at;
+    # the last turn's, when this one continues its whole history.
+    _loop: int | None = None
+    _loop_seen: bool = False
+    _loop_lent: tuple[int, int | None] | None = None  # (its history's length, its loop)
 
     @classmethod
     def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
@@ -140,9 +175,43 @@ class AnthropicView:
         else:
             self._origins.update((id(m), previous._origins[id(m)]) for m in lent)
         self.messages += lent
+        if previous._restored:
+            self._lent_restored = {i: b for i, b in previous._restored.items() if i < shared}
+        if previous._loop_seen and shared == len(previous.body["messages"]):
+            self._loop_lent = (shared, previous._loop)
         ends = previous._ends[:shared]
         self._ends = ends if not offset else [end + offset for end in ends]
         return shared
+
+    def thinking_repair(self, answers: Mapping[str, Relayed]) -> ThinkingRepair | None:
+        """What putting back the thinking the client dropped would do (`answers`: what the
+        proxy relayed to this session), with thinking on; None when nothing. Only the fresh
+        messages are looked at: the shared history's come from the last turn's view."""
+        if not thinking_on(self.body):
+            return None
+        messages = self.body["messages"]
+        fresh = dropped(messages, self.fresh, answers)
+        restored = {**self._lent_restored, **fresh}
+        floor, before = self._loop_lent or (0, None)
+        start = self._loop = loop_start(messages, floor, before)
+        self._loop_seen = True
+        if start is not None and starts_with_thinking(messages[start], restored.get(start)):
+            start = None
+        if not restored and start is None:
+            return None
+        calls = [b["id"] for i in fresh for b in messages[i]["content"] if _is_tool_use(b)]
+        return ThinkingRepair(restored, len(fresh), calls, len(self._lent_restored), start)
+
+    def repair_thinking(self, repair: ThinkingRepair) -> None:
+        """Render from now on with `repair` applied."""
+        self._restored = repair.restored
+        self._thinking_off = repair.thinking_off is not None
+
+    def restored_bytes(self) -> int:
+        """What the blocks put back add to the request (the view memo counts them)."""
+        return sum(
+            len(str(v)) for blocks in self._restored.values() for b in blocks for v in b.values()
+        )
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-shaped request the stages rewrite (its messages are the view)."""
@@ -207,10 +276,14 @@ class AnthropicView:
         if (chat["messages"], chat.get("tools")) == self._untouched[:2] and chat.get(
             "tool_choice"
         ) == self._untouched[2]:
-            if self._fit is AS_SENT:
+            if self._fit is AS_SENT and not self._repaired:
                 return self.body  # the common turn: nothing rewritten, the client's own body
-            return _fitted(dict(self.body), self._fit)
-        out = dict(self.body)
+            out = self._repaired_body(dict(self.body))
+            out["messages"] = sent = list(self.body["messages"])
+            for index in self._restored:
+                sent[index] = self._client_message(index)
+            return out if self._fit is AS_SENT else _fitted(out, self._fit)
+        out = self._repaired_body(dict(self.body))
         messages: list[Message] = chat["messages"]
         start = 0
         if messages and messages[0].get("role") == "system":
@@ -226,6 +299,21 @@ class AnthropicView:
         _render_tools(out, chat, self._tools)
         _cache_replacement(out, self.body["messages"])
         return out if self._fit is AS_SENT else _fitted(out, self._fit)
+
+    @property
+    def _repaired(self) -> bool:
+        return bool(self._restored) or self._thinking_off
+
+    def _repaired_body(self, out: dict[str, Any]) -> dict[str, Any]:
+        return without_thinking(out) if self._thinking_off else out
+
+    def _client_message(self, index: int) -> Message:
+        """The client's message, with the thinking it dropped in front again."""
+        message: Message = self.body["messages"][index]
+        restored = self._restored.get(index)
+        if restored is None:
+            return message
+        return {**message, "content": [*restored, *message["content"]]}
 
     # --- to the view --------------------------------------------------------------------------
 
@@ -301,7 +389,7 @@ class AnthropicView:
         if origin is not None and origin.index >= 0:
             client: Message = self.body["messages"][origin.index]
             if origin.blocks is None or len(origin.blocks) == _block_count(client):
-                return client  # the client's own message, as sent
+                return self._client_message(origin.index)  # the client's own, as sent
             return {**client, "content": self._blocks(origin)}
         if role == "assistant":
             return self._assistant_turn(message)
@@ -347,7 +435,7 @@ class AnthropicView:
         continued, else one of the client's (looked up only when a turn was rewritten)."""
         if first_call in self._turns:
             return self._turns[first_call]
-        for message in self.body["messages"]:
+        for index, message in enumerate(self.body["messages"]):
             content = message.get("content")
             if message.get("role") != "assistant" or not isinstance(content, list):
                 continue
@@ -360,7 +448,8 @@ class AnthropicView:
                 None,
             )
             if first == first_call:
-                return [b for b in content if isinstance(b, dict)]
+                restored = self._restored.get(index, ())
+                return [*restored, *(b for b in content if isinstance(b, dict))]
         return None
 
     def _client_result(self, call_id: str) -> Block | None:
@@ -476,6 +565,10 @@ def _breakpoints(out: dict[str, Any]) -> int:
     count = marked(out.get("system")) + marked(out.get("tools"))
     count += "cache_control" in out  # a request-level breakpoint takes a slot too
     return count + sum(marked(m.get("content")) for m in out["messages"])
+
+
+def _is_tool_use(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_use"
 
 
 def _block_count(client: Message) -> int:

@@ -20,6 +20,7 @@ from proxy.wire.chat.request import parse_chat_request
 from proxy.wire.chat.stream import Relay
 from proxy.wire.chat_as_responses import ChatAsResponses, ChatReplies, as_chat
 from proxy.wire.chat_as_responses_stream import chat_stream
+from proxy.wire.gemini import route as gemini_route
 from proxy.wire.provider_objects import refuse_chat_objects
 from proxy.wire.serve import (
     json_answer,
@@ -93,6 +94,8 @@ class ChatRelay(Relay):
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
+    if gemini_route.wants_gemini(request):  # google-genai's default is /v1/: Google's list
+        return await gemini_route.list_models(request)
     config = request.app[CONFIG].current
     key = authenticate(request, config.keys)
     aliases = [

@@ -1,0 +1,2 @@
+"""Google Gemini (generateContent): its route, request view, replies, stream relay and native
+upstream (Google AI Studio's REST API)."""

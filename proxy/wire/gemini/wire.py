@@ -1,0 +1,18 @@
+"""Google Gemini (generateContent) as a `Wire`."""
+
+from proxy.wire.base import WireFormat
+from proxy.wire.gemini import one_shot, replies, route
+from proxy.wire.gemini.upstream import GeminiUpstream, gemini_usage
+
+GEMINI = WireFormat(
+    name="gemini",
+    routes=route.routes,
+    model_route=None,  # its route names the model: a trace of it is not replayed
+    provider="gemini",
+    assembly=replies.Assembly,
+    native=GeminiUpstream,
+    paths=("/v1beta/",),  # a path it does not serve there still gets Google's envelope
+    error_shape=replies.error_body,
+    usage_of=gemini_usage,
+    one_shot=one_shot.ONE_SHOT,
+)
