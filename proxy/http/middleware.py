@@ -39,7 +39,7 @@ from proxy.http.keys import (
 from proxy.http.keys import (
     STATUS_CLIENT_GONE as STATUS_CLIENT_GONE,
 )
-from proxy.http.request_id import new_request_id
+from proxy.request_id import new_request_id
 from proxy.state import CONFIG, METRICS
 
 log = logging.getLogger("agentproxy")

@@ -17,10 +17,10 @@ from proxy.errors import (
     UpstreamUnreachable,
 )
 from proxy.exchange import Usage
-from proxy.http.request_id import is_uuid
 from proxy.messages import CHAT
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
+from proxy.request_id import is_uuid
 from proxy.upstream.base import (
     UpstreamHTTPError,
     UpstreamReply,
