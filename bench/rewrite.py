@@ -43,11 +43,11 @@ if str(REPO_ROOT) not in sys.path:  # run as `python bench/rewrite.py` from anyw
     sys.path.insert(0, str(REPO_ROOT))
 
 from proxy.exchange import Exchange, Identity  # noqa: E402
+from proxy.messages import Message  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.model_catalog import ModelCatalog  # noqa: E402
 from proxy.pipeline.base import Stage, StageContext  # noqa: E402
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of  # noqa: E402
-from proxy.pipeline.messages import Message  # noqa: E402
 from proxy.pipeline.rewriter import Rewriter  # noqa: E402
 from proxy.policies.spec import Config, Deployment, OffloadSpec, Policy  # noqa: E402
 from proxy.recording.events import EventLog  # noqa: E402

@@ -17,6 +17,7 @@ from proxy.control.control import Control
 from proxy.flow import Flow
 from proxy.http.auth import HOST_NAMES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
+from proxy.http.keys import ERROR_BODY, ErrorBody
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
 from proxy.logs.lines import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
@@ -33,21 +34,21 @@ from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
 from proxy.routes import admin, archive, health, sessions, ui
-from proxy.runtime.handover import Handover
+from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
+from proxy.sessions.view_memo import ViewMemo
 from proxy.state import (
     BOARD,
     CATALOG,
     CONFIG,
     CONTROL,
     EVENTS,
+    FACTS,
     FLOW,
-    HANDOVER,
     IDENTITY,
     METRICS,
     RECORDINGS,
-    RELAYED_THINKING,
     STORE,
     STORE_HEALTH,
     TIMELINE_READS,
@@ -61,11 +62,11 @@ from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
 from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
-from proxy.wire.anthropic.thinking import RelayedThinking
-from proxy.wire.base import WIRES
+from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
+from proxy.wire.base import ErrorFrames
 from proxy.wire.registry import WIRES as REGISTRY
-from proxy.wire.view_memo import ViewMemo
 
 log = logging.getLogger("agentproxy")
 
@@ -106,10 +107,12 @@ def build_app(
     holder = ConfigHolder(config_path, config, metrics)
     natives = [wire.native for wire in REGISTRY if wire.native is not None]
     natives += [native for wire in REGISTRY for native in wire.extra_natives]
-    upstreams = Upstreams(lambda: holder.current.server, natives)
+    facts = DeploymentFacts()  # learnt of the deployments: this app's alone
+    upstreams = Upstreams(lambda: holder.current.server, natives, facts)
     app[METRICS] = metrics
     app[CONFIG] = holder
     app[UPSTREAMS] = upstreams
+    app[FACTS] = facts
     app[HANDLING] = Handling()
     app[HOST_NAMES] = HostNames(lambda: holder.current.server, host)
     # Never below one body of the largest size allowed: that one is always read when alone.
@@ -134,7 +137,11 @@ def build_app(
     recorder.board = app[BOARD] = SessionBoard()
     app[TIMELINE_READS] = asyncio.Semaphore(sessions.PAGES_AT_ONCE)
     turns = recorder.turns = app[RECORDINGS] = TurnWriter(
-        store, metrics, recorder.recording_stopped, on_unrecorded=recorder.turns_unrecorded
+        store,
+        metrics,
+        recorder.recording_stopped,
+        on_unrecorded=recorder.turns_unrecorded,
+        assemblies={wire.name: wire.answer_assembly for wire in REGISTRY},
     )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.
@@ -148,6 +155,7 @@ def build_app(
     ctx = StageContext(store, catalog, metrics, events, summarize, state, recorder, meter)
     rewriter = Rewriter(
         ctx,
+        facts=facts,
         memo_bytes=memo_bytes,
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
@@ -191,7 +199,8 @@ def build_app(
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }
     )
-    app[WIRES] = REGISTRY
+    frames: ErrorBody = ErrorFrames(REGISTRY)  # each error in its matched route's wire
+    app[ERROR_BODY] = frames
     for wire in REGISTRY:
         app.add_routes(wire.routes)
     app.add_routes(admin.routes)
@@ -280,5 +289,6 @@ def summary_wires(upstreams: Upstreams) -> SummaryWires:
             SummaryWire(wire.name, wire.one_shot, upstreams.natives[wire.name].speaks)
             for wire in REGISTRY
             if wire.one_shot is not None and wire.name in upstreams.natives
-        ]
+        ],
+        upstreams.facts,
     )

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.pipeline.messages import TOKENS_PER_MESSAGE
+from proxy.messages import CHAT, TOKENS_PER_MESSAGE
 from proxy.policies.spec import ApiKey, Config, Deployment, ErrorClass, Policy
 
 if TYPE_CHECKING:  # the view's module uses the pipeline, which uses the Exchange
@@ -192,16 +192,31 @@ class NativePrefix:
     shared: int = 0
 
 
-class RequestView(Protocol):
-    """A client's request in a wire format other than chat, as the exchange needs it: `body`
-    is then its chat-shaped view (what the stages rewrite), and this renders the native
-    request back from it, or the chat request for a deployment that does not speak it."""
+class Renderer(Protocol):
+    """What renders the outgoing request of a client in a wire format other than chat, from
+    its rewritten chat-shaped view (the Exchange's `body`): in its own wire for a deployment
+    that speaks it, else translated to chat."""
 
-    def native_for(self, deployment: Deployment) -> bool: ...
+    def native_for(self, deployment: Deployment) -> bool:
+        """Whether the deployment takes the client's own wire (its native upstream speaks)."""
+        ...
 
-    def render(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The native request, the view's rewrites carried back into it."""
+        ...
 
-    def translated(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+    def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The chat request, for a deployment that does not take the client's wire."""
+        ...
+
+    def fit(self, fit: NativeFit) -> None:
+        """Render from now on without what `fit` takes away."""
+        ...
+
+
+class NativeRequest(Protocol):
+    """What reads a client's request as it sent it in its own wire: what its chat-shaped view
+    does not show."""
 
     def reasoning(self) -> list[dict[str, Any]]:
         """The history's signed reasoning (thinking blocks, reasoning items), as sent."""
@@ -211,13 +226,14 @@ class RequestView(Protocol):
         """The most output tokens the client asked for, if it said."""
         ...
 
-    def fit(self, fit: NativeFit) -> None:
-        """Render from now on without what `fit` takes away."""
-        ...
-
     def native_prefix(self) -> NativePrefix:
         """Which leading entries of the native history equal the previous turn's."""
         ...
+
+
+class RequestView(Renderer, NativeRequest, Protocol):
+    """Both, as one object: each wire's view (proxy/wire/<format>/view.py) is the renderer
+    and the reader of its requests."""
 
 
 class AlternateWire(Protocol):
@@ -345,10 +361,12 @@ class ClientRequest:
     """What the client asked, and how: the surface and wire it came in on, as it was sent."""
 
     route: str = "/v1/chat/completions"  # the surface it came in on: a metric label
-    wire: str = "chat"  # the client's wire format: "chat", "anthropic" or "responses"
-    # An Anthropic or Responses client's request: `body` is then its chat-shaped view (what
-    # the stages rewrite), and this renders the native request back from it.
-    view: RequestView | None = None
+    wire: str = CHAT  # the client's wire format: a Wire's name (proxy/wire/registry.py)
+    # A client's request in a wire other than chat (None: chat's): `body` is then its
+    # chat-shaped view (what the stages rewrite); `renderer` renders the outgoing request
+    # from it, `native` reads what the view does not show (today each wire's view is both).
+    renderer: Renderer | None = None
+    native: NativeRequest | None = None
     # A chat client's: the wire its request goes in to a deployment that serves no chat.
     alternate: AlternateWire | None = None
     stream: bool = False
@@ -460,25 +478,25 @@ class Exchange:
     @property
     def translated(self) -> bool:
         """A client whose wire the chosen deployment does not speak: its view goes as chat."""
-        view = self.client.view
+        renderer = self.client.renderer
         return (
-            view is not None
+            renderer is not None
             and self.deployment is not None
-            and not view.native_for(self.deployment)
+            and not renderer.native_for(self.deployment)
         )
 
     def outgoing(self, deployment: Deployment) -> tuple[dict[str, Any], dict[str, str] | None]:
         """The body (and protocol headers) to send to `deployment`: the client's own wire
         when the deployment speaks it, else the chat-shaped request."""
-        view = self.client.view
-        if view is None:
+        renderer = self.client.renderer
+        if renderer is None:
             alternate = self.client.alternate
             if alternate is not None and alternate.applies(deployment):
                 return alternate.render(self.body), None
             return self.body, None
-        if view.native_for(deployment):
-            return view.render(self.body), self.client.forward_headers or None
-        return view.translated(self.body), None
+        if renderer.native_for(deployment):
+            return renderer.render(self.body), self.client.forward_headers or None
+        return renderer.translated(self.body), None
 
     def wire_for(self, deployment: Deployment) -> str:
         """The wire the request goes out in to `deployment` (its native upstream, if any)."""

@@ -39,10 +39,10 @@ from proxy.exchange import Exchange, Usage
 from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
+from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
-from proxy.pipeline.messages import Message
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder

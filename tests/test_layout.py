@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from proxy.wire.registry import WIRES
+
 PROXY = Path(__file__).resolve().parent.parent / "proxy"
 ROOT_LIMIT = 22
 # Modules that must not know any wire format: the exchange, the flow and the layers under them.
@@ -19,7 +21,50 @@ CORE = (
     "proxy.upstream",
     "proxy.tokens",
 )
-WIRE_FORMATS = ("chat", "anthropic", "responses")
+WIRE_FORMATS = tuple(wire.name for wire in WIRES)  # the registry's: every format
+# Where a format may be named: its own folder, the simulator's dialects, the app's registry.
+FORMAT_HOMES = ("proxy.wire", "proxy.sim", "proxy.app")
+# Names that are the same word as a format but name something else (a provider, GenAI's
+# operation, Codex's own setting), module by module: not a wire.
+NOT_A_WIRE = {
+    ("proxy.policies.providers", "anthropic"),  # a provider's key variable
+    ("proxy.policies.providers", "gemini"),
+    ("proxy.tokens.tokenizers", "anthropic"),  # a tokenizer's name
+    ("proxy.tracing", "chat"),  # gen_ai.operation.name
+    ("proxy.runtime.agent_env", "responses"),  # Codex's wire_api setting
+    ("proxy.replay.config", "anthropic"),  # the provider whose api_base has no /v1
+    ("proxy.messages", "chat"),  # CHAT: the shape every request is rewritten in, named once
+}
+# The floors of proxy's packages, lowest first: a module imports its own floor or lower ones;
+# an import of a higher floor is an arrow that runs back up.
+FLOORS = {
+    **dict.fromkeys(
+        (
+            "proxy",
+            "errors",
+            "logs",
+            "redaction",
+            "metrics",
+            "messages",
+            "json_values",
+            "request_id",
+            "tokens",
+            "policies",
+        ),
+        0,
+    ),
+    **dict.fromkeys(("exchange", "sessions", "store", "model_catalog", "tracing"), 1),
+    **dict.fromkeys(("upstream", "recording"), 2),
+    "control": 3,
+    "pipeline": 4,
+    **dict.fromkeys(("flow", "http", "state"), 5),
+    "wire": 6,
+    **dict.fromkeys(
+        ("routes", "admin", "ui", "runtime", "app", "cli", "replay", "sim", "__main__"),
+        7,
+    ),
+}
+UPWARD_LIMIT = 6
 
 
 def _module_name(path: Path) -> str:
@@ -136,6 +181,59 @@ def test_core_modules_import_no_wire_format() -> None:
     assert {name: found for name, found in offenders.items() if found} == {}
 
 
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS[parts[1] if len(parts) > 1 else "proxy"]
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if _floor(name) < _floor(target)
+    )
+
+
+def test_every_package_has_a_floor() -> None:
+    assert {name.split(".")[1] for name in _modules() if "." in name} <= set(FLOORS)
+
+
+def test_few_imports_run_back_up() -> None:
+    upward = _upward_imports(_graph())
+    assert len(upward) <= UPWARD_LIMIT, upward
+
+
+def _format_names(path: Path) -> set[str]:
+    """The formats a module names: a string equal to one, or an import of a format's module
+    (proxy.wire.<format>, proxy.sim.<format>)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and node.value in WIRE_FORMATS:
+            found.add(node.value)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            named = [*parts[2:3], *(a.name for a in node.names)] if parts[1:2] in (
+                ["wire"], ["sim"]) else []  # fmt: skip
+            found.update(name for name in named if name in WIRE_FORMATS)
+    return found
+
+
+def _modules_naming_a_format() -> dict[str, list[str]]:
+    named = {}
+    for name, path in _modules().items():
+        if any(name == home or name.startswith(home + ".") for home in FORMAT_HOMES):
+            continue
+        found = sorted(f for f in _format_names(path) if (name, f) not in NOT_A_WIRE)
+        if found:
+            named[name] = found
+    return named
+
+
+def test_formats_are_named_only_in_their_homes() -> None:
+    assert _modules_naming_a_format() == {}
+
+
 def test_package_root_stays_small() -> None:
     root = sorted(path.name for path in PROXY.glob("*.py"))
     assert len(root) <= ROOT_LIMIT, root
@@ -144,3 +242,12 @@ def test_package_root_stays_small() -> None:
 def test_the_checker_sees_a_circle() -> None:
     """The check itself can fail."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checkers_see_an_upward_import_and_a_named_format(tmp_path: Path) -> None:
+    assert _upward_imports({"proxy.errors": {"proxy.flow"}, "proxy.flow": {"proxy.errors"}}) == [
+        ("proxy.errors", "proxy.flow")
+    ]
+    module = tmp_path / "m.py"
+    module.write_text('from proxy.sim import anthropic\nWIRE = "responses"\n')
+    assert _format_names(module) == {"anthropic", "responses"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.pipeline.messages import (
+from proxy.messages import (
     estimate_tokens,
     message_hash,
     pairing_problems,

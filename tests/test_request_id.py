@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 
-from proxy.http.request_id import is_uuid, new_request_id
+from proxy.request_id import is_uuid, new_request_id
 
 
 def test_new_ids_are_distinct_version_4_uuids() -> None:

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 from proxy.control.outcome import CircuitOpen
 from proxy.errors import UpstreamTimeout, UpstreamTooLarge, UpstreamUnreachable
-from proxy.pipeline.compaction.overflow import is_context_overflow
 from proxy.policies.spec import ErrorClass
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.overflow import is_context_overflow
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 LOGICAL_5XX = frozenset({501, 505})  # not implemented, version not supported

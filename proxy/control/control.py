@@ -31,8 +31,8 @@ from proxy.control.retry import with_retries
 from proxy.control.sessions import SessionCircuits
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
+from proxy.messages import CHAT
 from proxy.metrics import Metrics
-from proxy.pipeline.compaction.overflow import stated_tokens
 from proxy.policies.spec import Deployment, ErrorClass, Keys
 from proxy.recording.recorder import Recorder
 from proxy.sessions.identity import owner_of
@@ -40,6 +40,7 @@ from proxy.store.state import StateStore
 from proxy.tracing import call_span, replied
 from proxy.tracing import span as trace_span
 from proxy.upstream.base import Upstream, UpstreamHTTPError, UpstreamReply, UpstreamStream
+from proxy.upstream.overflow import stated_tokens
 from proxy.upstream.priming import prime
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class Router(Protocol):
         usable: Callable[[Deployment], bool] | None = None,
     ) -> Deployment: ...
 
-    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream: ...
+    def for_deployment(self, deployment: Deployment, wire: str = CHAT) -> Upstream: ...
 
 
 class Fitter(Protocol):

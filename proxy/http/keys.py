@@ -3,8 +3,12 @@ middleware when it counts and logs the request."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from aiohttp import web
 
+from proxy.errors import ProxyError
 from proxy.exchange import Exchange
 
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -18,5 +22,9 @@ STATUS_CLIENT_GONE = 499
 OUTCOME_STATUS = web.RequestKey("outcome_status", int)
 # The request's body as received (bytes, unparsed): what a recorded session keeps.
 RAW_BODY = web.RequestKey("raw_body", bytes)
+# How the app frames a proxy error: (the matched route's path, or None; the request's path;
+# the error; its request id) -> the body in that route's wire (proxy/wire/base.py: ErrorFrames).
+ErrorBody = Callable[[str | None, str, ProxyError, str | None], Mapping[str, Any]]
+ERROR_BODY: web.AppKey[ErrorBody] = web.AppKey("error_body")
 # The request's Exchange once its route opened one: the access line tells what it did.
 EXCHANGE = web.RequestKey("exchange", Exchange)

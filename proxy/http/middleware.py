@@ -23,6 +23,7 @@ from proxy.http.body_budget import BODY_BUDGET
 from proxy.http.keys import (
     CLIENT_GONE as CLIENT_GONE,
 )
+from proxy.http.keys import ERROR_BODY
 from proxy.http.keys import (
     EXCHANGE as EXCHANGE,
 )
@@ -38,9 +39,8 @@ from proxy.http.keys import (
 from proxy.http.keys import (
     STATUS_CLIENT_GONE as STATUS_CLIENT_GONE,
 )
-from proxy.http.request_id import new_request_id
+from proxy.request_id import new_request_id
 from proxy.state import CONFIG, METRICS
-from proxy.wire.base import WIRES, error_body_for
 
 log = logging.getLogger("agentproxy")
 access_log = logging.getLogger("agentproxy.access")
@@ -218,10 +218,12 @@ async def _answer_and_hang_up(
 
 def _error_response(request: web.Request, error: ProxyError, request_id: str) -> web.Response:
     """An error in the wire format of the route the client called (its wire says which)."""
-    wires = request.app.get(WIRES, ())
-    return error_response(
-        error, request_id, body=error_body_for(wires, request.path, error, request_id)
-    )
+    frame = request.app.get(ERROR_BODY)
+    if frame is None:  # an app without wires: OpenAI's envelope
+        return error_response(error, request_id)
+    resource = request.match_info.route.resource
+    matched = resource.canonical if resource is not None else None
+    return error_response(error, request_id, body=frame(matched, request.path, error, request_id))
 
 
 def _served(request: web.Request) -> str:

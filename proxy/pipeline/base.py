@@ -13,10 +13,10 @@ from typing import Any, Protocol
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, Usage
+from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.archive import Archive
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import Policy
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder

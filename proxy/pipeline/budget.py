@@ -17,8 +17,8 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
 from proxy.logs.limit import warn_limited
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import BudgetSpec, Policy
 from proxy.sessions.identity import name_in_scope
 from proxy.store.base import StoreError

@@ -34,10 +34,10 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange, NativeFit
+from proxy.messages import Message, text_of
 from proxy.model_catalog import ModelFacts
 from proxy.pipeline.archive import entry
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.messages import Message, text_of
 from proxy.pipeline.offload import ARCHIVE_PATH, RECALL_TOOL
 from proxy.policies.spec import Deployment, Policy
 
@@ -104,8 +104,8 @@ def restore(ex: Exchange) -> None:
         else:
             ex.body.pop(name, None)
     sent.clear()
-    if ex.client.view is not None:
-        ex.client.view.fit(NativeFit())
+    if ex.client.renderer is not None:
+        ex.client.renderer.fit(NativeFit())
 
 
 class CapabilityStage:
@@ -138,9 +138,9 @@ class CapabilityStage:
         if missing.tools:
             out = await _tools(ex, ctx, out)
         limit = _clamp(ex, ctx, missing.max_output_tokens)
-        view = ex.client.view
-        if view is not None and (drop_reasoning or missing.reasoning or limit is not None):
-            view.fit(NativeFit(drop_reasoning, missing.reasoning, limit))
+        renderer = ex.client.renderer
+        if renderer is not None and (drop_reasoning or missing.reasoning or limit is not None):
+            renderer.fit(NativeFit(drop_reasoning, missing.reasoning, limit))
         return out if out is not messages else None
 
 
@@ -206,9 +206,9 @@ async def _reasoning(
 ) -> tuple[list[Message], bool]:
     """The history's signed reasoning archived and left out (the view leaves out what it does
     not show: True then); without reasoning at all, the chat request's setting too."""
-    view = ex.client.view
-    if view is not None:
-        items = view.reasoning()
+    native = ex.client.native
+    if native is not None:
+        items = native.reasoning()
         entries = [entry(ex, "reasoning", orjson.dumps(item)) for item in items]
         stored = await ctx.archive.keep(ex, STAGE, entries)
         if not entries or len(stored) < len({e.ref for e in entries}):
@@ -316,18 +316,20 @@ def _clamp(ex: Exchange, ctx: StageContext, limit: int | None) -> int | None:
     """The output limit the view must apply (None: none, or done here on a chat body)."""
     if limit is None:
         return None
-    view = ex.client.view
-    asked = [ex.body.get(name) for name in CHAT_LIMITS] if view is None else [view.output_limit()]
+    native = ex.client.native
+    asked = (
+        [ex.body.get(name) for name in CHAT_LIMITS] if native is None else [native.output_limit()]
+    )
     over = [n for n in asked if isinstance(n, int) and not isinstance(n, bool) and n > limit]
     if not over:
         return None
-    if view is None:
+    if native is None:
         for name in CHAT_LIMITS:
             value = ex.body.get(name)
             if isinstance(value, int) and value > limit:
                 _set(ex, name, limit)
     record(ex, ctx, STAGE, "clamped_max_tokens", asked=max(over), to=limit, model=ex.alias)
-    return limit if view is not None else None
+    return limit if native is not None else None
 
 
 def _set(ex: Exchange, name: str, value: Any) -> None:

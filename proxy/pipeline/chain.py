@@ -16,8 +16,8 @@ from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
+from proxy.messages import Message, pairing_problems, tool_call_ids
 from proxy.pipeline.base import Stage, StageContext, forget_sessions, record
-from proxy.pipeline.messages import Message, pairing_problems, tool_call_ids
 from proxy.sessions.history_memo import HistoryMemo, Seen
 
 log = logging.getLogger("agentproxy.pipeline")

@@ -16,13 +16,12 @@ The stage runs right after repair, before anything is sent; the control loop's r
 
 from __future__ import annotations
 
-from cachetools import LRUCache
-
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import Deployment, Policy
-from proxy.upstream import chat_only, no_chat
+from proxy.upstream import no_chat
+from proxy.upstream.facts import DeploymentFacts, as_chat_note
 
 STAGE = "compat"
 NULL_CONTENT = "emptied_null_content"
@@ -63,8 +62,9 @@ class Quirks:
     """Which deployments need which shim: declared in their model_info, or learnt from a
     rejection. Bounded: deployments of configs long replaced fall out."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self._no_null_content: LRUCache[tuple[str, str | None], bool] = LRUCache(size)
+    def __init__(self, facts: DeploymentFacts | None = None) -> None:
+        self.facts = facts if facts is not None else DeploymentFacts()  # the app's
+        self._no_null_content = self.facts.no_null_content
 
     def needs_empty_content(self, deployment: Deployment) -> bool:
         declared = deployment.supports_null_content
@@ -106,8 +106,9 @@ class CompatStage:
         deployment = ex.deployment
         if deployment is None:
             return None
-        if ex.client.wire == "responses" and chat_only.is_chat_only(deployment):
-            record(ex, ctx, STAGE, chat_only.NOTE)  # visible on every request it translates
+        if self.quirks.facts.lacks_native_route(ex.client.wire, deployment):
+            # Visible on every request it translates (a Responses client's: responses_as_chat).
+            record(ex, ctx, STAGE, as_chat_note(ex.client.wire))
         alternate = ex.client.alternate
         if alternate is not None and alternate.applies(deployment):
             record(ex, ctx, STAGE, no_chat.NOTE)  # a chat request sent in another wire

@@ -26,12 +26,12 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.exchange import AppliedEdit, ClearToolUses, Compact, Exchange
+from proxy.messages import CHARS_PER_TOKEN, Message, estimate_tokens
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, forget_sessions, record
 from proxy.pipeline.compaction.artifacts import EMPTY
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.pipeline.compaction.summarize import history_entry, ledger_room
-from proxy.pipeline.messages import CHARS_PER_TOKEN, Message, estimate_tokens
 from proxy.pipeline.offload import ARCHIVE_PATH, RECALL_TOOL
 from proxy.policies.spec import Policy
 

@@ -28,8 +28,8 @@ from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
-from proxy.pipeline.messages import Message
 from proxy.pipeline.text_memo import TextMemo
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
 from proxy.store import guard_record

@@ -14,9 +14,9 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.messages import Message, estimate_tokens
 from proxy.pipeline.archive import Entry, ref_of
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
-from proxy.pipeline.messages import Message, estimate_tokens
 from proxy.policies.spec import OffloadSpec, Policy
 
 KIND = "tool_result"

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange
-from proxy.pipeline.messages import Message
+from proxy.messages import Message
 from proxy.sessions.identity import may_read
 from proxy.store.base import BlobInfo, Store, StoreError
 

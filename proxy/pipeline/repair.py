@@ -20,9 +20,9 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.messages import Message, text_of, tool_call_ids
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
-from proxy.pipeline.messages import Message, text_of, tool_call_ids
 from proxy.pipeline.text_memo import TextMemo
 from proxy.policies.spec import Policy
 from proxy.store.base import content_ref

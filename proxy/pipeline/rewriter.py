@@ -20,8 +20,9 @@ from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import Deployment
-from proxy.upstream import chat_only, no_chat
+from proxy.upstream import no_chat
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.facts import DeploymentFacts, as_chat_note
 
 MB = 1024 * 1024
 # How server.memo_mb is shared between the warm-turn memos ("views" is the routes' ViewMemo).
@@ -46,9 +47,15 @@ MEMO_SHARES = {
 
 class Rewriter:
     def __init__(
-        self, ctx: StageContext, memo_bytes: int = 256 * MB, prepared_summaries: int = 4
+        self,
+        ctx: StageContext,
+        memo_bytes: int = 256 * MB,
+        prepared_summaries: int = 4,
+        facts: DeploymentFacts | None = None,
     ) -> None:
         self.ctx = ctx
+        # What rejections teach of the deployments: the app's, shared with its upstreams.
+        self.facts = facts if facts is not None else DeploymentFacts()
         size = {name: max(1, int(share * memo_bytes)) for name, share in MEMO_SHARES.items()}
         # Guards run after the rewrites: a loop note appended at the end then costs the
         # incremental stages nothing, and budgets judge the request as it will be sent.
@@ -64,7 +71,7 @@ class Rewriter:
         self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
         self.repair = RepairStage()
         self.loops = LoopStage(size["loop_calls"])
-        self.quirks = Quirks()
+        self.quirks = Quirks(self.facts)
         # The stages, one registration line each, in the order the chain calls their hooks.
         self.chain = Chain(
             [
@@ -157,13 +164,15 @@ class Rewriter:
     def _learnt_chat_only(
         self, ex: Exchange, deployment: Deployment, error: UpstreamHTTPError
     ) -> bool:
-        """A Responses request its `openai/` deployment answered 404 on the route: the server
-        speaks only chat, so the request goes as chat from now on (proxy/upstream/chat_only.py)."""
-        if ex.client.wire != "responses" or ex.translated:  # its 404 came from chat
+        """A request its `openai/` deployment answered 404 on its wire's native route (one
+        its native upstream says may be missing: /v1/responses): the server speaks only chat,
+        so the request goes as chat from now on (DeploymentFacts.native_route)."""
+        if ex.translated:  # its 404 came from chat
             return False
-        if not chat_only.learn(deployment, error.status, error.body):
+        wire = ex.client.wire
+        if not self.facts.learn_native_route(wire, deployment, error.status, error.body):
             return False
-        record(ex, self.ctx, STAGE, chat_only.NOTE)
+        record(ex, self.ctx, STAGE, as_chat_note(wire))
         return True
 
     def _learnt_no_chat(
@@ -177,7 +186,7 @@ class Rewriter:
             return False  # no way there but chat
         if alternate.applies(deployment):
             return False  # its error came from the other wire
-        if not no_chat.learn_no_chat(deployment, error.status, error.body):
+        if not self.facts.no_chat.learn(deployment, error.status, error.body):
             return False
         record(ex, self.ctx, STAGE, no_chat.NOTE)
         return True

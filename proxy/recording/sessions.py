@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
-from proxy.recording.answers import answer_in_slices, answer_of, assembled_size
+from proxy.recording.answers import Assemble, answer_in_slices, answer_of, assembled_size
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
@@ -109,8 +109,11 @@ class TurnWriter:
         on_stopped: Callable[[Exchange, dict[str, Any]], None],
         memo_bytes: int = MEMO_BYTES,
         on_unrecorded: Callable[[str, str, int], None] | None = None,
+        *,
+        assemblies: Mapping[str, Assemble],
     ) -> None:
         self.store = store
+        self.assemblies = assemblies  # by wire name: how its streamed answers are put together
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
         # (session, outcome, turns): turns of a session not recorded, and why (the board
@@ -260,7 +263,8 @@ class TurnWriter:
             answer = _UNREAD
             known = self._known.get(session)
             if _long_answer(turn) and not (known is not None and known.stopped):
-                answer = await answer_in_slices(turn.ex.client.wire, turn.body, turn.ex.streamed)
+                assemble = self.assemblies[turn.ex.client.wire]
+                answer = await answer_in_slices(assemble, turn.body, turn.ex.streamed)
             blobs = self._prepare(turn, await self._session(session), answer)
         except Exception as exc:
             self._failed(exc, {session: 1})
@@ -310,7 +314,9 @@ class TurnWriter:
             "route": ex.client.route,
             "request": request,
             "sent": sent,
-            "answer": _answer(ex.client.wire, turn.body, ex.streamed, split.redaction, answer),
+            "answer": _answer(
+                self.assemblies[ex.client.wire], turn.body, ex.streamed, split.redaction, answer
+            ),
             "status": turn.status,
             "events": events,
             "usage": None if usage is None else usage.described(),
@@ -497,7 +503,7 @@ def _long_answer(turn: Finished) -> bool:
 
 
 def _answer(
-    wire: str,
+    assemble: Assemble,
     body: bytes | None,
     streamed: list[bytes] | None,
     redaction: Redaction,
@@ -514,7 +520,7 @@ def _answer(
         and (redaction.pattern is None or not (redaction.always or _holds(body, redaction)))
     ):
         return orjson.Fragment(body)
-    return redaction.value(answer_of(wire, body, streamed))
+    return redaction.value(answer_of(assemble, body, streamed))
 
 
 def _holds(raw: bytes, redaction: Redaction) -> bool:
@@ -526,11 +532,11 @@ def _lineage(ex: Exchange) -> tuple[object | None, object | None, int, str]:
     of its list are equal to that one's, and which list: the chain's comparison for a chat
     body; the view's of the native entries for another wire's (equal chat views do not prove
     equal items: encrypted reasoning, signatures)."""
-    view = ex.client.view
-    if view is None:
+    native = ex.client.native
+    if native is None:
         rewrite = ex.rewrite
         return rewrite.turn, rewrite.stable_base, rewrite.stable_prefix, "messages"
-    prefix = view.native_prefix()
+    prefix = native.native_prefix()
     return prefix.turn, prefix.base, prefix.shared, prefix.key
 
 

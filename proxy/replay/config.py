@@ -17,10 +17,12 @@ from typing import Any
 
 from proxy.policies.loader import load_config, load_document
 from proxy.policies.spec import Config, Deployment, Keys, key_digest
+from proxy.wire.registry import WIRES
 
 SUMMARIZER = "replay-summarizer"
 DEMO_WINDOW = 8192  # the demo's model window (proxy/sim/demo.py)
-_PROVIDER = {"chat": "openai", "responses": "openai", "anthropic": "anthropic"}
+_PROVIDER = {wire.name: wire.provider for wire in WIRES}  # a trace's model: its wire's provider
+_SUMMARIZER_PROVIDER = "openai"  # summaries are chat requests
 
 
 class ReplayConfigError(Exception):
@@ -37,9 +39,11 @@ class Served:
 def built_in(turns: Sequence[dict[str, Any]], upstream: str, store: str) -> dict[str, Any]:
     models: dict[str, str] = {}
     for turn in turns:
-        models.setdefault(turn["request"]["model"], turn["wire"])
-    model_list = [_entry(name, wire, upstream, DEMO_WINDOW) for name, wire in models.items()]
-    model_list.append(_entry(SUMMARIZER, "chat", upstream, 128_000))
+        models.setdefault(turn["request"]["model"], _PROVIDER[turn["wire"]])
+    model_list = [
+        _entry(name, provider, upstream, DEMO_WINDOW) for name, provider in models.items()
+    ]
+    model_list.append(_entry(SUMMARIZER, _SUMMARIZER_PROVIDER, upstream, 128_000))
     summarizer = {"summarizer_model": SUMMARIZER}
     return {
         "store": {"path": store},
@@ -56,8 +60,7 @@ def built_in(turns: Sequence[dict[str, Any]], upstream: str, store: str) -> dict
     }
 
 
-def _entry(name: str, wire: str, upstream: str, window: int) -> dict[str, Any]:
-    provider = _PROVIDER[wire]
+def _entry(name: str, provider: str, upstream: str, window: int) -> dict[str, Any]:
     base = upstream if provider == "anthropic" else f"{upstream}/v1"
     return {
         "model_name": name,

@@ -8,24 +8,12 @@ previous prompt sent upstream is read from the cache, the rest is written to it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from proxy.sim import anthropic, responses
 from proxy.sim.model import estimate_prompt_tokens, is_summary_request
+from proxy.sim.simulator import as_chat as as_chat  # what the engine reads bodies as
 
 JSON = dict[str, Any]
-
-_TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
-    "/v1/chat/completions": lambda body: body,
-    "/v1/messages": anthropic.to_chat,
-    "/v1/responses": responses.to_chat,
-}
-
-
-def as_chat(path: str, body: JSON) -> JSON:
-    """The body as a chat request (the simulator's conversions: tools and messages)."""
-    return _TO_CHAT[path](body)
 
 
 def prompt_tokens(path: str, body: JSON) -> int:

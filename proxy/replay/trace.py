@@ -12,11 +12,10 @@ from typing import IO, Any
 
 import orjson
 
-ROUTES = {
-    "chat": "/v1/chat/completions",
-    "anthropic": "/v1/messages",
-    "responses": "/v1/responses",
-}
+from proxy.wire.registry import WIRES
+
+# A turn is replayed on its wire's model route (a wire whose route names the model: none).
+ROUTES = {wire.name: wire.model_route for wire in WIRES if wire.model_route is not None}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one turn; a real history is well under this
 MAX_TRACE_BYTES = 1024 * 1024 * 1024  # a whole trace: what a replay may hold in memory
 CHUNK_BYTES = 1024 * 1024  # read at a time: a line past the limit is refused, never held whole

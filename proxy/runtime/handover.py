@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
+from aiohttp import web
 
 from proxy.store.state import MemoryState, StateStore
 
@@ -343,3 +344,7 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# The app's Handover (made in its setup; `serve`'s server reads it to hand its state over).
+HANDOVER = web.AppKey("handover", Handover)

@@ -27,9 +27,10 @@ from proxy.app import SERVER_OPTIONS
 from proxy.errors import RequestTimeout
 from proxy.runtime.connection_ends import OrderlyEndsHandler
 from proxy.state import CONFIG, METRICS
-from proxy.wire.base import error_body_for
+from proxy.wire.base import ErrorFrames
 from proxy.wire.registry import WIRES
 
+_FRAMES = ErrorFrames(WIRES)  # no route matched yet: the path's wire frames the 408
 HEAD_START_BYTES = 64  # enough of a head to see which route it names
 
 
@@ -99,7 +100,7 @@ def _answer(head: bytes, timeout_s: float) -> bytes:
         "(server.head_timeout_s)"
     )
     path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
-    body = orjson.dumps(error_body_for(WIRES, path.decode("latin-1"), error, None))
+    body = orjson.dumps(_FRAMES(None, path.decode("latin-1"), error, None))
     return (
         b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body

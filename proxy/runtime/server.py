@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from proxy.http.middleware import HANDLING, Handling
+from proxy.runtime.handover import HANDOVER
 from proxy.runtime.head_deadline import ProxyRunner
 from proxy.runtime.recycle import refuse_past_hard_ceiling, watch_rss
-from proxy.state import HANDOVER
 
 log = logging.getLogger("agentproxy")
 T = TypeVar("T")

@@ -23,7 +23,7 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from proxy.pipeline.messages import text_of
+from proxy.messages import text_of
 from proxy.policies.spec import ApiKey, Config, Keys, key_digest
 
 SESSION_HEADER = "x-agentproxy-session"

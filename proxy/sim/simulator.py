@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from .anthropic import AnthropicDialect, betas
+from .anthropic import to_chat as anthropic_to_chat
 from .chat import OPENAI, OpenAIDialect
 from .gemini import GeminiDialect
 from .model import (
@@ -38,6 +39,7 @@ from .model import (
     scripted_reply,
 )
 from .responses import ResponsesDialect
+from .responses import to_chat as responses_to_chat
 from .wire import ApiError, Dialect, Event, Meta
 
 Responder = Callable[[JSON], JSON | Awaitable[JSON]]
@@ -48,6 +50,18 @@ Canned = Callable[[str, JSON], JSON | None]
 MODELS_CREATED = 1_700_000_000  # fixed, so /v1/models is byte-stable
 _MAX_BODY_BYTES = 256 * 1024 * 1024  # big-context tests must reach the context check, not a 413
 _CLOSING = web.AppKey("sim_closing", asyncio.Event)
+# What each model route reads a body as: the chat request its dialect answers.
+_TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
+    "/v1/chat/completions": lambda body: body,
+    "/v1/messages": anthropic_to_chat,
+    "/v1/responses": responses_to_chat,
+}
+
+
+def as_chat(path: str, body: JSON) -> JSON:
+    """A body the simulator received at `path` as a chat request (tools and messages): what
+    `agentproxy replay` measures what went upstream by."""
+    return _TO_CHAT[path](body)
 
 
 @dataclass

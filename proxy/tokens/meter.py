@@ -38,7 +38,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, PromptMeasure, Usage
-from proxy.pipeline.messages import (
+from proxy.messages import (
     TOKENS_PER_MESSAGE,
     Message,
     estimate_tokens,

@@ -18,8 +18,8 @@ import logging
 from typing import Any
 
 from proxy.errors import BadRequest
+from proxy.json_values import kind
 from proxy.policies.spec import Deployment
-from proxy.wire.body import kind
 
 log = logging.getLogger("agentproxy.litellm")
 

@@ -1,7 +1,8 @@
 """Routes a deployment was learnt not to serve, from its own 404 on them.
 
 Two are learnt: /v1/responses, behind an `openai/` model whose server speaks only chat completions
-(llama.cpp, vLLM builds without it: its Responses clients then go as chat, chat_only.py), and
+(llama.cpp, vLLM builds without it: its Responses clients then go as chat; the Responses wire
+names it, wire/responses/upstream.py), and
 /v1/chat/completions, behind one that serves only Responses (OpenAI's codex and pro models: its
 chat clients' requests and the proxy's own summaries then go as Responses, no_chat.py).
 
@@ -49,9 +50,7 @@ def lacks_route(status: int, body: bytes, phrases: tuple[str, ...] = ()) -> bool
 class MissingRoute:
     """The deployments learnt not to serve `route`; `then` says what the proxy does instead."""
 
-    def __init__(
-        self, route: str, then: str, size: int = 4096, phrases: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, route: str, then: str, size: int, phrases: tuple[str, ...] = ()) -> None:
         self.route = route
         self.then = then
         self.phrases = phrases  # what an error body says when the route is missing

@@ -3,17 +3,11 @@ serves only /v1/responses (OpenAI's codex and pro models; a Codex-style server).
 requests to it then go as Responses (proxy/wire/chat_as_responses.py), and so do the proxy's own
 (summaries). Learnt from a 404 that is not OpenAI's (missing_routes.py), or from OpenAI's own
 error for such a model on chat: "This model is only supported in v1/responses and not in
-v1/chat/completions."."""
+v1/chat/completions."; the app's DeploymentFacts (facts.py) remembers it."""
 
 from __future__ import annotations
 
-from proxy.upstream.missing_routes import MissingRoute
-
 NOTE = "chat_as_responses"
-_CHAT = MissingRoute(
-    "/v1/chat/completions",
-    "its chat clients' requests and the proxy's own (summaries) now go as Responses",
-    phrases=("only supported in v1/responses",),
-)
-serves_no_chat = _CHAT.lacked_by
-learn_no_chat = _CHAT.learn
+ROUTE = "/v1/chat/completions"
+THEN = "its chat clients' requests and the proxy's own (summaries) now go as Responses"
+PHRASES = ("only supported in v1/responses",)

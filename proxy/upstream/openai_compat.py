@@ -17,9 +17,10 @@ from proxy.errors import (
     UpstreamUnreachable,
 )
 from proxy.exchange import Usage
-from proxy.http.request_id import is_uuid
+from proxy.messages import CHAT
 from proxy.policies.spec import Deployment, ServerSettings
 from proxy.redaction import redact_urls_in
+from proxy.request_id import is_uuid
 from proxy.upstream.base import (
     UpstreamHTTPError,
     UpstreamReply,
@@ -59,7 +60,7 @@ class OpenAICompatUpstream:
 
     path = "/chat/completions"
     reply_kind = "chat completion"
-    wire = "chat"  # the wire format its replies are in
+    wire = CHAT  # the wire format its replies are in
 
     @staticmethod
     def usage(data: dict[str, Any]) -> Usage | None:

@@ -6,8 +6,10 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from proxy.messages import CHAT
 from proxy.policies.spec import Config, Deployment, ServerSettings
 from proxy.upstream.base import Upstream
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai_compat import OpenAICompatUpstream
 
@@ -21,19 +23,24 @@ class NativeUpstream(Upstream, Protocol):
     def speaks(self, deployment: Deployment) -> bool: ...
 
 
-NativeFactory = Callable[[Callable[[], ServerSettings]], NativeUpstream]
+# Made with the live server settings and the app's learnt facts about its deployments.
+NativeFactory = Callable[[Callable[[], ServerSettings], DeploymentFacts], NativeUpstream]
 
 
 class Upstreams:
     def __init__(
-        self, settings: Callable[[], ServerSettings], natives: Iterable[NativeFactory] = ()
+        self,
+        settings: Callable[[], ServerSettings],
+        natives: Iterable[NativeFactory] = (),
+        facts: DeploymentFacts | None = None,
     ) -> None:
+        self.facts = facts if facts is not None else DeploymentFacts()  # the app's, shared
         self.fast = OpenAICompatUpstream(settings)
         self.litellm = LiteLLMUpstream(settings)
         # Each wire's native upstream (the registry's, proxy/wire/registry.py), by wire name.
         self.natives: dict[str, NativeUpstream] = {}
         for make in natives:
-            native = make(settings)
+            native = make(settings, self.facts)
             self.natives[native.wire] = native
         self._turns: dict[str, itertools.count[int]] = {}
 
@@ -55,7 +62,7 @@ class Upstreams:
                     return candidate
         return deployments[start % len(deployments)]
 
-    def for_deployment(self, deployment: Deployment, wire: str = "chat") -> Upstream:
+    def for_deployment(self, deployment: Deployment, wire: str = CHAT) -> Upstream:
         """The client's own wire where its native upstream speaks to the deployment; else
         OpenAI chat (the fast path, or litellm's translation to the provider)."""
         native = self.natives.get(wire)

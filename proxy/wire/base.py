@@ -17,6 +17,7 @@ from aiohttp import web
 
 from proxy.errors import ProxyError
 from proxy.exchange import OneShot, Usage
+from proxy.recording.answers import AnswerAssembly, Assemble
 from proxy.upstream.pool import NativeFactory
 
 ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
@@ -36,14 +37,27 @@ class Wire(Protocol):
         ...
 
     @property
-    def native(self) -> NativeFactory | None:
-        """The upstream that serves its clients natively, on the deployments it speaks to
-        (any other deployment gets the request translated to chat)."""
+    def model_route(self) -> str | None:
+        """The path of its model route: a recorded turn of this wire is replayed there (None:
+        its route names the model, its turns are not replayed)."""
         ...
 
     @property
-    def error_paths(self) -> tuple[str, ...]:
-        """Path prefixes whose clients read this wire's error envelope."""
+    def paths(self) -> tuple[str, ...]:
+        """Path prefixes it owns beyond its routes' own: a path no route matched under one
+        gets its error envelope."""
+        ...
+
+    @property
+    def provider(self) -> str:
+        """The provider whose deployments speak this wire (a replayed trace's models are
+        deployments of it)."""
+        ...
+
+    @property
+    def native(self) -> NativeFactory | None:
+        """The upstream that serves its clients natively, on the deployments it speaks to
+        (any other deployment gets the request translated to chat)."""
         ...
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
@@ -52,6 +66,10 @@ class Wire(Protocol):
 
     def usage(self, usage: Any) -> Usage | None:
         """A usage object as this wire's replies and events report it."""
+        ...
+
+    def answer_assembly(self) -> AnswerAssembly:
+        """A fresh assembly of one streamed answer into its non-streamed form (recordings)."""
         ...
 
     @property
@@ -73,8 +91,11 @@ class WireFormat:
 
     name: str
     routes: web.RouteTableDef
+    model_route: str | None
+    provider: str
+    assembly: Assemble
     native: NativeFactory | None = None
-    error_paths: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
     usage_of: Callable[[Any], Usage | None] = Usage.of
     one_shot: OneShot | None = None
@@ -88,16 +109,40 @@ class WireFormat:
     def usage(self, usage: Any) -> Usage | None:
         return self.usage_of(usage)
 
+    def answer_assembly(self) -> AnswerAssembly:
+        return self.assembly()
 
-# The registry's wires, on the app: the HTTP shell frames an error in its route's wire.
-WIRES = web.AppKey("wires", tuple[Wire, ...])
+
+class ErrorFrames:
+    """Which wire frames a proxy error: the one whose route the request matched (`matched`,
+    the route's path as declared); for a path no route matched (a 404, a request head that
+    never completed), the wire owning the longest prefix of it (a route's path up to its
+    first variable, or one of the wire's `paths`); else OpenAI's envelope. Made once per app
+    from the registry (the middleware's ERROR_BODY)."""
+
+    def __init__(self, wires: tuple[Wire, ...]) -> None:
+        self._by_route: dict[str, Wire] = {}
+        owned: dict[str, Wire] = {}
+        for wire in wires:
+            for route in wire.routes:
+                if isinstance(route, web.RouteDef):  # by its path as a match names it
+                    self._by_route.setdefault(_canonical(route.path), wire)
+                    owned.setdefault(route.path.partition("{")[0], wire)
+            for path in wire.paths:
+                owned.setdefault(path, wire)
+        # Longest first: a path under /v1/messages/ is Anthropic's before it is anyone's.
+        self._prefixes = sorted(owned.items(), key=lambda item: -len(item[0]))
+
+    def __call__(
+        self, matched: str | None, path: str, error: ProxyError, request_id: str | None
+    ) -> Mapping[str, Any]:
+        wire = self._by_route.get(matched) if matched is not None else self._extended(path)
+        return error.body(request_id) if wire is None else wire.error_body(error, request_id)
+
+    def _extended(self, path: str) -> Wire | None:
+        return next((wire for route, wire in self._prefixes if path.startswith(route)), None)
 
 
-def error_body_for(
-    wires: tuple[Wire, ...], path: str, error: ProxyError, request_id: str | None
-) -> Mapping[str, Any]:
-    """`error` in the envelope of the wire whose route `path` names (OpenAI's by default)."""
-    for wire in wires:
-        if wire.error_paths and path.startswith(wire.error_paths):
-            return wire.error_body(error, request_id)
-    return error.body(request_id)
+def _canonical(path: str) -> str:
+    """A route's path as its matched resource gives it: variables without their patterns."""
+    return web.DynamicResource(path).canonical if "{" in path else path

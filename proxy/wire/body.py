@@ -11,7 +11,7 @@ from aiohttp import web
 
 from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from proxy.http.body_budget import BODY_BUDGET
-from proxy.wire.json_depth import MAX_JSON_DEPTH, nested_too_deep
+from proxy.json_values import MAX_JSON_DEPTH, kind, nested_too_deep
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
@@ -87,16 +87,3 @@ def _json_problem(raw: bytes, exc: orjson.JSONDecodeError) -> str:
     if "depth" in str(exc):
         return f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep"
     return f"request body is not valid JSON: {exc}"
-
-
-def kind(value: Any) -> str:
-    """How a JSON value is named in messages: 'an object', 'an array', 'a string'..."""
-    return {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)

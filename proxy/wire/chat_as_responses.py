@@ -21,7 +21,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.policies.spec import Deployment
 from proxy.upstream.base import UpstreamReply
-from proxy.upstream.no_chat import serves_no_chat
+from proxy.upstream.facts import DeploymentFacts
 from proxy.wire.responses.upstream import speaks_responses
 
 WIRE = "responses"
@@ -29,24 +29,24 @@ COPIED = ("temperature", "top_p", "parallel_tool_calls", "user", "metadata", "st
 
 
 class ChatAsResponses:
-    """The chat wire's `AlternateWire`: Responses, for a deployment that serves no chat."""
+    """The chat wire's `AlternateWire`: Responses, for a deployment that serves no chat (as
+    the app's learnt facts say)."""
 
+    __slots__ = ("facts",)
     wire = WIRE
 
-    @staticmethod
-    def reaches(deployment: Deployment) -> bool:
-        return speaks_responses(deployment)
+    def __init__(self, facts: DeploymentFacts) -> None:
+        self.facts = facts
 
-    @staticmethod
-    def applies(deployment: Deployment) -> bool:
-        return serves_no_chat(deployment) and speaks_responses(deployment)
+    def reaches(self, deployment: Deployment) -> bool:
+        return speaks_responses(deployment, self.facts)
+
+    def applies(self, deployment: Deployment) -> bool:
+        return self.facts.no_chat.lacked_by(deployment) and speaks_responses(deployment, self.facts)
 
     @staticmethod
     def render(chat: dict[str, Any]) -> dict[str, Any]:
         return responses_request(chat)
-
-
-ALTERNATE = ChatAsResponses()
 
 
 def responses_request(chat: dict[str, Any]) -> dict[str, Any]:

@@ -144,8 +144,8 @@ def open_exchange(
         client=client,
     )
     if ex.policy.record.enabled:  # chat: its body is the client's; else its view's is
-        view = client.view
-        ex.received = dict(body) if view is None else getattr(view, "body", None)
+        native = client.native
+        ex.received = dict(body) if native is None else getattr(native, "body", None)
     return ex
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.exchange import Exchange, Identity
+from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import Config, Deployment, Policy
 from proxy.recording.events import EventLog
 from proxy.store.base import Store

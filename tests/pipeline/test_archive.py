@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from proxy.exchange import Exchange
+from proxy.messages import Message, pairing_problems
 from proxy.pipeline.archive import Archive, entry
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.compaction import CompactionStage
-from proxy.pipeline.messages import Message, pairing_problems
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from proxy.exchange import Exchange, Usage
+from proxy.messages import Message
 from proxy.pipeline.budget import BudgetExceeded, BudgetStage
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import ApiKey, BudgetSpec, Policy
 from tests.pipeline.factories import context, exchange
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.chain import Chain
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import Policy
 from proxy.recording.events import EventLog
 from tests.pipeline.factories import context, exchange

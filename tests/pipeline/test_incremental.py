@@ -9,11 +9,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from proxy.messages import Message, pairing_problems
 from proxy.pipeline.base import Stage, StageContext
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.compaction.stage import CompactionStage
 from proxy.pipeline.loops import LoopStage
-from proxy.pipeline.messages import Message, pairing_problems
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import OffloadSpec, Policy

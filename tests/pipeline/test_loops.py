@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.messages import Message, is_valid_pairing
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.chain import Chain
 from proxy.pipeline.loops import LoopDetected, LoopStage, call_hash
-from proxy.pipeline.messages import Message, is_valid_pairing
 from proxy.pipeline.repair import RepairStage
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
 from tests.pipeline.factories import context, exchange

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from proxy.messages import Message, is_valid_pairing
 from proxy.pipeline import offload
-from proxy.pipeline.messages import Message, is_valid_pairing
 from proxy.pipeline.offload import OffloadStage, pointer_text
 from proxy.policies.spec import ApiKey, OffloadSpec, Policy, RecallSpec
 from proxy.store.base import BlobInfo, StoreError, content_ref

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.messages import Message, pairing_problems
 from proxy.pipeline.base import StageContext
-from proxy.pipeline.messages import Message, pairing_problems
 from proxy.pipeline.repair import RepairStage, set_aside_ref
 from proxy.policies.spec import Policy, RepairSpec
 from proxy.recording.events import EventLog

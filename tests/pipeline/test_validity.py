@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from proxy.exchange import Exchange
-from proxy.pipeline.messages import Message, pairing_problems
+from proxy.messages import Message, pairing_problems
 from proxy.pipeline.repair import ACTIONS, RepairStage
 from proxy.policies.spec import Policy, RepairSpec
 from proxy.sim import Simulator

@@ -17,6 +17,9 @@ from aiohttp.test_utils import TestServer
 
 from proxy.recording.answers import answer_of
 from proxy.state import RECORDINGS
+from proxy.wire.anthropic.wire import ANTHROPIC
+from proxy.wire.chat.wire import CHAT
+from proxy.wire.responses.wire import RESPONSES
 from tests.conftest import ProxyFactory
 from tests.recording.test_recording import ALICE, config, session, turns_of
 
@@ -200,20 +203,20 @@ async def test_a_long_stream_is_recorded_without_holding_the_loop(
 
 def test_every_wire_assembles_its_stream_into_the_answer_it_stands_for() -> None:
     text = "".join(piece(n) for n in range(50))
-    chat = answer_of("chat", None, chat_events(50))
+    chat = answer_of(CHAT.answer_assembly, None, chat_events(50))
     assert chat["choices"] == [
         {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
     ]
     assert chat["usage"]["completion_tokens"] == 50
-    anthropic = answer_of("anthropic", None, anthropic_events(50))
+    anthropic = answer_of(ANTHROPIC.answer_assembly, None, anthropic_events(50))
     assert anthropic["content"] == [{"type": "text", "text": text}]
     assert anthropic["stop_reason"] == "end_turn" and anthropic["usage"]["output_tokens"] == 50
-    responses = answer_of("responses", None, responses_events(50))
+    responses = answer_of(RESPONSES.answer_assembly, None, responses_events(50))
     assert responses["status"] == "completed"
     # An event split across writes, and a stream sent whole as a body, read the same.
     joined = b"".join(chat_events(50))
-    assert answer_of("chat", None, [joined[:1001], joined[1001:]]) == chat
-    assert answer_of("chat", joined, None) == chat
+    assert answer_of(CHAT.answer_assembly, None, [joined[:1001], joined[1001:]]) == chat
+    assert answer_of(CHAT.answer_assembly, joined, None) == chat
 
 
 def test_tool_calls_and_partial_json_are_joined_from_their_pieces() -> None:
@@ -229,7 +232,7 @@ def test_tool_calls_and_partial_json_are_joined_from_their_pieces() -> None:
         chunk({"reasoning_content": "hm"}),
         chunk({"reasoning_content": "m"}),
     ]  # fmt: skip
-    message = answer_of("chat", None, calls)["choices"][0]["message"]
+    message = answer_of(CHAT.answer_assembly, None, calls)["choices"][0]["message"]
     assert message["tool_calls"] == [
         {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"a": 1}'}}
     ]
@@ -242,7 +245,9 @@ def test_tool_calls_and_partial_json_are_joined_from_their_pieces() -> None:
          "delta": {"type": "input_json_delta", "partial_json": part}}
         for part in ('{"x": ', '[1, 2', "]}")
     ]  # fmt: skip
-    anthropic = answer_of("anthropic", None, [_sse(e) for e in (start, tool, *pieces)])
+    anthropic = answer_of(
+        ANTHROPIC.answer_assembly, None, [_sse(e) for e in (start, tool, *pieces)]
+    )
     assert anthropic["content"] == [
         {"type": "tool_use", "id": "t", "name": "f", "input": {"x": [1, 2]}}
     ]

@@ -15,8 +15,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.http.middleware import HANDLING
+from proxy.json_values import MAX_JSON_DEPTH, nested_too_deep
 from proxy.sim.simulator import Fault, Simulator
-from proxy.wire.json_depth import MAX_JSON_DEPTH, nested_too_deep
 from tests.conftest import ProxyFactory, sim_config
 
 KEY = "sk-hostile-good"

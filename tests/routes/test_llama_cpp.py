@@ -13,7 +13,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.http.request_id import is_uuid
+from proxy.request_id import is_uuid
 from proxy.sim.simulator import Fault
 from tests.conftest import ProxyFactory, base_url
 from tests.support.sim_llama import LlamaCppSimulator

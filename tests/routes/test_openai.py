@@ -11,7 +11,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.http.request_id import is_uuid
+from proxy.request_id import is_uuid
 from proxy.sim.simulator import Fault, Simulator
 from tests.conftest import SimProxyFactory, base_url
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from proxy.messages import estimate_tokens
 from proxy.pipeline.compaction.budget import message_tokens
-from proxy.pipeline.messages import estimate_tokens
 from proxy.tokens.parts import (
     CLAUDE_MAX_TOKENS,
     OPENAI_UNKNOWN,

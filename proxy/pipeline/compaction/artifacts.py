@@ -33,8 +33,8 @@ from typing import Any
 
 import orjson
 
+from proxy.messages import Message
 from proxy.pipeline.compaction.sections import section_span
-from proxy.pipeline.messages import Message
 
 READ, WRITTEN, EDITED, DELETED = "read", "written", "edited", "deleted"
 MAX_FILES = 256

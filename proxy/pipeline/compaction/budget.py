@@ -1,6 +1,6 @@
 """Token arithmetic for fitting a history into a window: estimates, budgets and cut points.
 
-Pure functions. The per-message estimate is the one `proxy.pipeline.messages.estimate_tokens` gives,
+Pure functions. The per-message estimate is the one `proxy.messages.estimate_tokens` gives,
 computed from a few len() calls instead of building the joined text: it is cheaper than
 hashing the message, so the early exit needs no cache at all.
 """
@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
+from proxy import messages as msgs
 from proxy.exchange import Exchange
-from proxy.pipeline import messages as msgs
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext
-from proxy.pipeline.messages import Message
 from proxy.tokens.parts import part_tokens
 
 HEAD_ROLES = ("system", "developer")

@@ -20,8 +20,8 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.logs.limit import warn_limited
+from proxy.messages import Message, estimate_tokens
 from proxy.pipeline.compaction.artifacts import EMPTY, ArtifactLedger
-from proxy.pipeline.messages import Message, estimate_tokens
 from proxy.store.base import Store
 
 log = logging.getLogger("agentproxy.compaction")

@@ -20,9 +20,9 @@ import functools
 import re
 from collections.abc import Sequence
 
-from proxy.pipeline import messages as msgs
+from proxy import messages as msgs
+from proxy.messages import Message, text_of
 from proxy.pipeline.compaction.budget import message_tokens
-from proxy.pipeline.messages import Message, text_of
 
 INTENT_HEADER = "[agentproxy] The session's intent, as the user stated it:"
 INTENT_CUT = (

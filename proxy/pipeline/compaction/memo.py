@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache
 
+from proxy.messages import Message, prefix_hashes
 from proxy.pipeline.compaction.budget import message_tokens
-from proxy.pipeline.messages import Message, prefix_hashes
 
 DEFAULT_MAX_CHARS = 64_000_000
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proxy.messages import Message
 from proxy.pipeline.compaction.artifacts import EMPTY, ArtifactLedger
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.memo import Seen
-from proxy.pipeline.messages import Message
 
 
 @dataclass(slots=True)

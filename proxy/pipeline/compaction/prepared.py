@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from proxy.exchange import ClientRequest, Exchange, Timing
+from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.checkpoints import Mark
-from proxy.pipeline.messages import Message
 
 log = logging.getLogger("agentproxy.compaction")
 

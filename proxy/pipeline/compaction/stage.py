@@ -35,6 +35,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline.archive import Entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.compaction.artifacts import ArtifactLedger
@@ -70,7 +71,6 @@ from proxy.pipeline.compaction.summarize import (
     summary_room,
 )
 from proxy.pipeline.compaction.truncate import Truncator
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import CompactionSpec, Policy
 
 # A stretch smaller than this share of the window is not worth a summarizer call.

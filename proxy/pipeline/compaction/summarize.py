@@ -14,14 +14,14 @@ from collections.abc import Sequence
 
 import orjson
 
+from proxy import messages as msgs
 from proxy.exchange import Exchange
-from proxy.pipeline import messages as msgs
+from proxy.messages import Message
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.compaction.artifacts import EMPTY, ArtifactLedger
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.sections import missing_sections
-from proxy.pipeline.messages import Message
 
 STAGE = "compaction"
 KIND = "history"

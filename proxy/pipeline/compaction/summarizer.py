@@ -12,7 +12,7 @@ artifacts keep it from redoing work. The request is fitted to the summarizer mod
 window: its output is bounded (max_tokens: the room the summary has in the target's window, at
 most a quarter of the summarizer's), and the transcript gets what is left of the window after
 the instructions and that output, each message and the whole capped, the middle cut first.
-Token counts are the proxy's estimates (proxy.pipeline.messages), so a "context exceeded" answer is
+Token counts are the proxy's estimates (proxy.messages), so a "context exceeded" answer is
 retried once with half the transcript.
 """
 
@@ -25,18 +25,18 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy import messages as msgs
 from proxy.exchange import ClientRequest, Exchange, Timing
+from proxy.messages import Message, text_of
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
-from proxy.pipeline import messages as msgs
 from proxy.pipeline.base import Summarizer
-from proxy.pipeline.compaction.overflow import is_context_overflow
 from proxy.pipeline.compaction.sections import SECTIONS
 from proxy.pipeline.compaction.summary_wire import SummaryView, SummaryWires, send_in
-from proxy.pipeline.messages import Message, text_of
 from proxy.policies.spec import Deployment, Policy
 from proxy.tracing import span as trace_span
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.overflow import is_context_overflow
 
 __all__ = ["SECTIONS", "SYSTEM_PROMPT", "make_summarizer"]
 

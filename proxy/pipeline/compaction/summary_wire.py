@@ -24,9 +24,7 @@ from typing import Any
 
 from proxy.exchange import Exchange, NativeFit, NativePrefix, OneShot
 from proxy.policies.spec import Deployment
-from proxy.upstream.no_chat import learn_no_chat, serves_no_chat
-
-CHAT = "chat"  # the shape a summary is built in, sent as it is by the shared transports
+from proxy.upstream.facts import DeploymentFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +38,11 @@ class SummaryWire:
 
 
 class SummaryWires:
-    def __init__(self, wires: Sequence[SummaryWire] = ()) -> None:
+    def __init__(
+        self, wires: Sequence[SummaryWire] = (), facts: DeploymentFacts | None = None
+    ) -> None:
         self.wires = {wire.name: wire for wire in wires}
+        self.facts = facts if facts is not None else DeploymentFacts()  # the app's
 
     def choose(self, parent: str, deployment: Deployment) -> SummaryWire | None:
         """The wire to send a summary to `deployment` in, for a request of wire `parent`;
@@ -49,7 +50,7 @@ class SummaryWires:
         own = self.wires.get(parent)
         if own is not None and own.speaks(deployment):
             return own
-        if deployment.fast_path and not serves_no_chat(deployment):
+        if deployment.fast_path and not self.facts.no_chat.lacked_by(deployment):
             return None
         return next((w for w in self.wires.values() if w.speaks(deployment)), None)
 
@@ -58,7 +59,7 @@ class SummaryWires:
         wire speaks to it (the next summary goes in that one)."""
         if not any(w.speaks(deployment) for w in self.wires.values()):
             return False
-        return learn_no_chat(deployment, status, body)
+        return self.facts.no_chat.learn(deployment, status, body)
 
 
 class SummaryView:
@@ -103,6 +104,6 @@ def send_in(child: Exchange, wire: SummaryWire, native: dict[str, Any]) -> Summa
     """Make `child` (its body the chat-shaped summary request) a request of `wire`."""
     view = SummaryView(wire, native)
     child.client.wire = wire.name
-    child.client.view = view
+    child.client.renderer = child.client.native = view
     child.client.forward_headers = dict(wire.one_shot.headers)
     return view

@@ -17,12 +17,12 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.json_values import nested_too_deep
+from proxy.messages import Message, message_hash
 from proxy.pipeline.archive import Archive, Entry, entry
 from proxy.pipeline.compaction.budget import message_tokens
 from proxy.pipeline.compaction.summarize import STAGE
-from proxy.pipeline.messages import Message, message_hash
 from proxy.policies.spec import CompactionSpec
-from proxy.wire.json_depth import nested_too_deep
 
 KIND = "tool_arguments"
 MARKER = "… [agentproxy] {chars} chars truncated; the full value is archived as {ref} ({how})"

@@ -29,7 +29,7 @@ from proxy.exchange import (
     Compact,
     ContextEdit,
 )
-from proxy.wire.body import kind
+from proxy.json_values import kind
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire import translate
 from proxy.wire.anthropic.view import AnthropicView, assistant_message

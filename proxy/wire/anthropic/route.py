@@ -19,7 +19,7 @@ from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.pipeline.context_edits import STAGE as CONTEXT_STAGE
 from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import FLOW, RELAYED_THINKING, VIEWS
+from proxy.state import FLOW, VIEWS
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.anthropic import replies as anthropic
 from proxy.wire.anthropic.context import (
@@ -31,7 +31,7 @@ from proxy.wire.anthropic.context import (
 )
 from proxy.wire.anthropic.request import parse_messages_request
 from proxy.wire.anthropic.stream import Relay, message_stream
-from proxy.wire.anthropic.thinking import RelayedThinking
+from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
 from proxy.wire.anthropic.upstream import DEFAULT_VERSION
 from proxy.wire.anthropic.view import AnthropicView, ThinkingRepair
 from proxy.wire.chat.degraded import degraded_text
@@ -93,7 +93,8 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
         ClientRequest(
             route=MESSAGES_ROUTE,
             wire="anthropic",
-            view=view,
+            renderer=view,
+            native=view,
             stream=body.get("stream") is True,
             wants_usage=True,
             body_bytes=len(raw),
@@ -136,10 +137,11 @@ class AnthropicWire:
     """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
 
     def __init__(self, ex: Exchange, relayed: RelayedThinking) -> None:
-        assert isinstance(ex.client.view, AnthropicView)
-        self.view = ex.client.view
+        view = ex.client.native
+        assert isinstance(view, AnthropicView)
+        self.view = view
         self.relayed = relayed
-        self.replies = anthropic.Replies(ex.client.view)
+        self.replies = anthropic.Replies(view)
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)

@@ -19,13 +19,12 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
+from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.messages import Message
-from proxy.state import RELAYED_THINKING
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.anthropic.replies import error_body, passthrough_body
-from proxy.wire.anthropic.thinking import THINKING, thinking_on
+from proxy.wire.anthropic.thinking import RELAYED_THINKING, THINKING, thinking_on
 from proxy.wire.anthropic.upstream import anthropic_usage
 from proxy.wire.anthropic.view import AnthropicView, assistant_message
 from proxy.wire.relay import StreamRelay, nonempty

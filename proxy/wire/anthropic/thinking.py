@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
 from cachetools import LRUCache
 
 Block = dict[str, Any]
@@ -186,3 +187,7 @@ def without_thinking(body: dict[str, Any]) -> dict[str, Any]:
             else:
                 del out["context_management"]
     return out
+
+
+# The app's RelayedThinking (made in its setup, under memo_mb's share).
+RELAYED_THINKING = web.AppKey("relayed_thinking", RelayedThinking)

@@ -9,6 +9,7 @@ from typing import Any
 
 from proxy.exchange import Usage
 from proxy.policies.spec import Deployment
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.openai_compat import OpenAICompatUpstream
 
 DEFAULT_BASE = "https://api.anthropic.com"
@@ -34,6 +35,9 @@ def anthropic_usage(usage: Any) -> Usage | None:
 class AnthropicUpstream(OpenAICompatUpstream):
     wire = "anthropic"
     reply_kind = "Messages API message"
+
+    def __init__(self, settings_source: Any, facts: DeploymentFacts) -> None:
+        super().__init__(settings_source)  # it learns nothing of its deployments
 
     @staticmethod
     def speaks(deployment: Deployment) -> bool:

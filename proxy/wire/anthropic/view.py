@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 from proxy.exchange import NativeFit, NativePrefix
+from proxy.messages import Message
 from proxy.pipeline.context_edits import compaction_text
-from proxy.pipeline.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
 from proxy.wire.anthropic.thinking import (

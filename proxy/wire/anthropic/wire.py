@@ -1,14 +1,17 @@
 """Anthropic Messages as a `Wire`."""
 
 from proxy.wire.anthropic import one_shot, replies, route
+from proxy.wire.anthropic.answer import AnthropicAnswer
 from proxy.wire.anthropic.upstream import AnthropicUpstream, anthropic_usage
 from proxy.wire.base import WireFormat
 
 ANTHROPIC = WireFormat(
     name="anthropic",
     routes=route.routes,
+    model_route=route.MESSAGES_ROUTE,
+    provider="anthropic",
+    assembly=AnthropicAnswer,
     native=AnthropicUpstream,
-    error_paths=(route.MESSAGES_ROUTE,),  # count_tokens too, and a path it does not serve
     error_shape=replies.error_body,
     usage_of=anthropic_usage,
     one_shot=one_shot.ONE_SHOT,

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from proxy.pipeline.messages import Message
+from proxy.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 
 

@@ -12,13 +12,13 @@ from proxy.flow import Flow
 from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
 from proxy.sessions.identity import session_id
-from proxy.state import CONFIG
+from proxy.state import CONFIG, FACTS
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.wire.chat import degraded as chat_degraded
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.request import parse_chat_request
 from proxy.wire.chat.stream import Relay
-from proxy.wire.chat_as_responses import ALTERNATE, ChatReplies, as_chat
+from proxy.wire.chat_as_responses import ChatAsResponses, ChatReplies, as_chat
 from proxy.wire.chat_as_responses_stream import chat_stream
 from proxy.wire.gemini import route as gemini_route
 from proxy.wire.provider_objects import refuse_chat_objects
@@ -55,7 +55,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             stream=stream,
             wants_usage=bool(options.get("include_usage")),
             body_bytes=len(raw),
-            alternate=ALTERNATE,  # to a deployment that serves only /v1/responses
+            # To a deployment that serves only /v1/responses.
+            alternate=ChatAsResponses(request.app[FACTS]),
         ),
     )
     if stream and not ex.client.wants_usage:

@@ -3,5 +3,12 @@ upstream of its own, and its errors are OpenAI's envelope (the default)."""
 
 from proxy.wire.base import WireFormat
 from proxy.wire.chat import route
+from proxy.wire.chat.answer import ChatAnswer
 
-CHAT = WireFormat(name="chat", routes=route.routes)
+CHAT = WireFormat(
+    name="chat",
+    routes=route.routes,
+    model_route=route.CHAT_ROUTE,
+    provider="openai",
+    assembly=ChatAnswer,
+)

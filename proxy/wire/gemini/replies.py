@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.chat import replies as chat
 from proxy.wire.gemini.request import field

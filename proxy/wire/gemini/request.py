@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.errors import BadRequest
-from proxy.wire.body import kind, parse_json_object
+from proxy.json_values import kind
+from proxy.wire.body import parse_json_object
 
 # Both spellings of the fields the view reads (camelCase first: the SDKs').
 SNAKE = {

@@ -141,7 +141,8 @@ async def _exchange(
         ClientRequest(
             route=GENERATE_ROUTE,
             wire="gemini",
-            view=view,
+            renderer=view,
+            native=view,
             stream=stream,
             wants_usage=True,
             body_bytes=len(raw),
@@ -173,9 +174,10 @@ class GeminiAnswers:
     """Gemini answers: a response, its chunk stream, errors in Google's shape."""
 
     def __init__(self, ex: Exchange) -> None:
-        assert isinstance(ex.client.view, GeminiView)
-        self.view = ex.client.view
-        self.replies = gemini.Replies(ex.client.view)
+        view = ex.client.native
+        assert isinstance(view, GeminiView)
+        self.view = view
+        self.replies = gemini.Replies(view)
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         reply = await flow.complete(ex, self.replies)

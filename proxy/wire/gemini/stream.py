@@ -17,7 +17,7 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange
-from proxy.pipeline.messages import Message
+from proxy.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.gemini.replies import error_body, first_parts, is_recall, passthrough_body

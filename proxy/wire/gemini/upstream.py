@@ -11,6 +11,7 @@ import orjson
 
 from proxy.exchange import Usage
 from proxy.policies.spec import Deployment
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.openai_compat import OpenAICompatUpstream
 
 DEFAULT_BASE = "https://generativelanguage.googleapis.com"
@@ -48,6 +49,9 @@ def base_of(deployment: Deployment) -> str:
 class GeminiUpstream(OpenAICompatUpstream):
     wire = "gemini"
     reply_kind = "Gemini GenerateContentResponse"
+
+    def __init__(self, settings_source: Any, facts: DeploymentFacts) -> None:
+        super().__init__(settings_source)  # it learns nothing of its deployments
 
     @staticmethod
     def speaks(deployment: Deployment) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import NativeFit, NativePrefix
-from proxy.pipeline.messages import Message
+from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
 from proxy.wire.gemini.request import field as read

@@ -7,8 +7,11 @@ from proxy.wire.gemini.upstream import GeminiUpstream, gemini_usage
 GEMINI = WireFormat(
     name="gemini",
     routes=route.routes,
+    model_route=None,  # its route names the model: a trace of it is not replayed
+    provider="gemini",
+    assembly=replies.Assembly,
     native=GeminiUpstream,
-    error_paths=("/v1beta/", "/v1/models/"),  # OpenAI's list is /v1/models, with no slash
+    paths=("/v1beta/",),  # a path it does not serve there still gets Google's envelope
     error_shape=replies.error_body,
     usage_of=gemini_usage,
     one_shot=one_shot.ONE_SHOT,

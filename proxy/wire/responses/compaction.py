@@ -24,11 +24,11 @@ from typing import Any
 
 from proxy.errors import ProxyError, ServiceUnavailable, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
+from proxy.messages import Message
 from proxy.pipeline.base import StageContext, record
 from proxy.pipeline.compaction.artifacts import EMPTY
 from proxy.pipeline.compaction.summarize import history_entry, ledger_room, summary_message
 from proxy.pipeline.compaction.summarizer import SUMMARY_MAX_TOKENS
-from proxy.pipeline.messages import Message
 from proxy.store.base import StoreError
 from proxy.wire.responses.compaction_items import mint
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
+from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.messages import Message
 from proxy.upstream.base import UpstreamReply
 from proxy.wire import translate
 from proxy.wire.chat import replies as chat

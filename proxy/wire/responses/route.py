@@ -25,10 +25,9 @@ from proxy.pipeline.base import StageContext
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.policies.spec import Deployment
 from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import CONFIG, FLOW, STORE, VIEWS
+from proxy.state import CONFIG, FACTS, FLOW, STORE, VIEWS
 from proxy.store.base import Store
 from proxy.upstream.base import UpstreamHTTPError
-from proxy.upstream.chat_only import is_chat_only
 from proxy.wire.chat import replies as chat
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.provider_objects import reasoning_by_id, refuse_responses_objects
@@ -38,7 +37,7 @@ from proxy.wire.responses.compaction_items import read
 from proxy.wire.responses.owners import ResponseOwners, continues
 from proxy.wire.responses.request import parse_responses_request
 from proxy.wire.responses.stream import Relay
-from proxy.wire.responses.upstream import speaks_responses
+from proxy.wire.responses.upstream import no_responses, speaks_responses
 from proxy.wire.responses.view import KEPT_ROLES, ResponsesView, compact_threshold
 from proxy.wire.serve import (
     events_answer,
@@ -69,7 +68,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
     views, own = request.app[VIEWS], scoped(owner, session.name)
-    view = ResponsesView.of(body, views.last(own))
+    view = ResponsesView.of(body, views.last(own), request.app[FACTS])
     if owners is not None:  # stored items, files, containers named by id could be anyone's
         refuse_responses_objects(body, view.fresh)
         reasoning = reasoning_by_id(body, view.fresh)
@@ -86,7 +85,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         ClientRequest(
             route=RESPONSES_ROUTE,
             wire="responses",
-            view=view,
+            renderer=view,
+            native=view,
             stream=body.get("stream") is True,
             wants_usage=True,
             body_bytes=len(raw),
@@ -122,13 +122,14 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
     identity = {"metadata": {"session_id": body.get("prompt_cache_key")}}
     opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
-    view = ResponsesView.of(body)  # a window of its own: nothing lent, nothing kept
+    view = ResponsesView.of(body, facts=request.app[FACTS])  # its own: nothing lent or kept
     if owners is not None:
         refuse_responses_objects(body, 0)
         reasoning = reasoning_by_id(body, 0)
         if view.references or reasoning:
             await owners.check_items(view.references, reasoning)
     await read_summaries(view, request.app[STORE], owner)
+    compact = CompactView(view)
     ex = open_exchange(
         request,
         config,
@@ -138,7 +139,8 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         ClientRequest(
             route=COMPACT_ROUTE,
             wire=CompactView.wire,
-            view=CompactView(view),
+            renderer=compact,
+            native=compact,
             body_bytes=len(raw),
             opaque_history=True,  # compacted as sent: no stage rewrites it first
         ),
@@ -155,9 +157,8 @@ class CompactView:
     def __init__(self, view: ResponsesView) -> None:
         self.view = view
 
-    @staticmethod
-    def native_for(deployment: Deployment) -> bool:
-        return speaks_responses(deployment)
+    def native_for(self, deployment: Deployment) -> bool:
+        return speaks_responses(deployment, self.view.facts)
 
     def render(self, chat: dict[str, Any]) -> dict[str, Any]:
         return self.view.render(chat)
@@ -189,7 +190,7 @@ class CompactWire:
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
         deployment = ex.deployment
-        if deployment is not None and speaks_responses(deployment):
+        if deployment is not None and speaks_responses(deployment, self.view.facts):
             reply = await flow.control.call(ex, stream=False)
             return json_answer(ex, reply.body, reply.headers)
         if ex.client.opaque_history and (
@@ -299,10 +300,11 @@ class ResponsesWire:
             )
         except UpstreamHTTPError as error:
             deployment = ex.deployment
-            if error.status != 404 or deployment is None or not is_chat_only(deployment):
+            learnt = no_responses(self.view.facts)
+            if error.status != 404 or deployment is None or not learnt.lacked_by(deployment):
                 raise
             # Its 404 just taught that the deployment serves no /v1/responses
-            # (proxy/upstream/chat_only.py): nothing was sent to the client yet, so it is
+            # (upstream.no_responses): nothing was sent to the client yet, so it is
             # asked again, as chat, whole.
             return await self.stream(request, ex, flow)
 

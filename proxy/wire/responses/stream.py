@@ -19,8 +19,8 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange
+from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.chat.replies import passthrough_body

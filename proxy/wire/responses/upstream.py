@@ -7,8 +7,16 @@ from typing import Any
 
 from proxy.exchange import Usage, cached_tokens
 from proxy.policies.spec import Deployment
-from proxy.upstream.chat_only import is_chat_only, may_serve_responses
+from proxy.upstream.facts import DeploymentFacts
+from proxy.upstream.missing_routes import MissingRoute
 from proxy.upstream.openai_compat import OpenAICompatUpstream
+
+WIRE = "responses"
+ROUTE = "/v1/responses"
+LACKING_THEN = (
+    "its Responses requests now go as chat completions (write its model as hosted_vllm/... to "
+    "say so in the config)"
+)
 
 
 def responses_usage(usage: Any) -> Usage | None:
@@ -22,13 +30,17 @@ def responses_usage(usage: Any) -> Usage | None:
 
 
 class ResponsesUpstream(OpenAICompatUpstream):
-    wire = "responses"
+    wire = WIRE
     path = "/responses"
     reply_kind = "Responses API response"
 
-    @staticmethod
-    def speaks(deployment: Deployment) -> bool:
-        return speaks_responses(deployment)
+    def __init__(self, settings_source: Any, facts: DeploymentFacts) -> None:
+        super().__init__(settings_source)
+        self.facts = facts
+        no_responses(facts)  # its clients' route, learnt lacking from here on
+
+    def speaks(self, deployment: Deployment) -> bool:
+        return speaks_responses(deployment, self.facts)
 
     @staticmethod
     def usage(data: dict[str, Any]) -> Usage | None:
@@ -51,8 +63,22 @@ class ResponsesCompactUpstream(ResponsesUpstream):
         return data.get("object") == "response.compaction" and isinstance(data.get("output"), list)
 
 
-def speaks_responses(deployment: Deployment) -> bool:
+def speaks_responses(deployment: Deployment, facts: DeploymentFacts) -> bool:
     """Whether the deployment takes the Responses wire natively: OpenAI's own API (and its
-    twins), unless it was learnt to serve no /v1/responses (proxy/upstream/chat_only.py). Other
+    twins), unless it was learnt to serve no /v1/responses (`no_responses`). Other
     OpenAI-compatible servers mostly lack it."""
-    return may_serve_responses(deployment) and not is_chat_only(deployment)
+    return may_serve_responses(deployment) and not no_responses(facts).lacked_by(deployment)
+
+
+def may_serve_responses(deployment: Deployment) -> bool:
+    """An `openai/` deployment: OpenAI's own API and its twins serve /v1/responses (others,
+    `hosted_vllm/` and the like, are sent chat from the start)."""
+    return deployment.provider == "openai" and deployment.base_url is not None
+
+
+def no_responses(facts: DeploymentFacts) -> MissingRoute:
+    """Deployments learnt to serve no /v1/responses: an `openai/` model behind an
+    OpenAI-compatible server that speaks only chat completions (llama.cpp, vLLM builds
+    without it, ...); its Responses clients then go as chat (proxy/upstream/missing_routes.py
+    says how it is learnt, the rewriter's after_rejection learns it)."""
+    return facts.native_route(WIRE, ROUTE, LACKING_THEN)

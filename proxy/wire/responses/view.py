@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import NativeFit, NativePrefix
-from proxy.pipeline.messages import Message
+from proxy.messages import Message
 from proxy.policies.spec import Deployment
+from proxy.upstream.facts import DeploymentFacts
 from proxy.wire.responses.compaction_items import is_minted
 from proxy.wire.responses.upstream import speaks_responses
 from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
@@ -90,12 +91,16 @@ class ResponsesView:
     # Minted items among the items mapped here, (index, item, message), for the route to read.
     compactions: list[tuple[int, Item, Message]] = field(default_factory=list)
     _compaction_at: int = -1  # the index of the input's first compaction item (anyone's)
+    # The app's learnt facts: which deployments were found to serve no /v1/responses.
+    facts: DeploymentFacts = field(default_factory=DeploymentFacts, repr=False, compare=False)
 
     @classmethod
-    def of(cls, body: dict[str, Any], previous: object = None) -> ResponsesView:
+    def of(
+        cls, body: dict[str, Any], previous: object = None, facts: DeploymentFacts | None = None
+    ) -> ResponsesView:
         """The view of `body`; `previous`, the view of the session's last turn, lends it the
-        view messages of the input the two share."""
-        view = cls(body)
+        view messages of the input the two share; `facts`, the app's (a test's own if none)."""
+        view = cls(body) if facts is None else cls(body, facts=facts)
         if not isinstance(previous, ResponsesView):
             previous = None
         instructions = body.get("instructions")
@@ -205,9 +210,8 @@ class ResponsesView:
         self._untouched = (chat["messages"], chat.get("tools"), chat.get("tool_choice"))
         return chat
 
-    @staticmethod
-    def native_for(deployment: Deployment) -> bool:
-        return speaks_responses(deployment)
+    def native_for(self, deployment: Deployment) -> bool:
+        return speaks_responses(deployment, self.facts)
 
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The stages' output as a plain Chat Completions request, for a deployment that lacks

@@ -2,6 +2,7 @@
 
 from proxy.wire.base import WireFormat
 from proxy.wire.responses import one_shot, route
+from proxy.wire.responses.answer import ResponsesAnswer
 from proxy.wire.responses.upstream import (
     ResponsesCompactUpstream,
     ResponsesUpstream,
@@ -11,6 +12,9 @@ from proxy.wire.responses.upstream import (
 RESPONSES = WireFormat(
     name="responses",
     routes=route.routes,
+    model_route=route.RESPONSES_ROUTE,
+    provider="openai",
+    assembly=ResponsesAnswer,
     native=ResponsesUpstream,
     usage_of=responses_usage,
     one_shot=one_shot.ONE_SHOT,

@@ -10,11 +10,11 @@ import orjson
 
 from proxy.control.control import Control
 from proxy.exchange import Exchange, Identity
+from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, Summarizer
 from proxy.pipeline.compaction.summarizer import SYSTEM_PROMPT, make_summarizer
-from proxy.pipeline.messages import Message
 from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from proxy.messages import Message
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compaction.artifacts import (
     COMMAND_CHARS,
@@ -27,7 +28,6 @@ from proxy.pipeline.compaction.artifacts import (
 )
 from proxy.pipeline.compaction.checkpoints import Checkpoint, Mark
 from proxy.pipeline.compaction.sections import section_span
-from proxy.pipeline.messages import Message
 from proxy.store.memory import MemoryStore
 from proxy.wire.anthropic.view import AnthropicView
 from proxy.wire.responses.view import ResponsesView

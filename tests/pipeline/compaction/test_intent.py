@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from proxy.messages import Message
 from proxy.pipeline.compaction.budget import message_tokens
 from proxy.pipeline.compaction.intent import INTENT_HEADER, intent_of
-from proxy.pipeline.messages import Message
 from tests.pipeline.compaction.factories import call, result, user
 
 BODY: Message = {"role": "user", "content": "[agentproxy] Earlier conversation summarized ..."}

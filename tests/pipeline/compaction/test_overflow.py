@@ -8,18 +8,15 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.messages import Message, pairing_problems
 from proxy.pipeline.compaction import CompactionStage
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.checkpoints import SessionState
-from proxy.pipeline.compaction.overflow import (
-    compact_after_overflow,
-    is_context_overflow,
-    stated_tokens,
-)
-from proxy.pipeline.messages import Message, pairing_problems
+from proxy.pipeline.compaction.overflow import compact_after_overflow
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.sim.simulator import Simulator
 from proxy.upstream.base import UpstreamHTTPError
+from proxy.upstream.overflow import is_context_overflow, stated_tokens
 from proxy.upstream.pool import Upstreams
 from tests.pipeline.compaction.factories import (
     GOAL,

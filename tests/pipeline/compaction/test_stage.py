@@ -16,12 +16,12 @@ import orjson
 import pytest
 
 from proxy.exchange import Exchange
+from proxy.messages import Message, estimate_tokens, pairing_problems
 from proxy.pipeline.base import Summarizer
 from proxy.pipeline.compaction import CompactionStage, memo
 from proxy.pipeline.compaction.artifacts import EMPTY
 from proxy.pipeline.compaction.budget import message_tokens, tokens_of
 from proxy.pipeline.compaction.summarize import ledger_room
-from proxy.pipeline.messages import Message, estimate_tokens, pairing_problems
 from proxy.policies.spec import CompactionSpec, Deployment, Policy
 from proxy.sim.model import summary_sections
 from proxy.sim.simulator import Simulator

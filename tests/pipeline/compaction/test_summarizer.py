@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.messages import estimate_tokens
 from proxy.pipeline.compaction.summarizer import (
     fit_to,
     output_limit,
@@ -15,7 +16,6 @@ from proxy.pipeline.compaction.summarizer import (
     summary_exchange,
     summary_request,
 )
-from proxy.pipeline.messages import estimate_tokens
 from proxy.policies.spec import CompactionSpec, Policy
 from proxy.sim.model import summary_sections
 from proxy.sim.simulator import Simulator

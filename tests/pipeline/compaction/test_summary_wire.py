@@ -11,12 +11,13 @@ import orjson
 from proxy.app import summary_wires
 from proxy.pipeline.compaction.summary_wire import SummaryWires
 from proxy.policies.spec import Deployment, ServerSettings
-from proxy.upstream import chat_only
+from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.anthropic.one_shot import ONE_SHOT as ANTHROPIC
 from proxy.wire.registry import WIRES
 from proxy.wire.responses.one_shot import ONE_SHOT as RESPONSES
 from proxy.wire.responses.one_shot import REASONING_ALLOWANCE
+from proxy.wire.responses.upstream import no_responses
 
 NOT_FOUND = orjson.dumps({"detail": "Not Found"})
 MODEL_NOT_FOUND = orjson.dumps(
@@ -34,9 +35,12 @@ def deployment(provider: str, api_base: str | None = None) -> Deployment:
     )  # fmt: skip
 
 
+FACTS = DeploymentFacts()  # one app's, shared by its summary wires and upstreams
+
+
 def wires() -> SummaryWires:
     natives = [wire.native for wire in WIRES if wire.native is not None]
-    return summary_wires(Upstreams(ServerSettings, natives))
+    return summary_wires(Upstreams(ServerSettings, natives, FACTS))
 
 
 def chosen(parent: str, target: Deployment) -> str:
@@ -73,7 +77,7 @@ def test_a_route_missing_404_teaches_that_a_deployment_serves_no_chat() -> None:
 
 def test_a_deployment_learnt_to_serve_no_responses_gets_chat() -> None:
     target = deployment("openai")
-    assert chat_only.learn(target, 404, NOT_FOUND)
+    assert no_responses(FACTS).learn(target, 404, NOT_FOUND)
     assert chosen("responses", target) == "chat"
 
 

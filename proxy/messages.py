@@ -15,6 +15,9 @@ import xxhash
 from proxy.tokens.parts import part_tokens
 
 Message = dict[str, Any]
+# The wire these messages are in: the one shape every request is rewritten in (a client's own
+# wire is viewed as it), and the shared transports speak. The only format the core names.
+CHAT = "chat"
 
 # Characters per token for the estimate; calibrated later against reported usage.
 CHARS_PER_TOKEN = 4.0

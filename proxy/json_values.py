@@ -1,4 +1,5 @@
-"""How deep JSON may nest, and a check of it cheap enough for every request.
+"""What the proxy checks of JSON values wherever they come from: how deep they may nest (a
+check cheap enough for every request), and how a value's kind is named in error messages.
 
 orjson parses 1,024 levels but serializes only 254, and Python code that walks or compares a
 value recurses once per level; a body is serialized again on its way out (sometimes inside an
@@ -50,3 +51,16 @@ def nested_too_deep(text: bytes | str, value: Any) -> bool:
     except orjson.JSONEncodeError:
         return True
     return False
+
+
+def kind(value: Any) -> str:
+    """How a JSON value is named in messages: 'an object', 'an array', 'a string'..."""
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
