@@ -163,6 +163,7 @@ def _refuse_stored(body: dict[str, Any], fresh: int) -> None:
             "cached_content names content stored at the provider, which this proxy's keys "
             "share: send the content itself",
             param="cached_content",
+            code="stored_object_refused",
         )
     contents = body["contents"]
     for i in range(fresh, len(contents)):
@@ -173,6 +174,7 @@ def _refuse_stored(body: dict[str, Any], fresh: int) -> None:
                     f"contents[{i}].parts[{k}].file_data names a file stored at the provider, "
                     "which this proxy's keys share: send it as inline_data",
                     param=f"contents[{i}].parts[{k}].file_data",
+                    code="stored_object_refused",
                 )
 
 
