@@ -542,9 +542,10 @@ def _lineage(ex: Exchange) -> tuple[object | None, object | None, int, str]:
 
 def _list_key(body: dict[str, Any]) -> str | None:
     """Where a body keeps the list the recording stores entry by entry."""
-    if isinstance(body.get("messages"), list):
-        return "messages"
-    return "input" if isinstance(body.get("input"), list) else None
+    for key in ("messages", "input", "contents"):
+        if isinstance(body.get(key), list):
+            return key
+    return None
 
 
 def _held(item: Queued) -> int:

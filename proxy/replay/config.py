@@ -61,12 +61,18 @@ def built_in(turns: Sequence[dict[str, Any]], upstream: str, store: str) -> dict
 
 
 def _entry(name: str, provider: str, upstream: str, window: int) -> dict[str, Any]:
-    base = upstream if provider == "anthropic" else f"{upstream}/v1"
+    base = _base(provider, upstream)
     return {
         "model_name": name,
         "litellm_params": {"model": f"{provider}/{name}", "api_base": base, "api_key": "replay"},
         "model_info": {"max_input_tokens": window},
     }
+
+
+def _base(provider: str, upstream: str) -> str:
+    """The simulator's root for a provider: Anthropic's paths start there, the others' at
+    /v1 (Google's `/v1/models/{model}:generateContent` among them)."""
+    return upstream if provider == "anthropic" else f"{upstream}/v1"
 
 
 def replay_config(
@@ -106,15 +112,16 @@ def replay_config(
 
 
 def _pointed(deployment: Deployment, upstream: str) -> Deployment:
-    """The deployment answered by the replay's upstream: Anthropic's natively, any other as
-    an OpenAI-compatible server (its alias, window and prices as configured)."""
-    anthropic = deployment.provider == "anthropic"
-    provider = "anthropic" if anthropic else "openai"
+    """The deployment answered by the replay's upstream: a provider some wire speaks
+    natively (Anthropic's, Google's) as itself, any other as an OpenAI-compatible server (its
+    alias, window and prices as configured)."""
+    native = deployment.provider in _PROVIDER.values()
+    provider = deployment.provider if native else _SUMMARIZER_PROVIDER
     return dataclasses.replace(
         deployment,
         model=f"{provider}/{deployment.upstream_model}",
         provider=provider,
-        api_base=upstream if anthropic else f"{upstream}/v1",
+        api_base=_base(provider, upstream),
         api_key="replay",
         extra_headers={},
         litellm_params={"model": f"{provider}/{deployment.upstream_model}"},

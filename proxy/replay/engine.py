@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -22,6 +23,7 @@ from proxy.replay.config import Served
 from proxy.replay.trace import ROUTES
 from proxy.sessions.identity import SESSION_HEADER
 from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator
+from proxy.wire.registry import WIRES
 
 JSON = dict[str, Any]
 SESSION = "replay"  # a trace's turns are one session of the proxy's, by this name
@@ -65,6 +67,14 @@ def client_body(turn: JSON) -> JSON:
         body["stream"] = False
     body.pop("stream_options", None)
     return body
+
+
+_WIRES = {wire.name: wire for wire in WIRES}
+
+
+def route_of(turn: JSON) -> str:
+    """Where a turn is sent: its wire's model route, naming its model if the route does."""
+    return ROUTES[turn["wire"]].replace("{model}", quote(turn["request"]["model"], safe=""))
 
 
 def parse_applied(header: str | None) -> list[JSON]:
@@ -135,7 +145,7 @@ async def replay(
                         answers.pending = turn.get("answer")
                         start = len(sim.requests)
                         async with http.post(
-                            proxy + ROUTES[turn["wire"]],
+                            proxy + route_of(turn),
                             data=orjson.dumps(client_body(turn)),
                             headers=headers | {"content-type": "application/json"},
                         ) as response:
@@ -187,7 +197,7 @@ def _row(
             previous, measure.as_chat(sent.path, sent.body), tokens_sent
         )
     alias = headers.get("x-agentproxy-model") or turn["request"]["model"]
-    completion = _completion_tokens(answer) if status == 200 else 0
+    completion = _completion_tokens(turn["wire"], answer) if status == 200 else 0
     summarizer_tokens = sum(measure.prompt_tokens(c.path, c.body) for c in summaries)
     cost, write = _cost(served, catalog, alias, tokens_sent, read, completion, summarizer_tokens)
     problems = [
@@ -201,7 +211,7 @@ def _row(
         model=alias,
         policy=headers.get("x-agentproxy-policy", ""),
         status=status,
-        tokens_received=measure.prompt_tokens(ROUTES[turn["wire"]], client_body(turn)),
+        tokens_received=measure.prompt_tokens(route_of(turn), client_body(turn)),
         tokens_sent=tokens_sent,
         rewrites=parse_applied(headers.get("x-agentproxy-applied")),
         cache_read_tokens=read,
@@ -241,13 +251,14 @@ def _cost(
     return (None if cost is None else round(cost, 8)), write
 
 
-def _completion_tokens(answer: bytes) -> int:
+def _completion_tokens(wire: str, answer: bytes) -> int:
     try:
-        usage = orjson.loads(answer).get("usage") or {}
+        data = orjson.loads(answer)
+        usage = data.get("usage") or data.get("usageMetadata")  # (Google's name for it)
     except (orjson.JSONDecodeError, AttributeError):
         return 0
-    tokens = usage.get("completion_tokens", usage.get("output_tokens", 0))
-    return tokens if isinstance(tokens, int) else 0
+    read = _WIRES[wire].usage(usage) if isinstance(usage, dict) else None
+    return read.completion_tokens if read is not None else 0
 
 
 def _error_text(answer: bytes) -> str:

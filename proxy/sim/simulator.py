@@ -27,6 +27,7 @@ from .anthropic import AnthropicDialect, betas
 from .anthropic import to_chat as anthropic_to_chat
 from .chat import OPENAI, OpenAIDialect
 from .gemini import GeminiDialect
+from .gemini import to_chat as gemini_to_chat
 from .model import (
     CHARS_4,
     JSON,
@@ -51,6 +52,7 @@ MODELS_CREATED = 1_700_000_000  # fixed, so /v1/models is byte-stable
 _MAX_BODY_BYTES = 256 * 1024 * 1024  # big-context tests must reach the context check, not a 413
 _CLOSING = web.AppKey("sim_closing", asyncio.Event)
 # What each model route reads a body as: the chat request its dialect answers.
+GEMINI_ACTIONS = (":generateContent", ":streamGenerateContent")
 _TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
     "/v1/chat/completions": lambda body: body,
     "/v1/messages": anthropic_to_chat,
@@ -61,6 +63,8 @@ _TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
 def as_chat(path: str, body: JSON) -> JSON:
     """A body the simulator received at `path` as a chat request (tools and messages): what
     `agentproxy replay` measures what went upstream by."""
+    if path not in _TO_CHAT and path.endswith(GEMINI_ACTIONS):  # the model is in the path
+        return gemini_to_chat(body)
     return _TO_CHAT[path](body)
 
 

@@ -38,8 +38,8 @@ class Wire(Protocol):
 
     @property
     def model_route(self) -> str | None:
-        """The path of its model route: a recorded turn of this wire is replayed there (None:
-        its route names the model, its turns are not replayed)."""
+        """The path of its model route: a recorded turn of this wire is replayed there, the
+        turn's model in place of `{model}` when the path names it (None: not replayed)."""
         ...
 
     @property

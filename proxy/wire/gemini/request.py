@@ -22,6 +22,7 @@ SNAKE = {
     "functionDeclarations": "function_declarations",
     "inlineData": "inline_data",
     "fileData": "file_data",
+    "cachedContent": "cached_content",
     "mimeType": "mime_type",
     "fileUri": "file_uri",
     "thoughtSignature": "thought_signature",

@@ -23,8 +23,8 @@ from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.policies.spec import Config
-from proxy.sessions.identity import session_id
-from proxy.state import CONFIG
+from proxy.sessions.identity import owner_of, scoped, session_id
+from proxy.state import CONFIG, VIEWS
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.gemini import replies as gemini
@@ -127,12 +127,13 @@ async def _exchange(
 ) -> Exchange:
     config, key, raw = await read_request(request)
     body = parse_generate_request(raw, alias, counting=counting)
-    if key is not None:  # tenants share the provider's account: its stored objects too
-        _refuse_stored(body)
     opening = lambda: GeminiView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, {}, key.name if key else None, opening)
-    view = GeminiView.of(body)
-    return open_exchange(
+    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
+    view = GeminiView.of(body, views.last(own))
+    if key is not None:  # tenants share the provider's account: its stored objects too
+        _refuse_stored(body, view.fresh)
+    ex = open_exchange(
         request,
         config,
         key,
@@ -148,25 +149,32 @@ async def _exchange(
             body_bytes=len(raw),
         ),
     )
+    if not counting:
+        views.keep(own, view, len(raw))
+    return ex
 
 
-def _refuse_stored(body: dict[str, Any]) -> None:
+def _refuse_stored(body: dict[str, Any], fresh: int) -> None:
     """A cached content or an uploaded file lives in the provider's account, which every key
-    of this proxy shares: naming one would read what another tenant stored."""
+    of this proxy shares: naming one would read what another tenant stored. Contents before
+    `fresh` were lent by the session's last view, whose turn checked them."""
     if field(body, "cachedContent") is not None:
         raise BadRequest(
             "cached_content names content stored at the provider, which this proxy's keys "
             "share: send the content itself",
             param="cached_content",
+            code="stored_object_refused",
         )
-    for i, content in enumerate(body["contents"]):
-        for k, part in enumerate(content["parts"]):
+    contents = body["contents"]
+    for i in range(fresh, len(contents)):
+        for k, part in enumerate(contents[i]["parts"]):
             uri = field(field(part, "fileData"), "fileUri")
             if isinstance(uri, str) and uri.startswith(STORED_FILES):
                 raise BadRequest(
                     f"contents[{i}].parts[{k}].file_data names a file stored at the provider, "
                     "which this proxy's keys share: send it as inline_data",
                     param=f"contents[{i}].parts[{k}].file_data",
+                    code="stored_object_refused",
                 )
 
 

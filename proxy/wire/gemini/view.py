@@ -14,6 +14,10 @@ Function calls carry no id on Google AI Studio: the view names each call by its 
 Going back is lossless for everything the stages left alone: a view message that is still the
 object built here goes back as the client's own content, parts and `thoughtSignature`s byte for
 byte. Only what a stage changed or added is built anew, each untouched part of its content kept.
+
+Incremental: the view of a session's previous turn lends this one its view messages for the
+leading contents both turns share (one `==` each); only the rest is mapped. View messages name
+their contents by position, so what goes back upstream is always this turn's own contents.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from proxy.policies.spec import Deployment
 from proxy.wire.gemini.request import field as read
 from proxy.wire.gemini.request import field_name
 from proxy.wire.gemini.upstream import speaks_gemini
-from proxy.wire.translate import chat_tools, text_of_content
+from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
 Part = dict[str, Any]
 Content = dict[str, Any]
@@ -61,18 +65,60 @@ class GeminiView:
     _tools: dict[int, dict[str, Any]] = field(default_factory=dict)
     _untouched: tuple[Any, Any, Any] = (None, None, None)
     _fit: NativeFit = AS_SENT
+    # This turn, and how many of its contents the last view's repeat (for the recording).
     _prefix: NativePrefix = field(default_factory=lambda: NativePrefix("contents"))
-    fresh: int = 0  # every content is mapped afresh each turn
+    # The view as built, before any stage saw it: _ends[i] is its length after content i.
+    _built: list[Message] = field(default_factory=list)
+    _ends: list[int] = field(default_factory=list)
+    # The first content mapped here: those before it were lent by the session's last view,
+    # whose turn checked them.
+    fresh: int = 0
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> GeminiView:
+    def of(cls, body: dict[str, Any], previous: object = None) -> GeminiView:
+        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+        view messages of the contents the two share."""
         view = cls(body)
+        if not isinstance(previous, GeminiView):
+            previous = None
         system = read(body, "systemInstruction")
-        if system:
+        if previous is not None and system and system == read(previous.body, "systemInstruction"):
+            view._add(previous._built[0], -1, ())  # the same instruction: the same view message
+        elif system:
             view._add({"role": "system", "content": _text_of(system)}, -1, ())
-        for index, content in enumerate(body["contents"]):
-            view._map(index, content)
+        contents = body["contents"]
+        view.fresh = view._reuse(previous) if previous is not None else 0
+        for index in range(view.fresh, len(contents)):
+            view._map(index, contents[index])
+            view._ends.append(len(view.messages))
+        view._built = list(view.messages)
         return view
+
+    def _reuse(self, previous: GeminiView) -> int:
+        """Take the previous view's messages (and the calls they name) for the leading
+        contents both turns share; how many those are."""
+        shared = shared_prefix(self.body["contents"], previous.body["contents"])
+        if not shared:
+            return 0
+        self._prefix = NativePrefix("contents", self._prefix.turn, previous._prefix.turn, shared)
+        before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
+        lent = previous._built[before : previous._ends[shared - 1]]
+        same_system = len(self.messages) == before and (
+            not before or self.messages[0] is previous._built[0]
+        )
+        if same_system and len(lent) == len(previous._built) - before:  # copies made in C
+            self._origins.update(previous._origins)
+            self._calls = dict(previous._calls)
+        else:
+            self._origins.update((id(m), previous._origins[id(m)]) for m in lent)
+            for message in lent:
+                for call in message.get("tool_calls") or ():
+                    self._calls[call["id"]] = previous._calls[call["id"]]
+        offset = len(self.messages) - before  # an instruction gained or lost shifts the ends
+        self.messages += lent
+        ends = previous._ends[:shared]
+        self._ends = ends if not offset else [end + offset for end in ends]
+        return shared
 
     @classmethod
     def opening(cls, body: dict[str, Any]) -> list[Message]:

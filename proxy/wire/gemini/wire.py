@@ -7,7 +7,7 @@ from proxy.wire.gemini.upstream import GeminiUpstream, gemini_usage
 GEMINI = WireFormat(
     name="gemini",
     routes=route.routes,
-    model_route=None,  # its route names the model: a trace of it is not replayed
+    model_route=route.GENERATE_ROUTE,  # replay fills in the turn's model
     provider="gemini",
     assembly=replies.Assembly,
     native=GeminiUpstream,
