@@ -254,10 +254,9 @@ def _cost(
 def _completion_tokens(wire: str, answer: bytes) -> int:
     try:
         data = orjson.loads(answer)
-        usage = data.get("usage") or data.get("usageMetadata")  # (Google's name for it)
-    except (orjson.JSONDecodeError, AttributeError):
+    except orjson.JSONDecodeError:
         return 0
-    read = _WIRES[wire].usage(usage) if isinstance(usage, dict) else None
+    read = _WIRES[wire].reply_usage(data) if isinstance(data, dict) else None
     return read.completion_tokens if read is not None else 0
 
 

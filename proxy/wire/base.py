@@ -68,6 +68,10 @@ class Wire(Protocol):
         """A usage object as this wire's replies and events report it."""
         ...
 
+    def reply_usage(self, reply: Mapping[str, Any]) -> Usage | None:
+        """The usage a whole (non-streamed) reply of this wire reports."""
+        ...
+
     def answer_assembly(self) -> AnswerAssembly:
         """A fresh assembly of one streamed answer into its non-streamed form (recordings)."""
         ...
@@ -98,6 +102,7 @@ class WireFormat:
     paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope
     usage_of: Callable[[Any], Usage | None] = Usage.of
+    usage_key: str = "usage"  # where a whole reply holds its usage
     one_shot: OneShot | None = None
     extra_natives: tuple[NativeFactory, ...] = ()
 
@@ -108,6 +113,9 @@ class WireFormat:
 
     def usage(self, usage: Any) -> Usage | None:
         return self.usage_of(usage)
+
+    def reply_usage(self, reply: Mapping[str, Any]) -> Usage | None:
+        return self.usage_of(reply.get(self.usage_key))
 
     def answer_assembly(self) -> AnswerAssembly:
         return self.assembly()

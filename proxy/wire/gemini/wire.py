@@ -14,5 +14,6 @@ GEMINI = WireFormat(
     paths=("/v1beta/",),  # a path it does not serve there still gets Google's envelope
     error_shape=replies.error_body,
     usage_of=gemini_usage,
+    usage_key="usageMetadata",
     one_shot=one_shot.ONE_SHOT,
 )
