@@ -4,6 +4,8 @@ modules, no core module that names a wire format, and a package root that stays 
 from __future__ import annotations
 
 import ast
+import time
+from functools import cache
 from pathlib import Path
 
 from proxy.wire.registry import WIRES
@@ -97,11 +99,26 @@ def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
+@cache
+def _parse(path: Path) -> ast.Module:
+    """A module's tree. CPython 3.11 keeps the AST constructor's recursion count per
+    interpreter, so a thread compiling meanwhile (a module imported off the main thread by an
+    earlier test) can make a parse fail with "recursion depth mismatch" (gh-106905): parsed
+    again, it is what it is."""
+    source = path.read_text()
+    for _ in range(4):
+        try:
+            return ast.parse(source, str(path))
+        except SystemError:
+            time.sleep(0.05)
+    return ast.parse(source, str(path))
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The proxy modules `name` imports when it loads (a package's import runs its __init__)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in _top_level_imports(ast.parse(path.read_text(), str(path))):
+    for node in _top_level_imports(_parse(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -208,7 +225,7 @@ def _format_names(path: Path) -> set[str]:
     """The formats a module names: a string equal to one, or an import of a format's module
     (proxy.wire.<format>, proxy.sim.<format>)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Constant) and node.value in WIRE_FORMATS:
             found.add(node.value)
         elif isinstance(node, ast.ImportFrom) and node.module:

@@ -55,12 +55,20 @@ async def test_heads_that_never_finish_are_cut_at_the_deadline(
 ) -> None:
     proxy = await start(start_proxy, tmp_path, sim_server, SETTINGS)
     silent = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(100)]
-    halfway = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(100)]
-    for _, writer in halfway:
+    # Each head begins as its connection opens: opening a hundred can take longer than the
+    # deadline on a loaded machine, and a connection still silent then is rightly cut silent.
+    halfway: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    for _ in range(100):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         writer.write(PARTIAL)
-    slow = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(100)]
+        halfway.append((reader, writer))
     endless_head = PARTIAL + b"x-pad: " + b"a" * 2000
-    drips = [asyncio.create_task(drip(writer, endless_head, 0.05)) for _, writer in slow]
+    slow: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    drips: list[asyncio.Task[None]] = []
+    for _ in range(100):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        drips.append(asyncio.create_task(drip(writer, endless_head, 0.05)))
+        slow.append((reader, writer))
     try:
         await assert_serves(proxy)  # meanwhile a normal request is served
         results = await asyncio.gather(
