@@ -18,11 +18,11 @@ from tests.routes.test_hostile_clients import (
     AUTH,
     GOOD,
     assert_serves,
-    metrics_text,
     post,
     read_answer,
     start,
 )
+from tests.support.scrape import metrics_of, sample
 from tests.test_cli import start_serve
 
 HEAD_TIMEOUT = 0.6
@@ -87,7 +87,14 @@ async def test_heads_that_never_finish_are_cut_at_the_deadline(
         assert error["code"] == "request_timeout" and "server.head_timeout_s" in error["message"]
     # A slowloris still sending when cut may see a reset rather than its 408.
     assert all(sent.startswith(b"HTTP/1.1 408 ") or sent == RESET for sent, _ in results[200:])
-    assert 'route="unmatched",status="408"} 200.0' in await metrics_text(proxy)
+    # Each 408 is counted; a slowloris whose first byte came only after its deadline (a loaded
+    # machine: client and proxy share this loop) was cut silent, its drip then reset.
+    told = sum(sent.startswith(b"HTTP/1.1 408 ") for sent, _ in results[100:])
+    late = sample(
+        await metrics_of(proxy), "agentproxy_requests_total", route="unmatched", model="-",
+        status="408",
+    )  # fmt: skip
+    assert told <= late <= 200
     await assert_serves(proxy)
 
 
