@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from proxy.sim.model import SUMMARY_MAX_ARTIFACTS
 from proxy.sim.simulator import Simulator
 from tests.conftest import ProxyFactory
+from tests.routes.test_anthropic import client, close_clients  # noqa: F401 - its fixture too
 from tests.support.scrape import metrics_of, sample
 
 KEY = "sk-proxy-context-1"
@@ -89,24 +89,6 @@ async def start(
     path = tmp_path / "context.yaml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent(policies))
     return await start_proxy(path)
-
-
-OPENED: list[anthropic.AsyncAnthropic] = []
-
-
-def client(proxy: TestServer, key: str = KEY) -> anthropic.AsyncAnthropic:
-    sdk = anthropic.AsyncAnthropic(
-        base_url=str(proxy.make_url("")).rstrip("/"), api_key=key, max_retries=0
-    )
-    OPENED.append(sdk)
-    return sdk
-
-
-@pytest.fixture(autouse=True)
-async def close_clients() -> AsyncIterator[None]:
-    yield
-    while OPENED:
-        await OPENED.pop().close()
 
 
 @pytest.fixture
