@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -67,6 +68,16 @@ async def test_the_python_snippet_runs_against_local_yaml(local_proxy: TestServe
     address = f"127.0.0.1:{local_proxy.port}"
     returncode, output = await run(sys.executable, "-c", code.replace("127.0.0.1:4000", address))
     assert returncode == 0, output
+
+    # What the README's inspector picture shows: local.yaml records every session whole, and
+    # the simulator's models have no price, so their cost is unknown (null, a dash), not $0.
+    async with aiohttp.ClientSession(f"http://{address}") as http:
+        async with http.get("/admin/sessions") as response:
+            sessions = (await response.json())["data"]
+        assert sessions and all(s["recorded"] and s["cost_usd"] is None for s in sessions)
+        async with http.get(f"/admin/sessions/{sessions[0]['id']}") as response:
+            shown = await response.json()
+    assert shown["source"] == "recording" and shown["timeline"], shown
 
 
 async def run_readme_line(command: str) -> tuple[int, str]:
