@@ -236,7 +236,11 @@ def _serve(args: argparse.Namespace) -> int:
         if args.model
         else f"config {config.version}, {len(config.deployments)} models"
     )
-    banner = f"agentproxy {__version__} on http://{host}:{port}/v1 ({served})"
+    root = f"http://{host}:{port}"
+    banner = (  # said once listening: each address answers while this line is true
+        f"agentproxy {__version__} on {root}/v1 ({served})\n"
+        f"  inspector {root}/ui   metrics {root}/metrics"
+    )
     drain_s = config.server.drain_s  # read at start, like the port
     event_loop = config.server.event_loop
 
@@ -419,4 +423,5 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"agentproxy demo: {args.proxy} answered {error.status_code}: {error.message}",
                   file=sys.stderr)  # fmt: skip
         return 1
-    return asyncio.run(run_demo())
+    # On a terminal the proxy stays up after the story, for the addresses it printed.
+    return asyncio.run(run_demo(linger=sys.stdin.isatty() and sys.stdout.isatty()))
