@@ -406,7 +406,7 @@ def _demo(args: argparse.Namespace) -> int:
     from proxy.sim.demo import run_against, run_demo
 
     # The demo narrates what happens; per-request log lines would only interleave with it.
-    for name in ("agentproxy.access", "httpx", "httpx2"):
+    for name in ("agentproxy.access", "agentproxy.config", "httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
     if args.proxy:
