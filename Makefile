@@ -61,7 +61,7 @@ real-model: $(BIN)/agentproxy $(LLAMA_VENV)/bin/llama-ready
 	$(BIN)/python bench/real_model.py --llama-python $(LLAMA_VENV)/bin/python
 
 serve: $(BIN)/agentproxy
-	$(BIN)/agentproxy serve --config policies/local.yaml
+	$(BIN)/agentproxy serve --config policies/
 
 # Keeps $(LLAMA_VENV) (a 13-minute build): remove it by hand to rebuild it.
 clean:

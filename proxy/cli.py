@@ -201,8 +201,9 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.policies.single_model import single_model_config
     from proxy.runtime import heap, identity, workers
     from proxy.runtime.handover import discard
+    from proxy.runtime.listen import ListenError
     from proxy.runtime.recycle import RECYCLE_EXIT
-    from proxy.runtime.server import run, serve
+    from proxy.runtime.server import CHOOSE_PORT, run, serve
     from proxy.runtime.startup import startup_refusal
     from proxy.store.base import StoreError
 
@@ -235,7 +236,11 @@ def _serve(args: argparse.Namespace) -> int:
         if args.model
         else f"config {config.version}, {len(config.deployments)} models"
     )
-    banner = f"agentproxy {__version__} on http://{host}:{port}/v1 ({served})"
+    root = f"http://{host}:{port}"
+    banner = (  # said once listening: each address answers while this line is true
+        f"agentproxy {__version__} on {root}/v1 ({served})\n"
+        f"  inspector {root}/ui   metrics {root}/metrics"
+    )
     drain_s = config.server.drain_s  # read at start, like the port
     event_loop = config.server.event_loop
 
@@ -267,7 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
                 ready=lambda: tell(workers.READY), leaving=lambda: tell(workers.LEAVING),
             )  # fmt: skip
             recycled = run(serving, event_loop)
-        except StoreError as exc:  # checked at start-up: see app.py's lifecycle
+        except (StoreError, ListenError) as exc:  # start-up: the store (app.py), the port
             say(f"agentproxy: {exc}; not starting", log_format, error=True)
             return 2
         except KeyboardInterrupt:  # before the signal handlers are in place (start-up)
@@ -285,8 +290,8 @@ def _serve(args: argparse.Namespace) -> int:
             return workers.run(count, host, port, serve_one, banner,
                                say=lambda text: say(text, log_format), ready=listening)  # fmt: skip
         except OSError as exc:  # the port: taken, or not ours to bind
-            say(f"agentproxy: cannot listen on {host}:{port}: {exc}; not starting", log_format,
-                error=True)  # fmt: skip
+            say(f"agentproxy: {ListenError(host, port, exc, CHOOSE_PORT)}; not starting",
+                log_format, error=True)  # fmt: skip
             return 2
         finally:
             discard(config.store.path)
@@ -365,13 +370,18 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from proxy.runtime.listen import ListenError
     from proxy.sim.simulator import Simulator, serve_simulator
 
     sim = Simulator(
         context_window=args.context_window, api_key=args.api_key, chunk_delay_s=args.chunk_delay
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_simulator(args.host, args.port, sim))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_simulator(args.host, args.port, sim))
+    except ListenError as exc:
+        print(f"agentproxy simulate: {exc}; not starting", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -396,7 +406,7 @@ def _demo(args: argparse.Namespace) -> int:
     from proxy.sim.demo import run_against, run_demo
 
     # The demo narrates what happens; per-request log lines would only interleave with it.
-    for name in ("agentproxy.access", "httpx", "httpx2"):
+    for name in ("agentproxy.access", "agentproxy.config", "httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
     if args.proxy:
@@ -413,4 +423,5 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"agentproxy demo: {args.proxy} answered {error.status_code}: {error.message}",
                   file=sys.stderr)  # fmt: skip
         return 1
-    return asyncio.run(run_demo())
+    # On a terminal the proxy stays up after the story, for the addresses it printed.
+    return asyncio.run(run_demo(linger=sys.stdin.isatty() and sys.stdout.isatty()))

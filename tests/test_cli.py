@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -336,3 +337,22 @@ async def test_serve_one_model_with_no_file(aiohttp_server: Any, tmp_path: Path)
     ) in stdout.decode()
     assert "started with --model: there is no file to load" in stderr.decode()
     assert "provider key from OPENAI_API_KEY" in stderr.decode()
+
+
+@pytest.mark.parametrize("command", ["serve", "simulate", "run"])
+def test_a_port_in_use_is_one_line_naming_it_and_how_to_pick_another(
+    tmp_path: Path, command: str
+) -> None:
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(sim_config("http://127.0.0.1:9911") + f"store: {{path: {tmp_path}/data}}\n")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        flags = {"serve": ["--config", str(config)], "run": ["--simulate"]}.get(command, [])
+        agent = ["--", "true"] if command == "run" else []  # `run` starts its proxy on --port
+        result = agentproxy(command, *flags, "--port", str(port), *agent)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [text for text in result.stderr.splitlines() if str(port) in text]
+    assert f"127.0.0.1:{port} is in use" in line and "--port N" in line, line
+    assert line == result.stderr.splitlines()[-1]
+    assert line.endswith("not starting") or line.startswith("agentproxy run: cannot start"), line

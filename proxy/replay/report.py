@@ -12,6 +12,7 @@ from rich.table import Table
 from proxy.replay.engine import TurnRow
 
 JSON = dict[str, Any]
+UNKNOWN = "\N{EN DASH}"  # a cost an unpriced model leaves unknown: never $0, as the inspector shows
 _NUMBERS = ("turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
 
 
@@ -70,7 +71,7 @@ def _rewrites(row: TurnRow) -> str:
 
 
 def _cost(value: float | None) -> str:
-    return "-" if value is None else f"${value:.4f}"
+    return UNKNOWN if value is None else f"${value:.4f}"
 
 
 def print_text(

@@ -124,7 +124,7 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
         "tokens_sent": summary.tokens_sent,
         "prompt_tokens": summary.prompt_tokens,
         "completion_tokens": summary.completion_tokens,
-        "cost_usd": round(summary.cost_usd, 6),
+        "cost_usd": None if summary.cost_usd is None else round(summary.cost_usd, 6),
         "errors": summary.errors,
         "first_at": round(summary.first_at, 3),
         "last_at": round(summary.last_at, 3),

@@ -170,6 +170,7 @@ async def _embedded(
     one), until the agent is done; yields its URL."""
     from proxy.app import build_app
     from proxy.runtime.head_deadline import ProxyRunner
+    from proxy.runtime.listen import start_site
     from proxy.sim.simulator import Simulator, run_simulator
 
     async with contextlib.AsyncExitStack() as stack:
@@ -184,7 +185,7 @@ async def _embedded(
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, HOST, port)
-        await site.start()
+        await start_site(site, HOST, port, "pick another with --port N, or leave --port out")
         port = runner.addresses[0][1]
         what = "the simulated model" if options.simulate else (
             f"model {options.model}" if options.model else f"config {options.config}"

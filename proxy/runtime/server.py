@@ -27,6 +27,7 @@ from aiohttp import web
 from proxy.http.middleware import HANDLING, Handling
 from proxy.runtime.handover import HANDOVER
 from proxy.runtime.head_deadline import ProxyRunner
+from proxy.runtime.listen import start_site
 from proxy.runtime.recycle import refuse_past_hard_ceiling, watch_rss
 
 log = logging.getLogger("agentproxy")
@@ -34,6 +35,7 @@ T = TypeVar("T")
 
 QUIET_S = 0.5  # a drain ends once no request has begun for this long (and none is in flight)
 POLL_S = 0.02
+CHOOSE_PORT = "pick another with --port N (or server.port in the configuration)"
 CANCEL_S = 0.25  # past the deadline: what is still in flight is cancelled, and given this to end
 
 
@@ -59,8 +61,12 @@ async def serve(
     stopping = time.monotonic()
     try:
         site: web.BaseSite
-        site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
-        await site.start()
+        if sock:
+            site = web.SockSite(runner, sock)
+            await site.start()
+        else:  # a taken port is one line (ListenError), not the bind's traceback
+            site = web.TCPSite(runner, host, port)
+            await start_site(site, host, port, CHOOSE_PORT)
         freeze_heap()
         ready()
         kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio

@@ -148,7 +148,8 @@ def _announce(
             return False  # a worker exited before it was ready (or never got there): see _supervise
         if news.recv()[0] == READY:
             waiting -= 1
-    say(f"{banner} [{len(children)} workers]")
+    first, newline, rest = banner.partition("\n")  # the count on its first line
+    say(f"{first} [{len(children)} workers]{newline}{rest}")
     return True
 
 

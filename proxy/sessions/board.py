@@ -41,7 +41,7 @@ class SessionSummary:
     tokens_sent: int = 0  # as sent upstream, after the rewrites
     prompt_tokens: int = 0  # what the provider reported
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = None  # None: no turn had a price (an unpriced model), not $0
     errors: int = 0
     first_at: float = field(default_factory=time.time)
     last_at: float = 0.0
@@ -87,8 +87,8 @@ class SessionBoard:
         if usage is not None:
             summary.prompt_tokens += usage.prompt_tokens
             summary.completion_tokens += usage.completion_tokens
-        if ex.accounting.cost_usd:
-            summary.cost_usd += ex.accounting.cost_usd
+        if ex.accounting.cost_usd is not None:
+            summary.cost_usd = (summary.cost_usd or 0.0) + ex.accounting.cost_usd
         if ex.guard_record is not None:
             summary.guard = dict(ex.guard_record)
         summary.timeline.append(

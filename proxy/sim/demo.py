@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import tempfile
 import textwrap
 import time
@@ -103,6 +104,21 @@ async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
+ADMIN_KEY = "demo-admin"  # the inspector asks for it
+
+
+async def _until_stopped() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 def _config(sim_url: str, state: Path, aliases: tuple[str, ...] = ("sim",)) -> str:
     models = "".join(
         f"""
@@ -117,7 +133,7 @@ def _config(sim_url: str, state: Path, aliases: tuple[str, ...] = ("sim",)) -> s
     return textwrap.dedent(
         f"""\
         keys:
-          admin_key: demo-admin
+          admin_key: {ADMIN_KEY}
         store:
           path: {state}
         model_list:{models}
@@ -127,6 +143,7 @@ def _config(sim_url: str, state: Path, aliases: tuple[str, ...] = ("sim",)) -> s
             match: {{models: [sim]}}
             offload: {{min_tokens: 500, preview_lines: 3}}
             retry: {{base_s: 0.05}}
+            record: {{enabled: true}}                  # the inspector shows each turn whole
         """
     )
 
@@ -183,7 +200,9 @@ async def _read(parsed: Any, stream: bool) -> tuple[dict[str, Any], Any]:
     return message, usage
 
 
-async def run_demo(write: Callable[[str], None] = print) -> int:
+async def run_demo(write: Callable[[str], None] = print, linger: bool = False) -> int:
+    """The demo; with `linger` (a terminal) the proxy stays up after it, for the inspector and
+    the metrics whose addresses it printed, until Ctrl-C or SIGTERM."""
     say = Narrator(write)
     started = time.perf_counter()
     sim = Simulator(context_window=8192, chunk_delay_s=0.01)
@@ -194,6 +213,12 @@ async def run_demo(write: Callable[[str], None] = print) -> int:
         proxy_runner, proxy_url = await _start(build_app(config))
         try:
             await _narrate(say, sim, sim_url, proxy_url, config)
+            if linger:
+                say.line(
+                    f"\nStill serving: the inspector {proxy_url}/ui (admin key {ADMIN_KEY}) shows "
+                    f"this session turn by turn, {proxy_url}/metrics its series. Ctrl-C stops."
+                )
+                await _until_stopped()
         finally:
             await proxy_runner.cleanup()
             await sim_runner.cleanup()
@@ -239,6 +264,8 @@ async def _narrate(
     say.line("AgentProxy demo")
     say.line(f"  simulated model  {sim_url}/v1")
     say.line(f"  proxy            {proxy_url}/v1   (agents set base_url to this)")
+    say.line(f"  inspector        {proxy_url}/ui   (admin key {ADMIN_KEY})")
+    say.line(f"  metrics          {proxy_url}/metrics")
     client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="demo", max_retries=0)
     await _agent_session(say, client)
     sim.inject(Fault(malformed=True))
@@ -256,13 +283,13 @@ async def _narrate(
     await asyncio.to_thread(config.write_text, larger)
     async with aiohttp.ClientSession() as http:
         async with http.post(
-            f"{proxy_url}/admin/reload", headers={"Authorization": "Bearer demo-admin"}, json={}
+            f"{proxy_url}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, json={}
         ) as response:
             outcome = await response.json()
     models = await client.models.list()
     say.line(f"  reload ok={outcome['ok']} version={outcome['version']}")
     say.line(f"  /v1/models now: {', '.join(m.id for m in models.data)}")
-    say.line(f"\nThe upstream saw {len(sim.requests)} requests; metrics at {proxy_url}/metrics")
+    say.line(f"\nThe upstream saw {len(sim.requests)} requests.")
 
 
 def _interrupted_call() -> dict[str, Any]:

@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.runtime.listen import start_site
+
 from .anthropic import AnthropicDialect, betas
 from .anthropic import to_chat as anthropic_to_chat
 from .chat import OPENAI, OpenAIDialect
@@ -524,7 +526,8 @@ async def run_simulator(
     runner = web.AppRunner(sim.app(), handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        site = web.TCPSite(runner, host, port)
+        await start_site(site, host, port, "pick another with --port N")
         bound_port = runner.addresses[0][1]
         shown_host = f"[{host}]" if ":" in host else host
         yield f"http://{shown_host}:{bound_port}"

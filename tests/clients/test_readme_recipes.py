@@ -57,9 +57,10 @@ def readme_simulator() -> Iterator[str]:
 async def readme_proxy(
     readme_simulator: str, start_proxy: ProxyFactory, tmp_path: Path
 ) -> TestServer:
-    """`agentproxy serve --config policies/local.yaml`, on that simulator."""
+    """`agentproxy serve --config policies/` (its local.yaml), on that simulator."""
     argv = readme_line("serve", "--config")
-    local = (ROOT / argv[argv.index("--config") + 1]).read_text()
+    config = ROOT / argv[argv.index("--config") + 1]
+    local = (config / "local.yaml" if config.is_dir() else config).read_text()
     assert README_SIMULATOR in local
     path = tmp_path / "local.yaml"
     path.write_text(local.replace(README_SIMULATOR, readme_simulator))
@@ -75,7 +76,7 @@ async def test_the_claude_code_recipe_runs_as_written(
     any_claude_code: ClaudeCode, readme_proxy: TestServer
 ) -> None:
     claude_code = any_claude_code
-    env, argv = split_env(readme_line("claude", "--model"))
+    env, argv = split_env(readme_line("claude", "--model", "ANTHROPIC_API_KEY=local"))
     assert argv[0] == "claude" and set(env) == {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
     run = await claude_code.run(
         'Bash({"command": "ls"})',  # the simulated model calls a tool named so

@@ -659,7 +659,7 @@ def test_example_config_validates(monkeypatch: pytest.MonkeyPatch) -> None:
         "ANTHROPIC_API_KEY",
     ):
         monkeypatch.setenv(name, f"test-{name.lower()}")
-    path = REPO / "policies" / "example.yaml"
+    path = REPO / "examples" / "example.yaml"
 
     assert validate_paths([str(path)]) == ([], [])
     config = load_config(path)

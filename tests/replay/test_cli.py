@@ -84,3 +84,14 @@ def test_a_long_replay_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -
     # The same replay with --json, or with stderr not a terminal, draws nothing.
     assert agentproxy("replay", str(trace), "--json").stderr == ""
     assert agentproxy("replay", str(trace)).stderr == ""
+
+
+def test_an_unpriced_model_costs_a_dash_not_zero(tmp_path: Path) -> None:
+    trace = (ROOT / "examples/traces/coding-agent-chat.jsonl").read_text()
+    unpriced = tmp_path / "unpriced.jsonl"
+    unpriced.write_text(trace.replace('"model": "gpt-4.1-mini"', '"model": "my-local-model"'))
+    done = agentproxy("replay", str(unpriced))
+    assert done.returncode == 0, done.stderr
+    assert "cost \N{EN DASH}," in done.stdout and "$0.0000" not in done.stdout, done.stdout
+    data = json.loads(agentproxy("replay", str(unpriced), "--json").stdout)
+    assert data["totals"]["cost_usd"] is None
