@@ -303,15 +303,16 @@ async def _conversation(
 
 def _carried(events: list[Any], seen: OrderedDict[tuple[str, ...], None]) -> list[dict[str, Any]]:
     """For each event, whether it is new: an event that names what it acted on (NAMED) is
-    carried when every name was named by an earlier call's event of the same stage and
-    action (`carried`: how many were); one that names nothing is new. `seen` learns them."""
+    carried when every name was named by an earlier call's event of the same stage (an
+    offload of the same result, a summary's checkpoint reused: `carried` says how many
+    were); one that names nothing is new. `seen` learns them."""
     marks: list[dict[str, Any]] = []
     for event in events:
         if not isinstance(event, dict):
             marks.append({})
             continue
-        kind = (str(event.get("stage")), str(event.get("action")))
-        names = [(*kind, n) for n in _names(event)]
+        stage = str(event.get("stage"))
+        names = [(stage, n) for n in _names(event)]
         carried = sum(name in seen for name in names)
         marks.append({"new": not names or carried < len(names), "carried": carried})
         for name in names:
