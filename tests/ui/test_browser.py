@@ -53,6 +53,9 @@ def config(sim_url: str, data: Path, *, keys: bool = True, record: bool = True) 
             litellm_params: {{model: openai/sim, api_base: "{sim_url}/v1"}}
             model_info: {{max_input_tokens: {WINDOW}, input_cost_per_token: 0.000001,
                           output_cost_per_token: 0.000002}}
+          - model_name: gemini-native
+            litellm_params: {{model: gemini/gemini-sim, api_base: "{sim_url}"}}
+            model_info: {{max_input_tokens: {WINDOW}}}
         policies:
           - name: inspected
             record: {{enabled: {str(record).lower()}}}
@@ -354,3 +357,87 @@ async def test_a_long_timeline_is_read_a_page_at_a_time_from_the_more_control(
     assert seen["path"].count("L") == 3  # the chart drawn again over the four
     assert not seen["more_shown"]
     assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
+
+
+GEMINI_SESSION = "gemini-talk"
+
+
+async def drive_gemini(proxy: TestServer) -> None:
+    """A Gemini agent (the google-genai SDK): the model calls a tool, the agent answers it."""
+    from google import genai
+    from google.genai import types
+
+    options = types.HttpOptions(
+        base_url=str(proxy.make_url("")).rstrip("/"),
+        headers={"x-agentproxy-session": GEMINI_SESSION},
+    )
+    sdk = genai.Client(api_key=ALICE, http_options=options)
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    tools = [types.Tool(function_declarations=[
+        types.FunctionDeclaration(name="read_file", parameters_json_schema=schema)])]  # fmt: skip
+    config = types.GenerateContentConfig(
+        tools=tools,
+        system_instruction="You read files.",
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    ask = types.Content(role="user", parts=[types.Part(text='read_file({"path": "notes.txt"})')])
+    reply = await sdk.aio.models.generate_content(
+        model="gemini-native", contents=[ask], config=config
+    )
+    turn = reply.candidates[0].content  # type: ignore[index]
+    assert turn is not None
+    call = next(p.function_call for p in turn.parts or () if p.function_call)
+    answer = types.Part.from_function_response(name="read_file", response={"output": "42 lines"})
+    if call.id:
+        answer.function_response.id = call.id  # type: ignore[union-attr]
+    history = [ask, turn, types.Content(role="user", parts=[answer])]
+    final = await sdk.aio.models.generate_content(
+        model="gemini-native", contents=history, config=config
+    )
+    assert final.text == "read_file returned: 42 lines"
+    await proxy.app[RECORDINGS].flush()
+
+
+def read_gemini(browser: Any, url: str, shot: Path) -> dict[str, Any]:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(f"{url}/ui")
+    browser.execute_script(f"sessionStorage.setItem('agentproxy.inspector.key', '{ADMIN}')")
+    browser.get(f"{url}/ui#session={GEMINI_SESSION}")
+    wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, ".conversation")))
+    calls = browser.find_elements(By.CSS_SELECTOR, "#turns > li.turn")
+    seen: dict[str, Any] = {
+        "heads": [c.find_element(By.CSS_SELECTOR, ".turn-head").text for c in calls],
+        "messages": [[m.text for m in c.find_elements(By.CSS_SELECTOR, ".message")] for c in calls],
+        "console": browser.get_log("browser"),
+    }
+    keep(browser, shot)
+    return seen
+
+
+async def test_a_gemini_sessions_tool_call_and_result_read_as_a_conversation(
+    driver: Any, aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    upstream: TestServer = await aiohttp_server(Simulator(context_window=WINDOW).app())
+    path = tmp_path / "agentproxy.yaml"
+    path.write_text(config(str(upstream.make_url("")).rstrip("/"), tmp_path / "data"))
+    proxy = await start_proxy(path)
+    await drive_gemini(proxy)
+    url = str(proxy.make_url("")).rstrip("/")
+    shot = tmp_path / "inspector-gemini.png"
+    seen = await asyncio.to_thread(read_gemini, driver, url, shot)
+
+    assert [h.split("\n")[:2] for h in seen["heads"]] == [
+        ["Turn 1", "call 1"], ["Turn 1", "call 2 · continues"]]  # fmt: skip
+    first, second = seen["messages"]
+    assert first[:2] == ["SYSTEM\nYou read files.", 'USER\nread_file({"path": "notes.txt"})']
+    assert first[2].startswith("ANSWER · STOP: STOP\n→ read_file")
+    assert '{\n  "path": "notes.txt"\n}' in first[2]  # the call's arguments, pretty
+    assert second[0].startswith("ASSISTANT\n→ read_file")
+    assert second[1].startswith("TOOL\n← result") and '"output": "42 lines"' in second[1]
+    assert second[2] == "ANSWER · STOP: STOP\nread_file returned: 42 lines"
+    assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
+    assert shot.stat().st_size > 10_000
