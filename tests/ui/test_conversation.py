@@ -44,8 +44,9 @@ def config(url: str, data: Path) -> str:
                               api_key: {UPSTREAM_KEY}}}
         policies:
           - name: recorded
-            record: {{enabled: true}}
+            record: {{enabled: true, redact: ['SECRET-TOKEN-[0-9]+']}}
             offload: {{min_tokens: 500, preview_lines: 2}}
+            retry: {{attempts: 1}}
         """
     )
 
@@ -286,3 +287,35 @@ async def test_another_key_with_the_same_session_id_sees_only_its_own_conversati
     assert said == [SYSTEM, "bob's own question"]
     alices = await timeline(proxy, "shared", ALICE)
     assert alices["calls"] == 4
+
+
+async def test_a_proxy_error_a_broken_stream_and_a_secret_in_an_upstream_error_are_told(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    proxy, sim = await start(start_proxy, aiohttp_server, tmp_path)
+    agent = Agent("chat", "failures")
+    said: list[Any] = []
+    async with aiohttp.ClientSession() as http:
+        agent.prompt("first")
+        sim.inject(Fault(reset=True))  # the upstream hangs up: the proxy's own error
+        said.append(await agent.send(http, proxy))
+        agent.prompt("second")
+        leak = {"error": {"message": "key SECRET-TOKEN-8472913 is revoked", "type": "auth"}}
+        sim.inject(Fault(status=400, body=leak))
+        said.append(await agent.send(http, proxy))
+        agent.prompt("third, streamed")
+        sim.inject(Fault(cut_after_chunks=2))  # the stream breaks after it began
+        url = proxy.make_url(agent.path())
+        body = {**agent.body(), "stream": True}
+        async with http.post(url, json=body, headers=agent.headers()) as response:
+            assert response.status == 200
+            await response.read()
+    await proxy.app[RECORDINGS].flush()
+    rows = (await timeline(proxy, "failures"))["timeline"]
+    refused, leaked, broken = (row["error"] for row in rows)
+    assert said[0][0] == refused["status"] >= 500 and refused["by"] == "proxy"
+    assert refused["message"] == said[0][1]["error"]["message"] and refused["type"]
+    assert said[1][0] == leaked["status"] == 400 and leaked["by"] == "upstream"
+    assert leaked["message"] == "key [redacted] is revoked"
+    assert broken["by"] == "stream" and broken["status"] >= 500 and broken["message"]
+    assert rows[2]["status"] == broken["status"]
