@@ -86,13 +86,19 @@ def message(role: Any, parts: list[dict[str, Any]]) -> Message:
 
 
 def opens_turn(messages: list[Message]) -> bool:
-    """Whether new messages open a client turn: a user's words, not only the results of the
-    tools the model called (those continue the turn: the agent's next call)."""
-    for entry in messages:
-        parts = entry.get("parts") or []
-        kinds = {p.get("type") for p in parts}
-        if entry.get("role") == "user" and kinds & {"text", "other"} and "tool_result" not in kinds:
-            return True
+    """Whether new messages open a client turn: the last of them the client wrote (a user's or
+    a tool's) holds a user's words, not only the results of the tools the model called (those
+    continue the turn: the agent's next call). The last, since an earlier prompt may be new
+    again only for a changed marker (a cache breakpoint moved to the newest message)."""
+    for entry in reversed(messages):
+        if entry.get("role") not in ("user", "tool"):
+            continue
+        kinds = {p.get("type") for p in entry.get("parts") or []}
+        return (
+            entry.get("role") == "user"
+            and bool(kinds & {"text", "other"})
+            and ("tool_result" not in kinds)
+        )
     return False
 
 

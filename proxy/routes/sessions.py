@@ -276,7 +276,7 @@ async def _conversation(
     recording: Recording, turn: RecordedTurn, conversation: Conversation
 ) -> dict[str, Any]:
     """The call's new messages as its client sent them (those past the prefix it shares with
-    the call it was compared with; the first call's system prompt or instructions with them)
+    the call it was compared with; when all are new, the system prompt or instructions too)
     and its answer, bounded (conversation.py): `messages_omitted` says how many were left out.
     Only the new messages' parts are read, and at most MESSAGES_SHOWN of them."""
     shape = turn.record.get("request")

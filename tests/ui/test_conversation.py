@@ -319,3 +319,35 @@ async def test_a_proxy_error_a_broken_stream_and_a_secret_in_an_upstream_error_a
     assert leaked["message"] == "key [redacted] is revoked"
     assert broken["by"] == "stream" and broken["status"] >= 500 and broken["message"]
     assert rows[2]["status"] == broken["status"]
+
+
+async def test_a_cache_breakpoint_moved_off_the_prompt_does_not_open_a_turn(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """Claude Code marks its newest message as a cache breakpoint: on the next call the prompt
+    comes back without the marker (new to the recording), followed by the tool's result."""
+    proxy, _ = await start(start_proxy, aiohttp_server, tmp_path)
+    agent = Agent("anthropic", "breakpoints")
+    mark = {"type": "ephemeral"}
+    async with aiohttp.ClientSession() as http:
+        agent.history.append(
+            {"role": "user", "content": [{"type": "text", "text": ASK, "cache_control": mark}]}
+        )
+        status, reply = await agent.send(http, proxy)
+        assert status == 200, reply
+        call = agent.answered(reply)
+        assert call is not None
+        agent.history[0] = {"role": "user", "content": [{"type": "text", "text": ASK}]}
+        block = {"type": "tool_result", "tool_use_id": call, "content": "42 lines",
+                 "cache_control": mark}  # fmt: skip
+        agent.history.append({"role": "user", "content": [block]})
+        status, reply = await agent.send(http, proxy)
+        assert status == 200, reply
+    await proxy.app[RECORDINGS].flush()
+    session = await timeline(proxy, "breakpoints")
+    assert (session["turns"], session["calls"]) == (1, 2)
+    second = session["timeline"][1]
+    assert second["opens"] is False
+    # The whole list is new to the recording (its first message changed): the system prompt too.
+    roles = [m["role"] for m in second["messages_in"]]
+    assert roles == ["system", "user", "assistant", "tool"]
