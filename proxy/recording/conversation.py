@@ -30,6 +30,9 @@ MESSAGES_CHARS = 48_000  # of all a row's new messages together
 ANSWER_CHARS = 16_000  # of a row's answer
 MESSAGES_SHOWN = 40  # a row's new messages, at most: the last ones (a whole history is new
 # on a session's first turn, or after the client edited its past)
+PARTS_SHOWN = 64  # of one message's parts (content blocks, tool calls)
+NAME_CHARS = 200  # of a role, a tool's name, a call's id, a stop reason
+BODIES = ("text", "content", "arguments")  # a part's fields cut to PART_CHARS
 ERROR_CHARS = 4_000  # of a failed turn's error message, as recorded
 FULL = "GET this turn with ?full=1 for all of it"
 
@@ -131,16 +134,24 @@ def cut(value: str, limit: int) -> str:
 
 
 def _bounded_message(entry: Message, budget: int) -> tuple[Message, int]:
+    """The message with its first PARTS_SHOWN parts, each cut (a name or an id to NAME_CHARS),
+    within `budget` characters once past the first; and the characters it holds."""
+    given = entry.get("parts") or []
     parts, used = [], 0
-    for part in entry.get("parts") or []:
+    for part in given[:PARTS_SHOWN]:
         limit = max(100, min(PART_CHARS, budget - used))
-        shown = dict(part)
-        for field in ("text", "content", "arguments"):
-            if field in shown:
-                shown[field], size = _bounded_value(shown[field], limit)
+        shown = {}
+        for field, value in part.items():
+            if field in BODIES:
+                shown[field], size = _bounded_value(value, limit)
                 used += size
+            else:
+                shown[field] = cut(value, NAME_CHARS) if isinstance(value, str) else value
         parts.append(shown)
-    return {**entry, "parts": parts}, used
+    if len(given) > PARTS_SHOWN:
+        parts.append(other(f"{len(given) - PARTS_SHOWN:,} more parts: {FULL}"))
+    bounded = {k: cut(v, NAME_CHARS) if isinstance(v, str) else v for k, v in entry.items()}
+    return {**bounded, "parts": parts}, used
 
 
 def _bounded_value(value: Any, limit: int) -> tuple[Any, int]:

@@ -522,7 +522,11 @@ def _opens(conversation: Conversation, body: Any, request: dict[str, Any] | None
     if not isinstance(body, dict) or request is None or request.get("key") is None:
         return True
     items = body[request["key"]][request["keep"] :]
-    return opens_turn(conversation.messages(items))
+    for item in reversed(items):  # the last the client wrote decides: read back to it only
+        read = conversation.messages([item])
+        if read and read[-1].get("role") in ("user", "tool"):
+            return opens_turn(read)
+    return False
 
 
 def _error(turn: Finished, conversation: Conversation, redaction: Redaction) -> Any:
