@@ -351,3 +351,29 @@ async def test_a_cache_breakpoint_moved_off_the_prompt_does_not_open_a_turn(
     # The whole list is new to the recording (its first message changed): the system prompt too.
     roles = [m["role"] for m in second["messages_in"]]
     assert roles == ["system", "user", "assistant", "tool"]
+
+
+async def test_client_turns_count_on_in_another_process_on_the_same_store(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """A second proxy on the store (a restart, a replica) reads where the count stood: a
+    tool's result it sees first continues the turn, the next prompt opens the next one."""
+    first, _ = await start(start_proxy, aiohttp_server, tmp_path)
+    agent = Agent("chat", "lasting")
+    async with aiohttp.ClientSession() as http:
+        agent.prompt(ASK)
+        _, reply = await agent.send(http, first)
+        call = agent.answered(reply)
+        assert call is not None
+        await first.app[RECORDINGS].flush()
+        second, _ = await start(start_proxy, aiohttp_server, tmp_path)
+        agent.result(call, "42 lines")
+        _, reply = await agent.send(http, second)
+        agent.answered(reply)
+        agent.prompt("And then?")
+        status, _ = await agent.send(http, second)
+        assert status == 200
+    await second.app[RECORDINGS].flush()
+    session = await timeline(second, "lasting")
+    assert (session["turns"], session["calls"]) == (2, 3)
+    assert [r["turn"] for r in session["timeline"]] == [1, 1, 2]
