@@ -142,6 +142,7 @@ def build_app(
         recorder.recording_stopped,
         on_unrecorded=recorder.turns_unrecorded,
         assemblies={wire.name: wire.answer_assembly for wire in REGISTRY},
+        conversations={wire.name: wire.conversation for wire in REGISTRY},
     )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.

@@ -59,6 +59,13 @@ class Recording:
     def __len__(self) -> int:
         return len(self._turns)
 
+    def client_turns(self) -> int | None:
+        """How many client turns the recorded calls make (a person's prompts: each turn
+        record's meta says which one it belongs to); None for a recording written before
+        turns were counted."""
+        counted = [info.meta["turn"] for info in self._turns if "turn" in info.meta]
+        return max(counted) if counted else None
+
     async def last(self) -> dict[str, Any] | None:
         """The last turn's record (its model, when), without walking the others."""
         for info in reversed(self._turns):
@@ -147,6 +154,10 @@ class Recording:
                 look(orjson.loads(raw))
         look(values[at:])
         return found
+
+    async def part(self, ref: str) -> Any:
+        """One stored part, parsed (a message, or a body without its messages)."""
+        return await self._value(ref)
 
     async def _value(self, ref: str) -> Any:
         if self._parsed is not None and ref in self._parsed:

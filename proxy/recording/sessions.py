@@ -6,10 +6,15 @@ toward its owner's store.max_owner_share):
     record_part   one message (or a body without its messages), content-addressed: a history
                   re-sent every turn is stored once, message by message
     record_turn   {"v", "wire", "route", "request": LIST, "sent": LIST, "answer", "status",
-                   "events", "usage", "model", "at", "seq"}, LIST being {"body": part ref of
-                   the body without its messages, "key": "messages" | "input" | None, "base":
-                   the previous turn's ref, "keep": how many of its messages lead this one's,
-                   "new": the part refs of the rest}: a turn costs its new messages only.
+                   "error", "events", "usage", "model", "at", "seq", "turn", "opens"}, LIST
+                   being {"body": part ref of the body without its messages, "key":
+                   "messages" | "input" | None, "base": the previous turn's ref, "keep": how
+                   many of its messages lead this one's, "new": the part refs of the rest}: a
+                   turn costs its new messages only.
+                  "turn" is the client turn it belongs to (a person's prompt opens one,
+                  "opens"; the agent's calls that only carry tool results continue it), also
+                  in the blob's meta with "seq"; "error", for a failed turn, its status, who
+                  said it and the message (redacted, at most ERROR_CHARS).
 
 Nothing is written before it is redacted (proxy/recording/redact.py). The writer runs in one
 task, off the requests' path, in the order turns finished; a store that fails or refuses is
@@ -35,6 +40,7 @@ from proxy.logs.limit import warn_limited
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
 from proxy.recording.answers import Assemble, answer_in_slices, answer_of, assembled_size
+from proxy.recording.conversation import ERROR_CHARS, Conversation, cut, opens_turn
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
@@ -51,6 +57,7 @@ MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known 
 # A streamed answer up to this is assembled at once (about a ms); a longer one by the writer,
 # in slices that let the event loop run between them.
 INLINE_ANSWER_BYTES = 64 * 1024
+CLIENT_GONE = 499  # the status a turn whose client left is counted with (http/keys.py)
 _UNREAD: Any = object()  # the answer is not assembled yet
 
 
@@ -86,6 +93,7 @@ class _Known:
 
     bytes: int = 0  # stored so far
     seq: int = 0  # turns recorded
+    turns: int = 0  # client turns recorded (a person's prompts)
     stopped: bool = False
     parts: dict[int, str] = field(default_factory=dict)  # xxh3 of a part's raw JSON -> ref
     stored: set[str] = field(default_factory=set)  # refs known to be in the store already
@@ -111,8 +119,10 @@ class TurnWriter:
         on_unrecorded: Callable[[str, str, int], None] | None = None,
         *,
         assemblies: Mapping[str, Assemble],
+        conversations: Mapping[str, Conversation],
     ) -> None:
         self.store = store
+        self.conversations = conversations  # by wire name: how its bodies read (the timeline)
         self.assemblies = assemblies  # by wire name: how its streamed answers are put together
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
@@ -291,6 +301,7 @@ class TurnWriter:
         spec = ex.policy.record
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
         this, base, shared, key = _lineage(ex)
+        received = ex.received if ex.received is not None else _parsed(turn.raw)
         if ex.received is not None:  # the body as parsed, never mutated
             # As far as its list agrees with the turn it was compared with, that turn's
             # hashes are its entries' (not hashed again), if this recording holds that turn.
@@ -298,7 +309,9 @@ class TurnWriter:
             keep = shared if prior is not None and _list_key(ex.received) == key else 0
             request = split.body(ex.received, "request", keep, prior)
         else:
-            request = split.body(_parsed(turn.raw), "request", 0)
+            request = split.body(received, "request", 0)
+        conversation = self.conversations[ex.client.wire]
+        opens = not known.turns or _opens(conversation, received, request)
         sent = split.body(ex.sent, "sent", 0)
         events: Any = []
         if ex.notes or turn.error is not None:
@@ -318,11 +331,14 @@ class TurnWriter:
                 self.assemblies[ex.client.wire], turn.body, ex.streamed, split.redaction, answer
             ),
             "status": turn.status,
+            "error": _error(turn, conversation, split.redaction),
             "events": events,
             "usage": None if usage is None else usage.described(),
             "cost_usd": ex.accounting.cost_usd,
             "model": ex.alias,
             "at": round(turn.at, 3),
+            "turn": known.turns + opens,
+            "opens": opens,
         }
         data = orjson.dumps(record, default=str)
         self.hashed += split.hashed
@@ -341,11 +357,12 @@ class TurnWriter:
             for ref, part in writes.items()
         ]
         ref = content_ref(session, RECORD_TURN, data)
-        meta = {"seq": known.seq}
+        meta = {"seq": known.seq, "turn": record["turn"]}
         blobs.append((BlobInfo(ref, session, RECORD_TURN, len(data), turn.at, owner, meta), data))
         known.stored.update(writes)
         known.bytes += adding
         known.seq += 1
+        known.turns = record["turn"]
         known.last_turn = ref
         if this is not None:
             known.recent[this] = (ref, split.hashes.get("request", []))
@@ -374,6 +391,7 @@ class TurnWriter:
                 known.bytes += info.size
                 known.stored.add(info.ref)
                 known.seq += info.kind == RECORD_TURN
+                known.turns = max(known.turns, int(info.meta.get("turn") or 0))
         self._known[session] = known
         return known
 
@@ -496,6 +514,45 @@ class _Split:
             if ref not in self.known.stored:
                 self.writes[ref] = data
         return ref
+
+
+def _opens(conversation: Conversation, body: Any, request: dict[str, Any] | None) -> bool:
+    """Whether the turn's new entries (those past the prefix it shares with the turn it was
+    compared with) open a client turn; a body without a list is a prompt of its own."""
+    if not isinstance(body, dict) or request is None or request.get("key") is None:
+        return True
+    items = body[request["key"]][request["keep"] :]
+    for item in reversed(items):  # the last the client wrote decides: read back to it only
+        read = conversation.messages([item])
+        if read and read[-1].get("role") in ("user", "tool"):
+            return opens_turn(read)
+    return False
+
+
+def _error(turn: Finished, conversation: Conversation, redaction: Redaction) -> Any:
+    """A failed turn's status, who said so and what: the proxy's own error, a stream that
+    failed after it began, else the error envelope the client got (the upstream's, in the
+    client's wire). None for a turn that did not fail."""
+    stream = next((n for n in turn.ex.notes if (n.stage, n.action) == ("stream", "failed")), None)
+    if turn.error is not None:
+        found = {**turn.error, "by": "proxy"}
+    elif stream is not None:
+        found = {"status": stream.fields.get("status", turn.status), "by": "stream",
+                 "message": stream.fields.get("message")}  # fmt: skip
+    elif turn.status == CLIENT_GONE:
+        found = {"status": turn.status, "by": "client",
+                 "message": "the client left before the answer was complete"}  # fmt: skip
+    elif turn.status >= 400:
+        reply = _parsed(turn.body)
+        said = conversation.error(reply) if isinstance(reply, dict) else None
+        if said is None and turn.body:
+            said = turn.body[: ERROR_CHARS * 2].decode("utf-8", "replace")
+        found = {"status": turn.status, "by": "upstream", "message": said}
+    else:
+        return None
+    if isinstance(found.get("message"), str):
+        found["message"] = cut(found["message"], ERROR_CHARS)
+    return redaction.value(orjson.loads(orjson.dumps(found, default=str)))
 
 
 def _long_answer(turn: Finished) -> bool:

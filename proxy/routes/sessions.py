@@ -10,12 +10,20 @@ the key that owns them. The list is this process's board
 (proxy/recording/reader.py), any other its last turns from the board. A timeline comes in
 pages (?after=TURN&limit=N; `has_more`, `next_after`): only a page's turns are expanded, and a
 page stops at PAGE_BYTES, so reading any recorded session costs about a page of memory.
+
+A timeline row is one call (the agent's request, with the recall rounds and retries inside
+it), numbered `call`; a recorded row also says which client turn it belongs to (`turn`: a
+person's prompt opens one) and reads as a conversation, in one shape for every wire
+(proxy/recording/conversation.py): `messages_in` (the messages new in it, as the client sent
+them), `answer` and, when it failed, `error`. Its events say whether an earlier call already
+had them (`new`: a rewrite re-applied to the same old messages is carried, not new).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any
@@ -25,10 +33,12 @@ from aiohttp import web
 
 from proxy.errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
 from proxy.http.auth import is_local, presented_key
+from proxy.recording import conversation as said
+from proxy.recording.conversation import Conversation
 from proxy.recording.reader import RecordedTurn, Recording
 from proxy.sessions.board import SessionSummary
 from proxy.sessions.identity import owner_of
-from proxy.state import BOARD, CONFIG, STORE, TIMELINE_READS
+from proxy.state import BOARD, CONFIG, RECORDINGS, STORE, TIMELINE_READS
 from proxy.store.base import StoreError
 from proxy.store.shares import session_owner
 
@@ -39,6 +49,9 @@ DEFAULT_TURNS = 100  # a timeline page's turns, unless ?limit= says
 MAX_TURNS = 1000  # and at most
 PAGE_BYTES = 4 * 1024 * 1024  # a page's rows stop past this (bodies with ?full=1), after one
 PAGES_AT_ONCE = 2  # recorded timeline pages built at once (each holds its page and its part cache)
+# What an event names (archived refs, tool call ids): one an earlier call named too is carried.
+NAMED = ("ref", "refs", "tool_call_ids")
+SEEN_NAMES = 50_000  # names remembered while a page walks the calls before it
 
 
 @routes.get("/admin/sessions")
@@ -64,7 +77,8 @@ async def show_session(request: web.Request) -> web.Response:
         async with request.app[TIMELINE_READS]:
             recording = await Recording.open(request.app[STORE], session)
             if recording:
-                page = await _recorded_page(recording, after, limit, full)
+                conversations = request.app[RECORDINGS].conversations
+                page = await _recorded_page(recording, after, limit, full, conversations)
                 last = await recording.last() if summary is None else None
     except StoreError as exc:
         raise ServiceUnavailable(
@@ -76,6 +90,11 @@ async def show_session(request: web.Request) -> web.Response:
         page = _board_page(summary, after, limit)
     body = _describe(summary) if summary is not None else _unlisted(session, recording, last)
     body["source"] = "recording" if recording else "board"
+    # Client turns apart from the calls in them: a recording knows both; the board counts
+    # calls only.
+    body["calls"] = len(recording) if recording else body.get("turns")
+    if recording and recording.client_turns() is not None:
+        body["turns"] = recording.client_turns()
     body["timeline"], body["has_more"], body["next_after"] = page
     body["limit"] = limit
     return _json(body)
@@ -167,20 +186,32 @@ def _count(query: Mapping[str, str], name: str, default: int, least: int) -> int
     return int(text)
 
 
-async def _recorded_page(recording: Recording, after: int, limit: int, full: bool) -> Page:
-    """Up to `limit` turns past `after`, expanded one at a time and each kept as its JSON:
-    the page stops early, after at least one turn, where it would pass PAGE_BYTES."""
+async def _recorded_page(
+    recording: Recording,
+    after: int,
+    limit: int,
+    full: bool,
+    conversations: Mapping[str, Conversation],
+) -> Page:
+    """Up to `limit` calls past `after`, expanded one at a time and each kept as its JSON:
+    the page stops early, after at least one call, where it would pass PAGE_BYTES. The calls
+    before it are walked for what their events named (bounded: SEEN_NAMES)."""
     rows: list[Any] = []
     used, last = 0, after
-    async with aclosing(recording.turns(after)) as turns:
+    seen: OrderedDict[tuple[str, ...], None] = OrderedDict()
+    async with aclosing(recording.turns()) as turns:
         async for turn in turns:
+            if turn.number <= after:
+                _carried(turn.record.get("events") or [], seen)
+                continue
             if len(rows) == limit:
                 return rows, True, last
             if full and rows:  # what its bodies will weigh, known before they are built
                 weight = sum(recording.size(turn, which) or 0 for which in ("request", "sent"))
                 if used + weight > PAGE_BYTES:
                     return rows, True, last
-            row = orjson.dumps(await _recorded(recording, turn, full))
+            conversation = conversations.get(turn.record.get("wire") or "")
+            row = orjson.dumps(await _recorded(recording, turn, full, conversation, seen))
             if rows and used + len(row) > PAGE_BYTES:
                 return rows, True, last
             rows.append(orjson.Fragment(row))
@@ -189,23 +220,37 @@ async def _recorded_page(recording: Recording, after: int, limit: int, full: boo
 
 
 def _board_page(summary: SessionSummary, after: int, limit: int) -> Page:
-    """The board's last turns, numbered as the session counts them."""
+    """The board's last calls, numbered as the session counts them."""
     first = summary.turns - len(summary.timeline) + 1
-    numbered = [{"turn": first + i, **row} for i, row in enumerate(summary.timeline)]
-    rows = [row for row in numbered if row["turn"] > after]
+    numbered = [{"call": first + i, **row} for i, row in enumerate(summary.timeline)]
+    rows = [row for row in numbered if row["call"] > after]
     more = len(rows) > limit
-    return rows[:limit], more, rows[limit - 1]["turn"] if more else None
+    return rows[:limit], more, rows[limit - 1]["call"] if more else None
 
 
-async def _recorded(recording: Recording, turn: RecordedTurn, full: bool) -> dict[str, Any]:
-    """A recorded turn as a timeline row: its number, context in and out (from the stored
-    parts' sizes: the bodies are not built for it), events (a summary with the summarizer's
-    text as the model saw it, an offload with its pointer), errors; with ?full=1 the bodies
-    too. Fields a row adds go here, read from `turn` and its parts as these are."""
+async def _recorded(
+    recording: Recording,
+    turn: RecordedTurn,
+    full: bool,
+    conversation: Conversation | None,
+    seen: OrderedDict[tuple[str, ...], None],
+) -> dict[str, Any]:
+    """A recorded call as a timeline row: its number and its client turn's, context in and
+    out (from the stored parts' sizes: the bodies are not built for it), the conversation
+    (its new messages, the answer, the error), events (new or carried; a summary with the
+    summarizer's text as the model saw it, an offload with its pointer), errors; with
+    ?full=1 the bodies too. Fields a row adds go here, read from `turn` and its parts."""
     record = turn.record
-    events = [await _with_seen(recording, turn, e) for e in record.get("events") or []]
+    raw_events = record.get("events") or []
+    news = _carried(raw_events, seen)
+    events = [
+        {**await _with_seen(recording, turn, e), **new}
+        for e, new in zip(raw_events, news, strict=True)
+    ]
     row = {
-        "turn": turn.number,
+        "call": turn.number,
+        "turn": record.get("turn"),
+        "opens": record.get("opens"),
         "at": record.get("at"),
         "status": record.get("status"),
         "model": record.get("model"),
@@ -216,12 +261,77 @@ async def _recorded(recording: Recording, turn: RecordedTurn, full: bool) -> dic
         "usage": record.get("usage"),
         "events": events,
         "errors": [e for e in events if e.get("stage") in ("error", "stream")],
+        "error": record.get("error"),
     }
+    if conversation is not None:
+        row.update(await _conversation(recording, turn, conversation))
     if full:
         row["request"] = await recording.body(turn, "request") or {}
         row["sent"] = await recording.body(turn, "sent")
         row["answer"] = record.get("answer")
     return row
+
+
+async def _conversation(
+    recording: Recording, turn: RecordedTurn, conversation: Conversation
+) -> dict[str, Any]:
+    """The call's new messages as its client sent them (those past the prefix it shares with
+    the call it was compared with; when all are new, the system prompt or instructions too)
+    and its answer, bounded (conversation.py): `messages_omitted` says how many were left out.
+    Only the new messages' parts are read, and at most MESSAGES_SHOWN of them."""
+    shape = turn.record.get("request")
+    messages: list[said.Message] = []
+    omitted = 0
+    if isinstance(shape, dict):
+        if not shape.get("base") or not shape.get("key"):
+            rest = await recording.part(shape["body"])
+            if isinstance(rest, dict):
+                messages += conversation.outside(rest)
+        refs = list(shape.get("new") or []) if shape.get("key") else []
+        omitted = max(0, len(refs) - said.MESSAGES_SHOWN)
+        items = [await recording.part(ref) for ref in refs[omitted:]]
+        messages += conversation.messages(items)
+    shown, left = said.bounded(messages)
+    reply = turn.record.get("answer")
+    answer = conversation.answer(reply) if isinstance(reply, dict) else None
+    return {
+        "messages_in": shown,
+        "messages_omitted": omitted + left,
+        "answer": said.bounded_answer(answer),
+    }
+
+
+def _carried(events: list[Any], seen: OrderedDict[tuple[str, ...], None]) -> list[dict[str, Any]]:
+    """For each event, whether it is new: an event that names what it acted on (NAMED) is
+    carried when every name was named by an earlier call's event of the same stage (an
+    offload of the same result, a summary's checkpoint reused: `carried` says how many
+    were); one that names nothing is new. `seen` learns them."""
+    marks: list[dict[str, Any]] = []
+    for event in events:
+        if not isinstance(event, dict):
+            marks.append({})
+            continue
+        stage = str(event.get("stage"))
+        names = [(stage, n) for n in _names(event)]
+        carried = sum(name in seen for name in names)
+        marks.append({"new": not names or carried < len(names), "carried": carried})
+        for name in names:
+            seen[name] = None
+            seen.move_to_end(name)
+        while len(seen) > SEEN_NAMES:
+            seen.popitem(last=False)
+    return marks
+
+
+def _names(event: dict[str, Any]) -> list[str]:
+    found: list[str] = []
+    for field in NAMED:
+        value = event.get(field)
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list):
+            found += [item for item in value if isinstance(item, str)]
+    return found
 
 
 def _tokens(size: int | None) -> int | None:

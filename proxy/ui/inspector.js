@@ -1,6 +1,8 @@
 // The session inspector: GET /admin/sessions as a table, one session's timeline as a chart and
-// its turns' events, archived items read in place from the archive route. Everything shown is
-// set as text (never parsed as HTML); the key lives in this tab's sessionStorage only.
+// its calls as a conversation (the messages new in each, the answer, the error) with their
+// events (new, or carried from an earlier call), archived items read in place from the archive
+// route. Everything shown is set as text (never parsed as HTML); the key lives in this tab's
+// sessionStorage only.
 "use strict";
 
 const KEY_ITEM = "agentproxy.inspector.key";
@@ -50,6 +52,34 @@ function when(seconds) {
 
 function stamp(seconds) {
   return typeof seconds === "number" ? new Date(seconds * 1000).toISOString() : "";
+}
+
+// A value as a person reads it: JSON pretty-printed (a string that holds JSON too), text as is.
+function pretty(value) {
+  if (typeof value === "string") {
+    const trimmed = value.trim();
+    if (/^[[{]/.test(trimmed)) {
+      try {
+        return JSON.stringify(JSON.parse(trimmed), null, 2);
+      } catch {
+        return value;
+      }
+    }
+    return value;
+  }
+  return JSON.stringify(value, null, 2);
+}
+
+const FOLD_CHARS = 600, FOLD_LINES = 12;
+
+// A block of text: shown whole when short, folded (its first line as the handle) when long.
+function block(text, cls) {
+  const body = el("pre", { class: cls || "" }, text);
+  const lines = text.split("\n");
+  if (text.length <= FOLD_CHARS && lines.length <= FOLD_LINES) return body;
+  const head = lines[0].length > 90 ? lines[0].slice(0, 90) + "…" : lines[0];
+  return el("details", { class: "fold" },
+    el("summary", {}, `${head} (${count(lines.length)} lines, ${count(text.length)} chars)`), body);
 }
 
 function compact(value) {
@@ -237,7 +267,7 @@ function renderSession(id, s) {
     ["key", s.key || s.owner],
     ["model", s.model],
     ["policy", s.policy],
-    ["turns", count(s.turns)],
+    ["turns", turnsAndCalls(s)],
     ["turns not recorded", notRecorded(s)],
     ["tokens received", count(s.tokens_received)],
     ["tokens sent", count(s.tokens_sent)],
@@ -251,25 +281,31 @@ function renderSession(id, s) {
     facts.append(el("div", {}, el("dt", {}, name), el("dd", {}, value)));
   }
   const timeline = s.timeline || [];
-  // The board keeps the last turns only: number them as the session counts them.
-  const first = Math.max(1, (s.turns || timeline.length) - timeline.length + 1);
-  timeline.forEach((turn, i) => { if (typeof turn.turn !== "number") turn.turn = first + i; });
+  // The board keeps the last calls only: number them as the session counts them.
+  const first = Math.max(1, (s.calls || s.turns || timeline.length) - timeline.length + 1);
+  timeline.forEach((turn, i) => { if (typeof turn.call !== "number") turn.call = first + i; });
   shown = { id, timeline: [], next: null };
   document.getElementById("turns").replaceChildren();
   addTurns(timeline, s);
 }
 
-// A page of turns below those shown; the chart drawn again over all of them.
+// "13 turns · 24 calls": a person's prompts apart from the calls the agent made for them.
+function turnsAndCalls(s) {
+  if (typeof s.calls !== "number" || s.calls === s.turns) return count(s.turns);
+  return `${count(s.turns)} · ${count(s.calls)} calls`;
+}
+
+// A page of calls below those shown; the chart drawn again over all of them.
 function addTurns(page, s) {
   shown.timeline.push(...page);
   shown.next = s.has_more ? s.next_after : null;
   const turns = document.getElementById("turns");
-  if (shown.timeline.length) turns.start = shown.timeline[0].turn;
-  drawChart(shown.timeline, shown.timeline.length ? shown.timeline[0].turn : 1);
-  for (const turn of page) turns.append(renderTurn(turn, turn.turn));
+  if (shown.timeline.length) turns.start = shown.timeline[0].call;
+  drawChart(shown.timeline, shown.timeline.length ? shown.timeline[0].call : 1);
+  for (const turn of page) turns.append(renderTurn(turn));
   const more = document.getElementById("more");
   more.hidden = shown.next === null || shown.next === undefined;
-  more.textContent = `more turns (after turn ${shown.next})`;
+  more.textContent = `more calls (after call ${shown.next})`;
 }
 
 async function showMore() {
@@ -292,7 +328,7 @@ function drawChart(timeline, first) {
   const width = 760, height = 220, left = 64, right = 16, top = 12, bottom = 28;
   const chart = svg("svg", {
     id: "chart", viewBox: `0 0 ${width} ${height}`, role: "img",
-    "aria-label": "context tokens per turn, received and sent",
+    "aria-label": "context tokens per call, received and sent",
   });
   const points = timeline.map((t) => ({
     received: (t.context && t.context.received) || 0,
@@ -325,7 +361,7 @@ function drawChart(timeline, first) {
     points.forEach((p, i) => {
       const dot = svg("circle", { cx: x(i), cy: y(p[series]), r: 3, class: "dot " + series });
       const tip = svg("title");
-      tip.textContent = `turn ${first + i}: ${count(p[series])} tokens ${series}`;
+      tip.textContent = `call ${first + i}: ${count(p[series])} tokens ${series}`;
       dot.append(tip);
       chart.append(dot);
     });
@@ -333,14 +369,18 @@ function drawChart(timeline, first) {
   box.append(chart);
 }
 
-function renderTurn(turn, number) {
+// One call: its client turn and number, what came in, what the model answered, what failed,
+// and the events (those new in this call apart from those carried from earlier ones).
+function renderTurn(turn) {
   const context = turn.context || {};
   const usage = turn.usage || {};
   const failedTurn = (turn.status || 200) >= 400 || (turn.errors && turn.errors.length);
+  const numbered = typeof turn.turn === "number";
   const head = el(
     "div",
     { class: "turn-head" },
-    el("strong", {}, "Turn " + number),
+    el("strong", {}, numbered ? "Turn " + turn.turn : "Call " + turn.call),
+    numbered ? el("span", { class: "call" }, "call " + turn.call + (turn.opens ? "" : " · continues")) : null,
     el("span", { title: stamp(turn.at) }, when(turn.at)),
     el("span", {}, turn.model || ""),
     el("span", { class: failedTurn ? "bad" : "ok" }, "HTTP " + (turn.status ?? "–")),
@@ -351,12 +391,80 @@ function renderTurn(turn, number) {
     turn.cost_usd ? el("span", {}, money(turn.cost_usd)) : null,
   );
   const events = el("ul", { class: "events" });
-  for (const event of turn.events || []) events.append(renderEvent(event));
+  const carried = el("ul", { class: "events" });
+  for (const event of turn.events || []) (event.new === false ? carried : events).append(renderEvent(event));
   for (const step of turn.recoveries || []) {
     events.append(el("li", { class: "event recovery" }, el("span", { class: "tag" }, "recovery"), " " + step));
   }
-  if (!events.children.length) events.append(el("li", { class: "event quiet" }, "forwarded as received"));
-  return el("li", { class: "turn" + (failedTurn ? " failed" : "") }, head, events);
+  if (!events.children.length && !carried.children.length && !turn.error) {
+    events.append(el("li", { class: "event quiet" }, "forwarded as received"));
+  }
+  const item = el("li", { class: "turn" + (failedTurn ? " failed" : "") + (turn.opens === false ? " continues" : "") }, head);
+  const talk = conversation(turn);
+  if (talk) item.append(talk);
+  if (turn.error) item.append(renderError(turn.error));
+  if (events.children.length) item.append(events);
+  if (carried.children.length) {
+    item.append(el("details", { class: "carried" },
+      el("summary", {}, `${carried.children.length} carried from earlier calls (the same rewrite of the same messages)`),
+      carried));
+  }
+  return item;
+}
+
+// What came in (the messages new in this call) and the model's answer, as a conversation.
+function conversation(turn) {
+  const messages = turn.messages_in;
+  if (!Array.isArray(messages) && !turn.answer) return null;
+  const box = el("div", { class: "conversation" });
+  if (turn.messages_omitted) {
+    box.append(el("p", { class: "omitted" }, `${count(turn.messages_omitted)} earlier new messages not shown (?full=1 has them)`));
+  }
+  for (const message of messages || []) box.append(renderMessage(message, message.role));
+  if (turn.answer) {
+    const label = "answer" + (turn.answer.stop ? " · stop: " + turn.answer.stop : "");
+    box.append(renderMessage(turn.answer, label, "answer"));
+  }
+  return box;
+}
+
+function renderMessage(message, label, extra) {
+  const role = message.role || "user";
+  const box = el("div", { class: `message ${role}${extra ? " " + extra : ""}` }, el("span", { class: "role" }, label));
+  const parts = message.parts || [];
+  if (!parts.length) box.append(el("span", { class: "empty" }, "(empty)"));
+  for (const part of parts) box.append(renderPart(part));
+  return box;
+}
+
+function renderPart(part) {
+  switch (part.type) {
+    case "text":
+      return block(part.text || "", "text");
+    case "tool_call":
+      return el("div", { class: "tool-call" },
+        el("span", { class: "tool" }, `→ ${part.name || "tool"}`),
+        part.id ? el("code", { class: "call-id" }, part.id) : null,
+        block(pretty(part.arguments ?? {}), "args"));
+    case "tool_result":
+      return el("div", { class: "tool-result" + (part.error ? " error" : "") },
+        el("span", { class: "tool" }, part.error ? "← error" : "← result"),
+        part.id ? el("code", { class: "call-id" }, part.id) : null,
+        block(pretty(part.content ?? ""), "result"));
+    case "reasoning":
+      return part.text ? el("div", { class: "reasoning" }, el("span", { class: "tool" }, "reasoning"), block(part.text, "text"))
+        : el("span", { class: "reasoning quiet" }, "(reasoning, not readable)");
+    default:
+      return el("span", { class: "other" }, `[${part.kind || part.type}]`);
+  }
+}
+
+// A failed call: its status, who said so and what.
+function renderError(error) {
+  const who = { upstream: "the upstream said", proxy: "the proxy said", stream: "the stream failed", client: "the client left" }[error.by] || "";
+  return el("div", { class: "turn-error" },
+    el("strong", {}, `HTTP ${error.status ?? "–"}${who ? " · " + who : ""}`),
+    block(String(error.message ?? "(no message)"), "error-text"));
 }
 
 const KINDS = {
@@ -365,16 +473,18 @@ const KINDS = {
   retry: "recovery", fallback: "recovery", capabilities: "recovery", error: "error",
   stream: "error", record: "note",
 };
-const SPECIAL = new Set(["stage", "action", "ref", "refs", "summary", "seen"]);
+const SPECIAL = new Set(["stage", "action", "ref", "refs", "summary", "seen", "new", "carried"]);
 
 function renderEvent(event) {
   const kind = KINDS[event.stage] || "note";
   const failure = /failed|refused|block|error|unrecoverable/.test(event.action || "");
   const item = el(
     "li",
-    { class: `event ${kind}${failure ? " error" : ""}` },
+    { class: `event ${kind}${failure ? " error" : ""}${event.new === false ? " carried" : ""}` },
     el("span", { class: "tag" }, `${event.stage}.${event.action}`),
   );
+  if (event.new === true && event.carried) item.append(el("span", { class: "badge" }, `new, with ${event.carried} carried`));
+  else if (event.new === true) item.append(el("span", { class: "badge" }, "new"));
   const fields = Object.entries(event).filter(([name]) => !SPECIAL.has(name));
   if (fields.length) {
     item.append(el("span", { class: "fields" }, fields.map(([k, v]) => `${k}: ${compact(v)}`).join(" · ")));
@@ -425,7 +535,7 @@ function archived(ref, event) {
     box.append(panel);
     try {
       const item = await api("/v1/agentproxy/archive/" + encodeURIComponent(ref));
-      stored.textContent = item.content;
+      stored.textContent = pretty(item.content);
       stored.title = `${item.kind}, ${count(item.size)} bytes, stored ${stamp(item.created_at)}`;
     } catch (error) {
       stored.textContent = "not readable: " + error.message;

@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy.errors import ProxyError
 from proxy.exchange import OneShot, Usage
 from proxy.recording.answers import AnswerAssembly, Assemble
+from proxy.recording.conversation import Conversation
 from proxy.upstream.pool import NativeFactory
 
 ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
@@ -77,6 +78,12 @@ class Wire(Protocol):
         ...
 
     @property
+    def conversation(self) -> Conversation:
+        """How its bodies read as a conversation: a request's new messages, an answer's text,
+        tool calls and stop reason, an error envelope's message (the inspector's timeline)."""
+        ...
+
+    @property
     def extra_natives(self) -> tuple[NativeFactory, ...]:
         """More native upstreams of its own, each under its own wire name (another route of
         the same format: Responses' /responses/compact)."""
@@ -98,6 +105,7 @@ class WireFormat:
     model_route: str | None
     provider: str
     assembly: Assemble
+    conversation: Conversation
     native: NativeFactory | None = None
     paths: tuple[str, ...] = ()
     error_shape: ErrorBody | None = None  # None: OpenAI's envelope

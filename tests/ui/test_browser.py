@@ -1,8 +1,10 @@
 """The inspector in a real headless Chromium (Debian's chromium and chromium-driver, driven by
-selenium): a recorded session with an offload and a summary, driven through the real proxy,
-found in the list, opened, its chart drawn, the offloaded result read back in place, and not
-one console error. A screenshot is kept (the test's folder; also $AGENTPROXY_ARTIFACTS when
-set, as .ci/run sets it)."""
+selenium): a recorded session with an offload, a summary and a call the upstream refused,
+driven through the real proxy, found in the list, opened, its chart drawn, each call read as a
+conversation (the messages new in it, the answer, a failed call's error text), the events new
+in a call apart from those carried from earlier ones, the offloaded result read back in place,
+and not one console error; a Gemini session's tool call and result read the same. Screenshots
+are kept (the test's folder; also $AGENTPROXY_ARTIFACTS when set, as .ci/run sets it)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.sim.simulator import Simulator
+from proxy.sim.simulator import Fault, Simulator
 from proxy.state import RECORDINGS
 from tests.conftest import ProxyFactory, missing
 
@@ -27,6 +29,7 @@ WINDOW = 4_000
 ADMIN, ALICE = "admin-secret", "sk-alice-0001"
 SESSION = "inspect-me"
 EVIL = '<img src="/ui/x" onerror="document.title=1">'  # a session name is the client's text
+REFUSED_ASK = {"role": "user", "content": "Port the parser now."}
 LOG = "\n".join(
     "2026-11-30 10:06:17 ERROR database pool exhausted (code E-4417)"
     if i == 377
@@ -50,6 +53,9 @@ def config(sim_url: str, data: Path, *, keys: bool = True, record: bool = True) 
             litellm_params: {{model: openai/sim, api_base: "{sim_url}/v1"}}
             model_info: {{max_input_tokens: {WINDOW}, input_cost_per_token: 0.000001,
                           output_cost_per_token: 0.000002}}
+          - model_name: gemini-native
+            litellm_params: {{model: gemini/gemini-sim, api_base: "{sim_url}"}}
+            model_info: {{max_input_tokens: {WINDOW}}}
         policies:
           - name: inspected
             record: {{enabled: {str(record).lower()}}}
@@ -106,17 +112,25 @@ def driver(tmp_path: Path) -> Iterator[Any]:
         browser.quit()
 
 
-async def drive(proxy: TestServer) -> str:
-    """The three turns as alice's agent; the offloaded log's ref."""
+async def drive(proxy: TestServer, sim: Simulator) -> tuple[str, str]:
+    """The three calls as alice's agent (two client turns: the second call only carries a
+    tool's result), then a fourth the upstream refuses; the offloaded log's ref and the error
+    text the agent got."""
     headers = {"Authorization": f"Bearer {ALICE}", "x-agentproxy-session": SESSION}
     applied = []
+    url = proxy.make_url("/v1/chat/completions")
     async with aiohttp.ClientSession() as http:
         for messages in histories():
-            url = proxy.make_url("/v1/chat/completions")
             body = {"model": "sim", "messages": messages}
             async with http.post(url, json=body, headers=headers) as response:
                 assert response.status == 200, await response.text()
                 applied.append(response.headers.get("x-agentproxy-applied", ""))
+        sim.inject(Fault(status=400))
+        refused = [*histories()[2], {"role": "assistant", "content": "Done."}, REFUSED_ASK]
+        body = {"model": "sim", "messages": refused}
+        async with http.post(url, json=body, headers=headers) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]["message"]
         evil = {**headers, "x-agentproxy-session": EVIL}
         body = {"model": "sim", "messages": histories()[0]}
         async with http.post(proxy.make_url("/v1/chat/completions"), json=body, headers=evil) as r:
@@ -127,7 +141,7 @@ async def drive(proxy: TestServer) -> str:
     assert "offload.offloaded" in applied[1], applied
     assert "compaction.summarized" in applied[2], applied
     await proxy.app[RECORDINGS].flush()
-    return next(b["ref"] for b in listed if b["kind"] == "tool_result")
+    return next(b["ref"] for b in listed if b["kind"] == "tool_result"), error
 
 
 def keep(browser: Any, shot: Path) -> None:
@@ -177,6 +191,31 @@ def inspect(browser: Any, url: str, ref: str, shot: Path) -> dict[str, Any]:
     seen["instead"] = box.find_element(By.CSS_SELECTOR, "pre.seen").text
     browser.execute_script("window.scrollTo(0, 0)")
     keep(browser, shot)
+    # Each call as a conversation: its client turn, the messages new in it, the answer.
+    calls = browser.find_elements(By.CSS_SELECTOR, "#turns > li.turn")
+    seen["heads"] = [c.find_element(By.CSS_SELECTOR, ".turn-head").text for c in calls]
+    seen["facts"] = browser.find_element(By.ID, "session-facts").text
+    seen["first_in"] = [m.text for m in calls[0].find_elements(By.CSS_SELECTOR, ".message")]
+    seen["second_in"] = [m.text for m in calls[1].find_elements(By.CSS_SELECTOR, ".message")]
+    seen["tool_call_args"] = calls[1].find_element(By.CSS_SELECTOR, ".tool-call pre.args").text
+    # Events: the offload is new on the second call, carried (folded apart) on the third.
+    seen["second_new"] = [b.text for b in calls[1].find_elements(By.CSS_SELECTOR, ".event .badge")]
+    carried = calls[2].find_element(By.CSS_SELECTOR, "details.carried")
+    seen["carried_summary"] = carried.find_element(By.TAG_NAME, "summary").text
+    seen["carried_hidden"] = not carried.find_element(By.CSS_SELECTOR, ".event").is_displayed()
+    carried.find_element(By.TAG_NAME, "summary").click()
+    seen["carried_tags"] = [t.text for t in carried.find_elements(By.CSS_SELECTOR, ".tag")]
+    browser.execute_script("arguments[0].scrollIntoView()", calls[1])
+    keep(browser, shot.with_name("inspector-conversation.png"))
+    # The refused call: its status and the error text the agent got.
+    failed = calls[3]
+    seen["failed_class"] = failed.get_attribute("class")
+    seen["error"] = failed.find_element(By.CSS_SELECTOR, ".turn-error").text
+    seen["failed_in"] = [m.text for m in failed.find_elements(By.CSS_SELECTOR, ".message")]
+    tags = failed.find_elements(By.CSS_SELECTOR, "details.carried .tag")
+    seen["failed_carried"] = sorted(t.get_attribute("textContent") for t in tags)
+    browser.execute_script("arguments[0].scrollIntoView()", failed)
+    keep(browser, shot.with_name("inspector-failed.png"))
     # A link straight to the session by the name its client gave (what `agentproxy run`
     # prints) opens it, under its id: the key stays in the tab's sessionStorage.
     browser.get(f"{url}/ui#session={SESSION}")
@@ -190,19 +229,41 @@ def inspect(browser: Any, url: str, ref: str, shot: Path) -> dict[str, Any]:
 async def test_a_person_finds_the_session_and_reads_what_was_offloaded(
     driver: Any, aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
-    upstream: TestServer = await aiohttp_server(Simulator(context_window=WINDOW).app())
+    sim = Simulator(context_window=WINDOW)
+    upstream: TestServer = await aiohttp_server(sim.app())
     path = tmp_path / "agentproxy.yaml"
     path.write_text(config(str(upstream.make_url("")).rstrip("/"), tmp_path / "data"))
     proxy = await start_proxy(path)
-    ref = await drive(proxy)
+    ref, error = await drive(proxy, sim)
     shot = tmp_path / "inspector.png"
     url = str(proxy.make_url("")).rstrip("/")
     seen = await asyncio.to_thread(inspect, driver, url, ref, shot)
 
-    assert seen["row"][1:4] == ["alice", "sim", "3"]
+    assert seen["row"][1:4] == ["alice", "sim", "4"]
     assert seen["evil"] == [EVIL] and seen["images"] == []  # shown as text, never as HTML
-    for series in ("received_path", "sent_path"):  # three points each, drawn
-        assert seen[series].startswith("M") and seen[series].count("L") == 2, seen[series]
+    for series in ("received_path", "sent_path"):  # four points each, drawn
+        assert seen[series].startswith("M") and seen[series].count("L") == 3, seen[series]
+    # Three client turns in four calls: the second call continues the first turn.
+    assert "3 · 4 calls" in seen["facts"], seen["facts"]
+    heads = [h.split("\n")[:2] for h in seen["heads"]]
+    assert heads == [["Turn 1", "call 1"], ["Turn 1", "call 2 · continues"],
+                     ["Turn 2", "call 3"], ["Turn 3", "call 4"]], heads  # fmt: skip
+    # The first call's messages (the system prompt, the ask) and the model's answer.
+    assert seen["first_in"][0].startswith("SYSTEM\nYou are a careful coding agent.")
+    assert seen["first_in"][1] == "USER\n" + histories()[0][1]["content"]
+    assert seen["first_in"][2].startswith("ANSWER · STOP: STOP\nYou said:"), seen["first_in"]
+    # The second's: only what is new (the assistant's words and call, the tool's result).
+    assert [m.split("\n")[0] for m in seen["second_in"]] == ["ASSISTANT", "ASSISTANT", "TOOL",
+                                                            "ANSWER · STOP: STOP"]  # fmt: skip
+    assert seen["tool_call_args"] == '{\n  "path": "server.log"\n}'  # pretty, not minified
+    assert "new" in seen["second_new"]
+    assert seen["carried_summary"].startswith("1 carried from earlier calls")
+    assert seen["carried_hidden"] and seen["carried_tags"] == ["offload.offloaded"]
+    assert "failed" in seen["failed_class"].split()
+    # The summary's checkpoint, reused on the refused call, is carried too.
+    assert seen["failed_carried"] == ["compaction.checkpoint_reused", "offload.offloaded"]
+    assert seen["error"].startswith("HTTP 400 · the upstream said") and error in seen["error"]
+    assert seen["failed_in"][-1] == "USER\n" + REFUSED_ASK["content"]
     assert seen["offload_refs"] and ref in seen["offload_refs"]
     assert "E-4417" in seen["stored"] and len(seen["stored"].splitlines()) == 600
     # Beside it, the pointer the model saw instead: the ref and the preview's first lines.
@@ -212,6 +273,8 @@ async def test_a_person_finds_the_session_and_reads_what_was_offloaded(
     assert seen["direct_hash"] == seen["hash"] != f"#session={SESSION}"
     assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
     assert shot.stat().st_size > 10_000
+    for name in ("inspector-conversation.png", "inspector-failed.png"):
+        assert shot.with_name(name).stat().st_size > 10_000
 
 
 def glance(browser: Any, url: str) -> dict[str, Any]:
@@ -268,9 +331,8 @@ def page_through(browser: Any, url: str) -> dict[str, Any]:
     seen["label"] = more.text
     more.click()
     wait.until(lambda _: len(browser.find_elements(By.CSS_SELECTOR, "li.turn")) > seen["before"])
-    seen["heads"] = [
-        h.text.split("\n")[0] for h in browser.find_elements(By.CSS_SELECTOR, "li.turn strong")
-    ]
+    heads = browser.find_elements(By.CSS_SELECTOR, "li.turn .turn-head strong")
+    seen["heads"] = [h.text.split("\n")[0] for h in heads]
     seen["path"] = browser.find_element(By.CSS_SELECTOR, "#chart path.line.sent").get_attribute("d")
     seen["more_shown"] = more.is_displayed()
     seen["console"] = browser.get_log("browser")
@@ -282,15 +344,100 @@ async def test_a_long_timeline_is_read_a_page_at_a_time_from_the_more_control(
 ) -> None:
     from proxy.routes import sessions as route
 
-    monkeypatch.setattr(route, "DEFAULT_TURNS", 2)  # the three turns: two pages
+    monkeypatch.setattr(route, "DEFAULT_TURNS", 2)  # the four calls: two pages
+    sim = Simulator(context_window=WINDOW)
+    upstream: TestServer = await aiohttp_server(sim.app())
+    path = tmp_path / "agentproxy.yaml"
+    path.write_text(config(str(upstream.make_url("")).rstrip("/"), tmp_path / "data"))
+    proxy = await start_proxy(path)
+    await drive(proxy, sim)
+    seen = await asyncio.to_thread(page_through, driver, str(proxy.make_url("")).rstrip("/"))
+    assert seen["before"] == 2 and "after call 2" in seen["label"]
+    assert seen["heads"] == ["Turn 1", "Turn 1", "Turn 2", "Turn 3"]
+    assert seen["path"].count("L") == 3  # the chart drawn again over the four
+    assert not seen["more_shown"]
+    assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
+
+
+GEMINI_SESSION = "gemini-talk"
+
+
+async def drive_gemini(proxy: TestServer) -> None:
+    """A Gemini agent (the google-genai SDK): the model calls a tool, the agent answers it."""
+    from google import genai
+    from google.genai import types
+
+    options = types.HttpOptions(
+        base_url=str(proxy.make_url("")).rstrip("/"),
+        headers={"x-agentproxy-session": GEMINI_SESSION},
+    )
+    sdk = genai.Client(api_key=ALICE, http_options=options)
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    tools = [types.Tool(function_declarations=[
+        types.FunctionDeclaration(name="read_file", parameters_json_schema=schema)])]  # fmt: skip
+    config = types.GenerateContentConfig(
+        tools=tools,
+        system_instruction="You read files.",
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    ask = types.Content(role="user", parts=[types.Part(text='read_file({"path": "notes.txt"})')])
+    reply = await sdk.aio.models.generate_content(
+        model="gemini-native", contents=[ask], config=config
+    )
+    turn = reply.candidates[0].content  # type: ignore[index]
+    assert turn is not None
+    call = next(p.function_call for p in turn.parts or () if p.function_call)
+    answer = types.Part.from_function_response(name="read_file", response={"output": "42 lines"})
+    if call.id:
+        answer.function_response.id = call.id  # type: ignore[union-attr]
+    history = [ask, turn, types.Content(role="user", parts=[answer])]
+    final = await sdk.aio.models.generate_content(
+        model="gemini-native", contents=history, config=config
+    )
+    assert final.text == "read_file returned: 42 lines"
+    await proxy.app[RECORDINGS].flush()
+
+
+def read_gemini(browser: Any, url: str, shot: Path) -> dict[str, Any]:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(f"{url}/ui")
+    browser.execute_script(f"sessionStorage.setItem('agentproxy.inspector.key', '{ADMIN}')")
+    browser.get(f"{url}/ui#session={GEMINI_SESSION}")
+    wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, ".conversation")))
+    calls = browser.find_elements(By.CSS_SELECTOR, "#turns > li.turn")
+    seen: dict[str, Any] = {
+        "heads": [c.find_element(By.CSS_SELECTOR, ".turn-head").text for c in calls],
+        "messages": [[m.text for m in c.find_elements(By.CSS_SELECTOR, ".message")] for c in calls],
+        "console": browser.get_log("browser"),
+    }
+    keep(browser, shot)
+    return seen
+
+
+async def test_a_gemini_sessions_tool_call_and_result_read_as_a_conversation(
+    driver: Any, aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
     upstream: TestServer = await aiohttp_server(Simulator(context_window=WINDOW).app())
     path = tmp_path / "agentproxy.yaml"
     path.write_text(config(str(upstream.make_url("")).rstrip("/"), tmp_path / "data"))
     proxy = await start_proxy(path)
-    await drive(proxy)
-    seen = await asyncio.to_thread(page_through, driver, str(proxy.make_url("")).rstrip("/"))
-    assert seen["before"] == 2 and "after turn 2" in seen["label"]
-    assert seen["heads"] == ["Turn 1", "Turn 2", "Turn 3"]
-    assert seen["path"].count("L") == 2  # the chart drawn again over the three
-    assert not seen["more_shown"]
+    await drive_gemini(proxy)
+    url = str(proxy.make_url("")).rstrip("/")
+    shot = tmp_path / "inspector-gemini.png"
+    seen = await asyncio.to_thread(read_gemini, driver, url, shot)
+
+    assert [h.split("\n")[:2] for h in seen["heads"]] == [
+        ["Turn 1", "call 1"], ["Turn 1", "call 2 · continues"]]  # fmt: skip
+    first, second = seen["messages"]
+    assert first[:2] == ["SYSTEM\nYou read files.", 'USER\nread_file({"path": "notes.txt"})']
+    assert first[2].startswith("ANSWER · STOP: STOP\n→ read_file")
+    assert '{\n  "path": "notes.txt"\n}' in first[2]  # the call's arguments, pretty
+    assert second[0].startswith("ASSISTANT\n→ read_file")
+    assert second[1].startswith("TOOL\n← result") and '"output": "42 lines"' in second[1]
+    assert second[2] == "ANSWER · STOP: STOP\nread_file returned: 42 lines"
     assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
+    assert shot.stat().st_size > 10_000

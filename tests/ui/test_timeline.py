@@ -170,7 +170,7 @@ async def test_the_timeline_comes_in_pages_of_a_default_and_at_most_a_maximum_si
     path = await session_path(proxy)
 
     def numbers(page: dict[str, Any]) -> list[int]:
-        return [row["turn"] for row in page["timeline"]]
+        return [row["call"] for row in page["timeline"]]
 
     _, first = await get(proxy, path, ADMIN)  # the default: DEFAULT_TURNS from the first
     assert numbers(first) == [1, 2, 3, 4] and first["has_more"] and first["next_after"] == 4
@@ -211,7 +211,7 @@ async def test_a_long_sessions_full_timeline_is_read_in_bounded_pages_that_add_u
         assert len(raw) < PAGE_BYTES + 300_000 and page["timeline"]
         rows += page["timeline"]
         after, pages = page["next_after"], pages + 1
-    assert pages > 3 and [row["turn"] for row in rows] == list(range(1, turns + 1))
+    assert pages > 3 and [row["call"] for row in rows] == list(range(1, turns + 1))
     for row, turn in zip(rows, whole, strict=True):  # each turn's bodies, as recorded
         assert row["request"] == turn["request"] and row["sent"] == turn["sent"]
         # The context figures come from the stored parts' sizes: the bodies' JSON, in tokens.
@@ -219,8 +219,10 @@ async def test_a_long_sessions_full_timeline_is_read_in_bounded_pages_that_add_u
             "received": len(orjson.dumps(turn["request"])) // 4,
             "sent": len(orjson.dumps(turn["sent"])) // 4,
         }
-    _, light = await read(proxy, path + "?limit=1000")  # without bodies: every turn at once
-    assert len(orjson.loads(light)["timeline"]) == turns and len(light) < 100_000
+    # Without bodies: every turn at once, each with its new messages and its answer (the last
+    # answer and the new prompt in, the answer out: ~12 KB), never the history before them.
+    _, light = await read(proxy, path + "?limit=1000")
+    assert len(orjson.loads(light)["timeline"]) == turns and len(light) < turns * 16_000
 
 
 async def test_one_tenant_making_many_sessions_leaves_anothers_on_the_board(

@@ -13,6 +13,7 @@ from aiohttp import web
 from proxy.errors import BadRequest, ProxyError
 from proxy.wire.base import ErrorFrames, WireFormat
 from proxy.wire.chat.answer import ChatAnswer
+from proxy.wire.chat.conversation import ChatConversation
 from proxy.wire.registry import WIRES
 
 
@@ -33,6 +34,7 @@ def _wire() -> WireFormat:
         model_route=None,
         provider="own",
         assembly=ChatAnswer,
+        conversation=ChatConversation(),
         error_shape=_own_envelope,
     )
 

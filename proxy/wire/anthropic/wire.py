@@ -2,6 +2,7 @@
 
 from proxy.wire.anthropic import one_shot, replies, route
 from proxy.wire.anthropic.answer import AnthropicAnswer
+from proxy.wire.anthropic.conversation import AnthropicConversation
 from proxy.wire.anthropic.upstream import AnthropicUpstream, anthropic_usage
 from proxy.wire.base import WireFormat
 
@@ -11,6 +12,7 @@ ANTHROPIC = WireFormat(
     model_route=route.MESSAGES_ROUTE,
     provider="anthropic",
     assembly=AnthropicAnswer,
+    conversation=AnthropicConversation(),
     native=AnthropicUpstream,
     error_shape=replies.error_body,
     usage_of=anthropic_usage,

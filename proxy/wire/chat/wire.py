@@ -4,6 +4,7 @@ upstream of its own, and its errors are OpenAI's envelope (the default)."""
 from proxy.wire.base import WireFormat
 from proxy.wire.chat import route
 from proxy.wire.chat.answer import ChatAnswer
+from proxy.wire.chat.conversation import ChatConversation
 
 CHAT = WireFormat(
     name="chat",
@@ -11,4 +12,5 @@ CHAT = WireFormat(
     model_route=route.CHAT_ROUTE,
     provider="openai",
     assembly=ChatAnswer,
+    conversation=ChatConversation(),
 )

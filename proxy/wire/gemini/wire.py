@@ -2,6 +2,7 @@
 
 from proxy.wire.base import WireFormat
 from proxy.wire.gemini import one_shot, replies, route
+from proxy.wire.gemini.conversation import GeminiConversation
 from proxy.wire.gemini.upstream import GeminiUpstream, gemini_usage
 
 GEMINI = WireFormat(
@@ -10,6 +11,7 @@ GEMINI = WireFormat(
     model_route=route.GENERATE_ROUTE,  # replay fills in the turn's model
     provider="gemini",
     assembly=replies.Assembly,
+    conversation=GeminiConversation(),
     native=GeminiUpstream,
     paths=("/v1beta/",),  # a path it does not serve there still gets Google's envelope
     error_shape=replies.error_body,

@@ -1,0 +1,87 @@
+"""Chat Completions bodies as a conversation (proxy/recording/conversation.py: the shape)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.recording import conversation as shape
+from proxy.recording.conversation import Message
+
+
+class ChatConversation:
+    def messages(self, items: list[Any]) -> list[Message]:
+        return [_message(item) for item in items if isinstance(item, dict)]
+
+    def outside(self, body: Mapping[str, Any]) -> list[Message]:
+        return []  # its system prompt is a message
+
+    def answer(self, reply: Mapping[str, Any]) -> Message | None:
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        choice = choices[0]
+        found = choice.get("message")
+        answer = _message({"role": "assistant", **(found if isinstance(found, dict) else {})})
+        answer["stop"] = choice.get("finish_reason")
+        return answer
+
+    def error(self, reply: Mapping[str, Any]) -> str | None:
+        return error_message(reply)
+
+
+def error_message(reply: Mapping[str, Any]) -> str | None:
+    """OpenAI's envelope, {"error": {"message", "type", "code"}} (Responses' too)."""
+    error = reply.get("error")
+    if isinstance(error, dict) and error.get("message") is not None:
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return None
+
+
+def _message(item: dict[str, Any]) -> Message:
+    role = item.get("role")
+    parts: list[dict[str, Any]] = []
+    if role in ("tool", "function"):
+        ident = item.get("tool_call_id") or item.get("name")
+        parts.append(shape.tool_result(ident, _content_text(item.get("content"))))
+        return shape.message("tool", parts)
+    for piece in ("reasoning_content", "reasoning"):
+        if isinstance(item.get(piece), str) and item[piece]:
+            parts.append(shape.reasoning(item[piece]))
+    parts.extend(_content(item.get("content")))
+    if isinstance(item.get("refusal"), str):
+        parts.append(shape.text(item["refusal"]))
+    for call in item.get("tool_calls") or ():
+        if isinstance(call, dict):
+            function = call.get("function")
+            function = function if isinstance(function, dict) else {}
+            parts.append(shape.tool_call(call.get("id"), function.get("name"),
+                                         function.get("arguments")))  # fmt: skip
+    if isinstance(item.get("function_call"), dict):
+        call = item["function_call"]
+        parts.append(shape.tool_call(None, call.get("name"), call.get("arguments")))
+    return shape.message("system" if role == "developer" else role, parts)
+
+
+def _content(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [shape.text(content)] if content else []
+    if not isinstance(content, list):
+        return []
+    parts = []
+    for block in content:
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            parts.append(shape.text(block["text"]))
+        elif isinstance(block, dict):
+            parts.append(shape.other(block.get("type", "part")))
+    return parts
+
+
+def _content_text(content: Any) -> Any:
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict)]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)  # type: ignore[arg-type]
+    return content
