@@ -17,7 +17,7 @@ import sys
 import orjson
 from aiohttp import ClientSession, TCPConnector, web
 
-PASSED = ("authorization", "x-api-key", "anthropic-version", "content-type")
+PASSED = ("authorization", "x-api-key", "x-goog-api-key", "anthropic-version", "content-type")
 
 
 def app(upstream: str) -> web.Application:

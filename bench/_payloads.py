@@ -64,6 +64,51 @@ def _agent_body(pad: int) -> dict[str, Any]:
     return {"model": MODEL, "messages": messages, "tools": _TOOLS, "temperature": 0.2}
 
 
+GEMINI_MODEL = "gemini-bench"
+_GEMINI_SIGNATURE_BYTES = 300  # a function call's opaque thoughtSignature, base64 like Google's
+
+
+@functools.cache
+def gemini_turn(stream: bool) -> bytes:
+    """The agent turn as Gemini's `generateContent` body (what Gemini CLI sends), ~30 KB:
+    `systemInstruction`, the conversation as `contents` of user and model turns, each call a
+    `functionCall` part (the first with its `thoughtSignature`) answered by a user
+    `functionResponse` part, the tools as `functionDeclarations`, a `generationConfig`. The
+    same bytes streamed or not: the path's action says which (no `stream` field)."""
+    slots = TOOL_ROUNDS
+    return _padded(lambda pad: orjson.dumps(_gemini_body(pad)), AGENT_TURN_BYTES, slots)
+
+
+def _gemini_body(pad: int) -> dict[str, Any]:
+    rng = random.Random(AGENT_TURN_BYTES)  # the signatures: the same for every pad
+    contents: list[dict[str, Any]] = [
+        {"role": "user", "parts": [{"text": "The tests in tests/test_parser.py fail. Fix it."}]}
+    ]
+    for turn in range(TOOL_ROUNDS):
+        name, arguments = _TOOL_CALLS[turn % len(_TOOL_CALLS)]
+        call = {"functionCall": {"name": name, "args": arguments}}
+        signature = "".join(rng.choice(_BASE64) for _ in range(_GEMINI_SIGNATURE_BYTES))
+        contents.append({"role": "model", "parts": [{**call, "thoughtSignature": signature}]})
+        output = {"output": _tool_output(turn, 1500 + pad)}
+        contents.append(
+            {"role": "user", "parts": [{"functionResponse": {"name": name, "response": output}}]}
+        )
+        if turn < TOOL_ROUNDS - 1:
+            contents.append({"role": "user", "parts": [{"text": f"Keep going; step {turn + 2}."}]})
+    declarations = [
+        {k: tool["function"][k] for k in ("name", "description")}
+        | {"parametersJsonSchema": tool["function"]["parameters"]}
+        for tool in _TOOLS
+    ]
+    return {
+        "contents": contents,
+        "systemInstruction": {"role": "user", "parts": [{"text": _system_prompt()}]},
+        "tools": [{"functionDeclarations": declarations}],
+        "toolConfig": {"functionCallingConfig": {"mode": "AUTO"}},
+        "generationConfig": {"temperature": 0.2, "thinkingConfig": {"includeThoughts": True}},
+    }
+
+
 def _system_prompt() -> str:
     rules = [
         "You are a careful software engineering agent working in a git repository.",
@@ -1711,6 +1756,7 @@ def _main() -> None:
         "claude_code_chat_turn": claude_code_chat_turn,
         "codex_turn": codex_turn,
         "codex_chat_turn": codex_chat_turn,
+        "gemini_turn": gemini_turn,
     }
     for name, build in bodies.items():
         for stream in (False, True):

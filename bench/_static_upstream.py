@@ -1,12 +1,15 @@
-"""A static upstream for benchmarks, OpenAI-compatible (chat and Responses) and Anthropic:
-canned answers, as fast as asyncio allows.
+"""A static upstream for benchmarks, OpenAI-compatible (chat and Responses), Anthropic and
+Gemini: canned answers, as fast as asyncio allows.
 
 Run as its own process: `python bench/_static_upstream.py [--port N]`. It prints
 `listening <port>` on stdout once bound, then answers every `POST /v1/chat/completions`
 with a canned chat.completion, every `POST /v1/responses` with a canned Responses API response
 and every `POST /v1/messages` with a canned Anthropic message (when the body has
-`"stream": true`, a canned SSE stream of any of them) over HTTP/1.1 keep-alive.
-Everything else gets a 404. All streams carry the same text pieces, `FIRST_WORD` first.
+`"stream": true`, a canned SSE stream of any of them), every
+`POST /v1beta/models/{model}:generateContent` with a canned Gemini GenerateContentResponse and
+every `:streamGenerateContent` with its SSE stream (the action, not the body, says which), over
+HTTP/1.1 keep-alive. Everything else gets a 404. All streams carry the same text pieces,
+`FIRST_WORD` first.
 
 A raw `asyncio.Protocol` instead of aiohttp's server: the upstream must not be the
 bottleneck of the numbers it is a baseline for.
@@ -31,6 +34,7 @@ STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
 CHAT_PATH = b"/v1/chat/completions"
 MESSAGES_PATH = b"/v1/messages"
 RESPONSES_PATH = b"/v1/responses"
+GEMINI_MODELS = b"/v1beta/models/"
 FIRST_WORD = "word0 "  # the first streamed text piece, every wire: marks the first token
 
 
@@ -233,6 +237,41 @@ def response_events() -> list[bytes]:
     return events
 
 
+GEMINI_USAGE = {"promptTokenCount": 25, "cachedContentTokenCount": 0}
+
+
+def _gemini_chunk(text: str, output_tokens: int, finish: bool) -> dict[str, object]:
+    """A GenerateContentResponse, whole or one chunk of a stream: every chunk carries the usage
+    so far, the last the finish reason."""
+    candidate: dict[str, object] = {"content": {"role": "model", "parts": [{"text": text}]}}
+    if finish:
+        candidate["finishReason"] = "STOP"
+    candidate["index"] = 0
+    usage = {**GEMINI_USAGE, "candidatesTokenCount": output_tokens}
+    usage["totalTokenCount"] = 25 + output_tokens
+    return {
+        "candidates": [candidate],
+        "usageMetadata": usage,
+        "modelVersion": MODEL,
+        "responseId": RESPONSE_ID,
+    }
+
+
+def generate_body() -> bytes:
+    """A canned Gemini generateContent answer."""
+    return orjson.dumps(_gemini_chunk("The answer is 42. " * 4, 20, True))
+
+
+def generate_events() -> list[bytes]:
+    """The SSE events of one streamed Gemini answer (`data:` lines, one chunk per text piece,
+    the last with the finish reason), each ending with its blank line."""
+    words = _words()
+    return [
+        b"data: " + orjson.dumps(_gemini_chunk(word, n + 1, n == len(words) - 1)) + b"\n\n"
+        for n, word in enumerate(words)
+    ]
+
+
 def _http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -264,6 +303,7 @@ ANSWERS = {
     MESSAGES_PATH: (_json_response(message_body()), _stream_writes(message_events())),
     RESPONSES_PATH: (_json_response(response_body()), _stream_writes(response_events())),
 }
+GEMINI_ANSWER = (_json_response(generate_body()), _stream_writes(generate_events()))
 NOT_FOUND = (
     b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nnot found"
 )
@@ -319,10 +359,16 @@ class StaticHTTP(asyncio.Protocol):
 
     def _respond(self, method: bytes, path: bytes, body: bytes) -> None:
         assert self.transport is not None
-        answer = ANSWERS.get(path.split(b"?", 1)[0]) if method == b"POST" else None
+        route = path.split(b"?", 1)[0]
+        answer = ANSWERS.get(route) if method == b"POST" else None
+        streamed = answer is not None and STREAM_FLAG.search(body) is not None
+        if method == b"POST" and answer is None and route.startswith(GEMINI_MODELS):
+            action = route.rpartition(b":")[2]
+            if action in (b"generateContent", b"streamGenerateContent"):
+                answer, streamed = GEMINI_ANSWER, action == b"streamGenerateContent"
         if answer is None:
             self.transport.write(NOT_FOUND)
-        elif STREAM_FLAG.search(body):
+        elif streamed:
             for piece in answer[1]:
                 if self.transport.is_closing():  # the client hung up mid-stream
                     return

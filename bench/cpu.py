@@ -13,12 +13,18 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --cells chat-30KB-json --reps 5
     python bench/cpu.py --cells chat-30KB-json --profile out.prof   # cProfile the proxy's runs
     python bench/cpu.py --anthropic --cells anth-77KB-json          # the Anthropic route
+    python bench/cpu.py --cells gem-30KB-json,gem-30KB-stream       # the Gemini route
     python bench/cpu.py --cells chat-tiny-json --without rewrites    # what the rewrites cost
     python bench/cpu.py --cells chat-tiny-json --without all         # the request's shell alone
     python bench/cpu.py --cells chat-30KB-json --record   # and a proxy recording every turn
 
 With `--anthropic` the proxy's configuration adds overhead.py's `anthropic/` deployment (which
-imports litellm). Traffic stays on 127.0.0.1; the upstream and clients are stopped on exit.
+imports litellm). A `gem-` cell posts the agent turn as Gemini's `generateContent` body (what
+Gemini CLI sends, ~30 KB: function calls with their thought signatures, function responses,
+function declarations) to `/v1beta/models/gemini-bench:generateContent`, or
+`:streamGenerateContent?alt=sse` streamed, and adds a `gemini/` deployment that takes it
+natively to the static upstream; the forwarder posts it to the same path. Traffic stays on
+127.0.0.1; the upstream and clients are stopped on exit.
 """
 
 from __future__ import annotations
@@ -41,11 +47,15 @@ from pathlib import Path
 
 import orjson
 from _bare_forwarder import app as bare_app
+from _payloads import gemini_turn
 from _without import PARTS, turn_off
 from aiohttp import web
 from overhead import (
     BODIES,
     CHAT_PATH,
+    GEMINI,
+    GEMINI_PATH,
+    GEMINI_STREAM_PATH,
     MESSAGES_PATH,
     REPO_ROOT,
     RESPONSES_PATH,
@@ -59,7 +69,14 @@ BENCH_DIR = Path(__file__).resolve().parent
 RECORDING_POLICY = (
     "policies:\n  - name: recorded\n    record: {enabled: true, max_mb_per_session: 1000000}\n"
 )
-PATHS = {"chat": CHAT_PATH, "anth": MESSAGES_PATH, "resp": RESPONSES_PATH}
+PATHS = {"chat": CHAT_PATH, "anth": MESSAGES_PATH, "resp": RESPONSES_PATH, GEMINI: GEMINI_PATH}
+CELL_BODIES = {**BODIES, (GEMINI, "30KB"): gemini_turn}  # overhead.py's, and Gemini's turn
+CELLS_HELP = (
+    "comma-separated ROUTE-SIZE-json|stream, of "
+    + ", ".join(f"{route}-{size}" for route, size in CELL_BODIES)
+    + " (chat: /v1/chat/completions, resp: /v1/responses, anth: /v1/messages with --anthropic,"
+    " gem: Gemini's generateContent to a gemini/ deployment)"
+)
 DEFAULT_CELLS = (
     "chat-tiny-json,chat-tiny-stream,chat-30KB-json,chat-30KB-stream,"
     "resp-50KB-json,resp-50KB-stream"
@@ -75,8 +92,8 @@ class Cell:
     @classmethod
     def parse(cls, name: str) -> Cell:
         route, size, mode = name.split("-")
-        if (route, size) not in BODIES or mode not in ("json", "stream"):
-            raise SystemExit(f"unknown cell {name!r}: route-size-json|stream, sizes {BODIES}")
+        if (route, size) not in CELL_BODIES or mode not in ("json", "stream"):
+            raise SystemExit(f"unknown cell {name!r}: {CELLS_HELP}")
         return cls(route, size, mode == "stream")
 
     @property
@@ -85,7 +102,12 @@ class Cell:
 
     @property
     def body(self) -> bytes:
-        return BODIES[(self.route, self.size)](self.stream)
+        return CELL_BODIES[(self.route, self.size)](self.stream)
+
+    @property
+    def path(self) -> str:
+        """Gemini's says whether it streams; the others' bodies do."""
+        return GEMINI_STREAM_PATH if self.route == GEMINI and self.stream else PATHS[self.route]
 
 
 async def serve(app: web.Application, *, proxy: bool = False) -> tuple[web.AppRunner, int]:
@@ -187,7 +209,7 @@ async def measure(
         body_file = workdir / f"{cell.name}.json"
         body_file.write_bytes(cell.body)
         client = await Client.start(cell, body_file, args.concurrency)
-        urls = {t: f"http://127.0.0.1:{port}{PATHS[cell.route]}" for t, port in ports.items()}
+        urls = {t: f"http://127.0.0.1:{port}{cell.path}" for t, port in ports.items()}
         for url in urls.values():
             await client.load(url, args.warmup)
         for rep in range(args.reps):
@@ -219,7 +241,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
     procs = Processes()
     try:
         upstream_port, _ = start_upstream(procs)
-        config = write_config(workdir, upstream_port, anthropic=args.anthropic)
+        gemini = any(cell.route == GEMINI for cell in cells)
+        config = write_config(workdir, upstream_port, anthropic=args.anthropic, gemini=gemini)
         os.chdir(workdir)  # the proxy's default store and event log live in its working dir
         runners = []
         ports: dict[str, int] = {}
@@ -296,7 +319,7 @@ def _median(values: list[float] | None) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", default=DEFAULT_CELLS, help=f"[{DEFAULT_CELLS}]")
+    parser.add_argument("--cells", default=DEFAULT_CELLS, help=f"{CELLS_HELP} [{DEFAULT_CELLS}]")
     parser.add_argument("--target", choices=("both", "proxy", "bare"), default="both")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=2000)

@@ -41,7 +41,7 @@ from typing import Any
 import _payloads
 import orjson
 from _load import LoadResult, Wire, python_load, wrk_load, wrk_path, wrk_version
-from _static_upstream import FIRST_WORD, response_events
+from _static_upstream import FIRST_WORD, generate_events, response_events
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -49,6 +49,10 @@ CHAT_PATH = "/v1/chat/completions"
 MESSAGES_PATH = "/v1/messages"
 RESPONSES_PATH = "/v1/responses"
 ANTHROPIC_ALIAS = _payloads.CLAUDE_MODEL
+GEMINI_ALIAS = _payloads.GEMINI_MODEL
+# Gemini's action is in its path: generateContent answers whole, streamGenerateContent streams.
+GEMINI_PATH = f"/v1beta/models/{GEMINI_ALIAS}:generateContent"
+GEMINI_STREAM_PATH = f"/v1beta/models/{GEMINI_ALIAS}:streamGenerateContent?alt=sse"
 UPSTREAM_KEY = "bench-upstream-key"  # what the proxy sends the static upstream (ignored there)
 MAX_REQUESTS_PER_RUN = 1_000_000
 WARMUP_MAX_REQUESTS = 2_000
@@ -57,6 +61,7 @@ READY_POLL_S = 0.010
 CHAT = "chat"
 ANTHROPIC = "anth"
 RESPONSES = "resp"
+GEMINI = "gem"  # bench/cpu.py's cells only: not one of this benchmark's scenarios
 SIZED = "77KB"  # the body size the Anthropic route is compared with chat at (second proxy)
 CODEX_SIZED = "50KB"  # the body size the Responses route is compared with chat at
 COMPARED = {RESPONSES: CODEX_SIZED, ANTHROPIC: SIZED}  # route -> the chat rows it is held to
@@ -80,6 +85,11 @@ WIRES = {
         headers={"Authorization": "Bearer bench-client-key"},
         stream_end=response_events()[-1][-48:],  # the end of response.completed
         first_token=FIRST_WORD.encode(),  # in the first response.output_text.delta
+    ),
+    GEMINI: Wire(
+        headers={"x-goog-api-key": "bench-client-key"},
+        stream_end=generate_events()[-1][-48:],  # the end of the chunk with the finish reason
+        first_token=FIRST_WORD.encode(),
     ),
 }
 PATHS = {CHAT: CHAT_PATH, ANTHROPIC: MESSAGES_PATH, RESPONSES: RESPONSES_PATH}
@@ -174,10 +184,16 @@ def free_port() -> int:
 
 
 def write_config(
-    directory: Path, upstream_port: int, *, anthropic: bool = False, event_loop: str = "asyncio"
+    directory: Path,
+    upstream_port: int,
+    *,
+    anthropic: bool = False,
+    gemini: bool = False,
+    event_loop: str = "asyncio",
 ) -> Path:
     """The chat alias `bench`; with `anthropic`, also an `anthropic/` deployment (native
-    /v1/messages passthrough to the static upstream). On the event loop named (never `auto`:
+    /v1/messages passthrough to the static upstream); with `gemini`, a `gemini/` one (native
+    generateContent to the static upstream's /v1beta). On the event loop named (never `auto`:
     the figures say which one they are of)."""
     deployments = [("bench", "openai/bench", f"http://127.0.0.1:{upstream_port}/v1", None)]
     if anthropic:
@@ -189,6 +205,9 @@ def write_config(
                 UPSTREAM_KEY,
             )
         )
+    if gemini:
+        gemini_base = f"http://127.0.0.1:{upstream_port}"
+        deployments.append((GEMINI_ALIAS, f"gemini/{GEMINI_ALIAS}", gemini_base, UPSTREAM_KEY))
     text = f"server: {{event_loop: {event_loop}}}\nmodel_list:\n"
     for alias, model, api_base, api_key in deployments:
         text += (
@@ -197,7 +216,8 @@ def write_config(
         )
         if api_key:
             text += f"      api_key: {api_key}\n"
-    path = directory / ("bench-anthropic.yaml" if anthropic else "bench.yaml")
+    name = "bench" + ("-anthropic" if anthropic else "") + ("-gemini" if gemini else "")
+    path = directory / f"{name}.yaml"
     path.write_text(text)
     return path
 
