@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from proxy.store.base import RECORDING_KINDS, BlobInfo, snippet
+from proxy.store.listing import Listed
 
 
 class MemoryStore:
@@ -11,13 +14,36 @@ class MemoryStore:
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[BlobInfo, bytes]] = {}
         self._checkpoints: dict[tuple[str, str], bytes] = {}
+        self._listed: dict[str, Listed] = {}
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
         self._blobs.setdefault(info.ref, (info, data))
 
-    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+    async def put_many(
+        self, items: list[tuple[BlobInfo, bytes]], listed: Mapping[str, Listed] | None = None
+    ) -> None:
         for info, data in items:
+            turn = (listed or {}).get(info.ref)
+            if turn is not None and info.ref not in self._blobs:
+                self._list(turn)
             await self.put(info, data)
+
+    async def put_listed(self, entries: list[Listed]) -> None:
+        held = {info.session for info, _ in self._blobs.values()}
+        for entry in entries:
+            if entry.session in held:
+                self._list(entry)
+
+    def _list(self, turn: Listed) -> None:
+        entry = self._listed.setdefault(turn.session, Listed(turn.session))
+        entry.add(turn)
+
+    async def listed(self, owner: str | None, limit: int) -> list[Listed]:
+        mine = [e for e in self._listed.values() if owner is None or e.owner == owner]
+        return sorted(mine, key=lambda e: e.last_at, reverse=True)[:limit]
+
+    async def listed_one(self, session: str) -> Listed | None:
+        return self._listed.get(session)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         return self._blobs.get(ref)
