@@ -73,7 +73,8 @@ async def list_sessions(request: web.Request) -> web.Response:
         if name is None or entry.name == name
     }
     for session, summary in board.items():
-        rows.setdefault(session, _describe(summary))
+        if session not in rows:
+            rows[session] = {**_describe(summary), "source": "board"}
     data = sorted(rows.values(), key=lambda row: row["last_at"] or 0, reverse=True)
     return _json({"object": "list", "data": data})
 
@@ -202,6 +203,7 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "last_at": round(entry.last_at, 3),
         "guard": summary.guard if summary is not None else {},
         "not_recorded": entry.not_recorded,
+        "source": "recording",
     }
 
 
