@@ -32,7 +32,7 @@ from proxy.sessions.board import SessionSummary
 from proxy.sessions.identity import MAX_SESSION_CHARS, owner_of, scoped
 from proxy.state import BOARD, CONFIG, STORE, TIMELINE_READS
 from proxy.store.base import Store, StoreError
-from proxy.store.listing import LISTED_MAX, Listed
+from proxy.store.listing import LISTED_MAX, Listed, fair
 from proxy.store.shares import session_owner
 
 routes = web.RouteTableDef()
@@ -75,8 +75,17 @@ async def list_sessions(request: web.Request) -> web.Response:
     for session, summary in board.items():
         if session not in rows:
             rows[session] = {**_describe(summary), "source": "board"}
-    data = sorted(rows.values(), key=lambda row: row["last_at"] or 0, reverse=True)
-    return _json({"object": "list", "data": data})
+    return _json({"object": "list", "data": _shared(rows)})
+
+
+def _shared(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """At most LISTED_MAX rows, each owner its share (store/listing.py `fair`), most recent
+    first."""
+    owners: dict[str, list[tuple[str, float]]] = {}
+    for session, row in sorted(rows.items(), key=lambda item: -(item[1]["last_at"] or 0)):
+        owners.setdefault(row["owner"], []).append((session, row["last_at"] or 0))
+    kept = [rows[session] for session in fair(list(owners.values()), LISTED_MAX)]
+    return sorted(kept, key=lambda row: row["last_at"] or 0, reverse=True)
 
 
 @routes.get("/admin/sessions/{id}")

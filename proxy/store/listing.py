@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-LISTED_MAX = 2000  # entries a listing reads, most recently active first (as the board holds)
+LISTED_MAX = 2000  # entries a listing reads, most recently active first (as the board holds);
+# every owner's share of them (`fair`) when listing every owner's
 _NAMES = ("name", "owner", "key", "model", "policy")
 _COUNTS = ("turns", "tokens_received", "tokens_sent", "prompt_tokens", "completion_tokens")
 
@@ -111,6 +112,15 @@ class Listed:
             elif kind == "not_recorded":
                 listed.not_recorded[which] = int(value)
         return listed
+
+
+def fair(owners: list[list[tuple[str, float]]], limit: int) -> list[str]:
+    """Up to `limit` sessions from each owner's (session, last activity), most recent first:
+    every owner's first, then every owner's second..., so an owner opening sessions by the
+    thousand fills only what the others leave (as the board keeps its shares)."""
+    ranked = [(rank, -at, session) for mine in owners for rank, (session, at) in enumerate(mine)]
+    ranked.sort()
+    return [session for _, _, session in ranked[:limit]]
 
 
 def _add_counts(mine: dict[str, int], theirs: dict[str, int]) -> None:

@@ -32,7 +32,7 @@ from cachetools import LRUCache
 
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.files import narrowed, private_dir, private_file
-from proxy.store.listing import Listed
+from proxy.store.listing import Listed, fair
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -107,9 +107,9 @@ _SCHEMA = (
 # The index of recorded sessions (proxy/store/listing.py): made by the first recording, so a
 # store that records nothing holds no pages for it.
 _LISTED_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS listed "
-    "(session TEXT PRIMARY KEY, last_at REAL NOT NULL, entry BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS listed_by_time ON listed (last_at)",
+    "CREATE TABLE IF NOT EXISTS listed (session TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "last_at REAL NOT NULL, entry BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS listed_by_owner ON listed (owner, last_at)",
 )
 # Sessions written before the sessions table existed: their blobs date them.
 _BACKFILL = """
@@ -355,17 +355,25 @@ class LocalStore:
         def select(db: sqlite3.Connection) -> list[Listed]:
             if not _has_table(db, "listed"):
                 return []
-            if owner is None:
-                rows = db.execute(
-                    "SELECT entry FROM listed ORDER BY last_at DESC LIMIT ?", (limit,)
-                )
-            else:  # the owner's range of the primary key, as _OWNER_SESSIONS
-                rows = db.execute(
-                    "SELECT entry FROM listed WHERE session >= ? AND session < ? "
+            owners = [owner]
+            if owner is None:  # each owner's most recent, then as many as the limit takes
+                owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM listed")]
+            mine = {
+                who: db.execute(
+                    "SELECT session, last_at, entry FROM listed WHERE owner = ? "
                     "ORDER BY last_at DESC LIMIT ?",
-                    (f"{owner}/", f"{owner}0", limit),
-                )
-            return [Listed.from_json(bytes(row[0])) for row in rows]
+                    (who, limit),
+                ).fetchall()
+                for who in owners
+            }
+            picked = set(fair([[(s, at) for s, at, _ in rows] for rows in mine.values()], limit))
+            found = [
+                Listed.from_json(bytes(entry))
+                for rows in mine.values()
+                for session, _, entry in rows
+                if session in picked
+            ]
+            return sorted(found, key=lambda entry: entry.last_at, reverse=True)
 
         return await self._run("listed", select)
 
@@ -722,8 +730,8 @@ def _list(db: sqlite3.Connection, turns: list[Listed], held_only: bool) -> None:
         entry = Listed.from_json(bytes(row[0])) if row else Listed(turn.session)
         entry.add(turn)
         db.execute(
-            "INSERT OR REPLACE INTO listed VALUES (?, ?, ?)",
-            (turn.session, entry.last_at, entry.as_json()),
+            "INSERT OR REPLACE INTO listed VALUES (?, ?, ?, ?)",
+            (turn.session, session_owner(turn.session), entry.last_at, entry.as_json()),
         )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from proxy.store.base import RECORDING_KINDS, BlobInfo, snippet
-from proxy.store.listing import Listed
+from proxy.store.listing import Listed, fair
+from proxy.store.shares import session_owner
 
 
 class MemoryStore:
@@ -39,8 +40,13 @@ class MemoryStore:
         entry.add(turn)
 
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
-        mine = [e for e in self._listed.values() if owner is None or e.owner == owner]
-        return sorted(mine, key=lambda e: e.last_at, reverse=True)[:limit]
+        owners: dict[str, list[Listed]] = {}
+        for entry in sorted(self._listed.values(), key=lambda e: e.last_at, reverse=True):
+            if owner is None or session_owner(entry.session) == owner:
+                owners.setdefault(session_owner(entry.session), []).append(entry)
+        ranked = [[(e.session, e.last_at) for e in mine] for mine in owners.values()]
+        picked = [self._listed[session] for session in fair(ranked, limit)]
+        return sorted(picked, key=lambda e: e.last_at, reverse=True)
 
     async def listed_one(self, session: str) -> Listed | None:
         return self._listed.get(session)

@@ -16,8 +16,9 @@ Every key starts with the configured prefix:
     <p>owner:<owner>          sorted set              the owner's sessions -> last activity
     <p>listing:<session>      hash                    a recorded session's entry in the index
                                                       of recorded sessions (store/listing.py)
-    <p>listed                 sorted set              recorded sessions -> last turn's time
-    <p>listed:<owner>         sorted set              the owner's recorded sessions, the same
+    <p>listed:<owner>         sorted set              the owner's recorded sessions -> the
+                                                      last turn's time
+    <p>listed-owners          set                     the owners with recorded sessions
 
 An owner's bytes are the sizes of the sessions in its sorted set: a session joins it (and its
 size the count) on its first write or activity, and leaves it when dropped; one written before
@@ -55,7 +56,7 @@ from redis.retry import Retry
 from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
-from proxy.store.listing import Listed
+from proxy.store.listing import Listed, fair
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -94,7 +95,7 @@ return 1
 # first_at, last_at, then counted lists of pairs: names set (by the more recent turn),
 # integers and floats added. The entry expires with the session's blobs.
 _LIST_FUNCTION = """
-local function list(entry, all, mine, session, ttl, i)
+local function list(entry, mine, owners, owner, session, ttl, i)
   local first, last = ARGV[i], ARGV[i + 1]
   local was = redis.call('HGET', entry, 'first_at')
   if tonumber(first) > 0 and (not was or tonumber(was) > tonumber(first)) then
@@ -124,27 +125,28 @@ local function list(entry, all, mine, session, ttl, i)
     redis.call('HINCRBYFLOAT', entry, ARGV[i], ARGV[i + 1])
     i = i + 2
   end
-  redis.call('ZADD', all, 'GT', last, session)
   redis.call('ZADD', mine, 'GT', last, session)
+  redis.call('SADD', owners, owner)
   if ttl > 0 then redis.call('PEXPIRE', entry, ttl) end
 end
 """
 # A turn's record blob, written as _PUT_BLOB writes it, and (only when written) its figures
 # added to its session's entry: a turn is counted once, and never when refused.
-# KEYS: _PUT_BLOB's, then the entry, the recorded sessions, the owner's recorded sessions.
+# KEYS: _PUT_BLOB's, then the entry, the owner's recorded sessions, the owners with some.
 # ARGV: _PUT_BLOB's, then the figures (_LIST_FUNCTION's, from ARGV[9]).
 _PUT_TURN = (
     _LIST_FUNCTION
     + _PUT_BLOB.rstrip().removesuffix("return 1")
-    + "list(KEYS[8], KEYS[9], KEYS[10], ARGV[5], tonumber(ARGV[4]), 9)\nreturn 1\n"
+    + "list(KEYS[8], KEYS[9], KEYS[10], ARGV[7], ARGV[5], tonumber(ARGV[4]), 9)\nreturn 1\n"
 )
 # Figures of turns not recorded, added to the entry of a session the store holds.
-# KEYS: sessions, the entry, the recorded sessions, the owner's. ARGV: session, ttl, figures.
+# KEYS: sessions, the entry, the owner's recorded sessions, the owners with some.
+# ARGV: session, ttl, owner, figures.
 _LIST = (
     _LIST_FUNCTION
     + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-list(KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), 3)
+list(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[1], tonumber(ARGV[2]), 4)
 return 1
 """
 )
@@ -187,7 +189,7 @@ return 2
 """
 # Delete a whole session, if it is still last active before ARGV[2] (a request may have come).
 # KEYS: sessions, sizes, bytes, session's list, checkpoints hash, owners, owner's sessions,
-# entry, recorded sessions, owner's recorded sessions.
+# entry, owner's recorded sessions, owners with some.
 # ARGV: session, before, blob key prefix, owner. Returns the bytes freed, or -1 when kept.
 _DROP = """
 local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -197,7 +199,6 @@ for _, ref in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
 end
 redis.call('UNLINK', KEYS[4], KEYS[5], KEYS[8])
 redis.call('ZREM', KEYS[9], ARGV[1])
-redis.call('ZREM', KEYS[10], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -399,7 +400,7 @@ class RedisStore:
                 for entry in entries:
                     owner = session_owner(entry.session)
                     keys = [r.key("sessions"), *self._listing_keys(entry.session, owner)]
-                    args = [entry.session, r.ttl_ms, *_figures(entry)]
+                    args = [entry.session, r.ttl_ms, owner, *_figures(entry)]
                     await r.list(keys=keys, args=args, client=pipe)
                 await pipe.execute()
 
@@ -407,10 +408,20 @@ class RedisStore:
 
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
         r = self.redis
-        zset = r.key("listed") if owner is None else r.key("listed", owner)
 
         async def read() -> tuple[list[str], list[Any]]:
-            names = [m.decode() for m in await r.client.zrevrange(zset, 0, limit - 1)]
+            if owner is not None:
+                names = [
+                    m.decode()
+                    for m in await r.client.zrevrange(r.key("listed", owner), 0, limit - 1)
+                ]
+            else:  # each owner's most recent, then as many of each as the limit takes
+                owners = sorted(m.decode() for m in await r.client.smembers(r.key("listed-owners")))
+                async with r.client.pipeline(transaction=False) as pipe:
+                    for who in owners:
+                        pipe.zrevrange(r.key("listed", who), 0, limit - 1, withscores=True)
+                    ranked: list[Any] = await pipe.execute()
+                names = fair([[(m.decode(), at) for m, at in mine] for mine in ranked], limit)
             async with r.client.pipeline(transaction=False) as pipe:
                 for session in names:
                     pipe.hgetall(r.key("listing", session))
@@ -420,19 +431,21 @@ class RedisStore:
         names, rows = await r.run("listed", read)
         gone = [session for session, row in zip(names, rows, strict=True) if not row]
         if gone:  # expired with their session: let the sorted sets go of them too
-            owners = {session_owner(session) for session in gone}
+            by_owner: dict[str, list[str]] = {}
+            for session in gone:
+                by_owner.setdefault(session_owner(session), []).append(session)
 
             async def tidy() -> None:
                 async with r.client.pipeline(transaction=False) as pipe:
-                    pipe.zrem(r.key("listed"), *gone)
-                    for who in owners:
-                        pipe.zrem(r.key("listed", who), *gone)
+                    for who, sessions in by_owner.items():
+                        pipe.zrem(r.key("listed", who), *sessions)
                     await pipe.execute()
 
             await r.run("listed", tidy)
-        return [
+        found = [
             Listed.from_hash(session, row) for session, row in zip(names, rows, strict=True) if row
         ]
+        return sorted(found, key=lambda entry: entry.last_at, reverse=True)
 
     async def listed_one(self, session: str) -> Listed | None:
         r = self.redis
@@ -441,7 +454,7 @@ class RedisStore:
 
     def _listing_keys(self, session: str, owner: str) -> list[str]:
         r = self.redis
-        return [r.key("listing", session), r.key("listed"), r.key("listed", owner)]
+        return [r.key("listing", session), r.key("listed", owner), r.key("listed-owners")]
 
     async def _evict_owner(self, owner: str, size: int, limit: int) -> None:
         """Delete the owner's least recently active sessions that are not live, until

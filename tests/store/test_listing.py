@@ -76,6 +76,18 @@ async def test_a_turn_counts_once_and_owners_list_their_own(store: Store) -> Non
     assert entry.errors == 0 and await store.listed_one("key:alice/nothing") is None
 
 
+async def test_every_owner_keeps_its_share_of_a_listing_of_all(store: Store) -> None:
+    """Bob's sessions by the dozen leave alice's in the list of every owner's."""
+    now = time.time()
+    await write(store, turn("key:alice/a1", 0, now - 100), turn("key:alice/a2", 0, now - 99))
+    for n in range(30):
+        await write(store, turn(f"key:bob/b{n}", 0, now - 50 + n))
+    listed = [e.session for e in await store.listed(None, 10)]
+    assert len(listed) == 10 and listed[-2:] == ["key:alice/a2", "key:alice/a1"]
+    assert listed[:8] == [f"key:bob/b{n}" for n in range(29, 21, -1)]  # bob's newest
+    assert len(await store.listed("key:bob", 100)) == 30
+
+
 async def test_an_entry_goes_with_its_session(store: Store) -> None:
     if isinstance(store, MemoryStore):
         pytest.skip("the memory store keeps what it is given: it has no collection")
