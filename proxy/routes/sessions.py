@@ -208,6 +208,7 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "completion_tokens": entry.completion_tokens,
         "cost_usd": round(entry.cost_usd, 6),
         "errors": entry.errors,
+        "statuses": entry.statuses,
         "first_at": round(entry.first_at, 3),
         "last_at": round(entry.last_at, 3),
         "guard": summary.guard if summary is not None else {},

@@ -154,6 +154,7 @@ async def test_recorded_sessions_are_listed_and_open_by_name_after_a_restart(
         assert row["recorded"] and row["errors"] == 0 and row["not_recorded"] == {}
         assert row["tokens_sent"] < row["tokens_received"]  # the offloads
         assert row["cost_usd"] > 0 and row["prompt_tokens"] > 0
+        assert row["statuses"] == {"200": row["turns"]}
     # By name: the caller's own session of that name, however many tenants use it.
     assert [r["id"] for r in named] == [alice_s1["id"]]
     assert status == 200 and opened["source"] == "recording"
