@@ -422,6 +422,8 @@ class TurnWriter:
             rest_body = {k: v for k, v in body.items() if k != key}
             rest = counts[(wire, rest_ref)] = self.measure.rest_tokens(wire, rest_body)
         total = rest
+        if len(digests) != len(items):  # not hashed (never so far): measured whole
+            return total + sum(self.measure.entry_tokens(wire, item) for item in items)
         for item, digest in zip(items, digests, strict=True):
             count = counts.get((wire, digest))
             if count is None:

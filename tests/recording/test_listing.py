@@ -216,3 +216,34 @@ async def test_the_list_and_replay_count_a_recorded_session_alike(
         totals["tokens_received"],
         totals["tokens_sent"],
     )
+
+
+async def test_a_turn_measures_its_new_messages_only(
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer keeps each part's count: over a 20-turn session whose history grows two
+    messages a turn, it measures about the new ones (received and sent), not the history
+    again every turn (840 entries)."""
+    from proxy.sim import measure
+
+    measured: list[Any] = []
+    entry_tokens = measure.entry_tokens
+
+    def counting(wire: str, entry: Any) -> int:
+        measured.append(entry)
+        return entry_tokens(wire, entry)
+
+    monkeypatch.setattr(measure, "entry_tokens", counting)
+    path = await write_config(aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    proxy = await start_proxy(path)
+    url = str(proxy.make_url("")).rstrip("/")
+    turns = 20
+    for n in range(turns):
+        await converse(url, ALICE, "long", 1, start=n)
+        await proxy.app[RECORDINGS].flush()  # each turn measured by the session's memo
+    (row,) = await listed(url, ALICE, turns=turns)
+    assert row["turns"] == turns and row["tokens_sent"] < row["tokens_received"]
+    assert len(measured) <= 5 * turns, len(measured)
