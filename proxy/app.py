@@ -38,6 +38,7 @@ from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
 from proxy.sessions.view_memo import ViewMemo
+from proxy.sim import measure as context_measure
 from proxy.state import (
     BOARD,
     CATALOG,
@@ -143,6 +144,7 @@ def build_app(
         on_unrecorded=recorder.turns_unrecorded,
         assemblies={wire.name: wire.answer_assembly for wire in REGISTRY},
         conversations={wire.name: wire.conversation for wire in REGISTRY},
+        measure=context_measure,  # the one measure replay reports too
     )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the
     # flow's to offer it, call by call.

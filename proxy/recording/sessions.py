@@ -16,6 +16,13 @@ toward its owner's store.max_owner_share):
                   in the blob's meta with "seq"; "error", for a failed turn, its status, who
                   said it and the message (redacted, at most ERROR_CHARS).
 
+Each turn's figures (name, owner, model, status, usage, cost, context tokens received and sent
+upstream) go with its record blob to its session's entry in the store's index of recorded
+sessions (proxy/store/listing.py: what GET /admin/sessions lists, after a restart and on every
+replica), in the same store call; the turns it does not record, by why, in one call a moment
+later. Context tokens are the one measure replay reports (proxy/sim/measure.py), kept per
+part: a turn measures its new messages only.
+
 Nothing is written before it is redacted (proxy/recording/redact.py). The writer runs in one
 task, off the requests' path, in the order turns finished; a store that fails or refuses is
 counted and said (rate-limited), never the request's failure. A session whose recording would
@@ -29,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import xxhash
@@ -37,6 +44,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
+from proxy.messages import CHAT
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
 from proxy.recording.answers import Assemble, answer_in_slices, answer_of, assembled_size
@@ -44,6 +52,8 @@ from proxy.recording.conversation import ERROR_CHARS, Conversation, cut, opens_t
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
+from proxy.store.listing import Listed
+from proxy.store.shares import session_owner
 
 log = logging.getLogger("agentproxy.recording")
 
@@ -59,6 +69,15 @@ MEMO_BYTES = 16 * MB  # what this process remembers of recorded sessions (known 
 INLINE_ANSWER_BYTES = 64 * 1024
 CLIENT_GONE = 499  # the status a turn whose client left is counted with (http/keys.py)
 _UNREAD: Any = object()  # the answer is not assembled yet
+UNLISTED_SESSIONS = 10_000  # sessions whose unrecorded turns wait to reach the index, at most
+
+
+class ContextMeasure(Protocol):
+    """How many context tokens a body's parts weigh, by wire (proxy/sim/measure.py)."""
+
+    def entry_tokens(self, wire: str, entry: Any) -> int: ...
+
+    def rest_tokens(self, wire: str, rest: dict[str, Any]) -> int: ...
 
 
 @dataclass(slots=True)
@@ -74,14 +93,18 @@ class Finished:
     at: float = field(default_factory=time.time)
 
 
+Blobs = list[tuple[BlobInfo, bytes]]
+
+
 @dataclass(slots=True)
 class _Prepared:
     """A turn split into the blobs to write (the request's objects already let go)."""
 
     session: str
     owner: str
-    blobs: list[tuple[BlobInfo, bytes]]
+    blobs: Blobs
     size: int
+    listed: dict[str, Listed]  # by its record's ref: the turn's figures for the index
 
 
 Queued = Finished | _Prepared
@@ -103,10 +126,13 @@ class _Known:
     # (not always the last recorded).
     recent: dict[object, tuple[str, list[int]]] = field(default_factory=dict)
     last_lists: dict[str, list[int]] = field(default_factory=dict)
+    # Context tokens by (wire, a part's hash or a body rest's ref): each part measured once.
+    tokens: dict[tuple[str, int | str], int] = field(default_factory=dict)
 
     def size(self) -> int:
         lists = [*self.last_lists.values(), *(hashes for _, hashes in self.recent.values())]
-        return 200 + 90 * (len(self.parts) + len(self.stored)) + 8 * sum(map(len, lists))
+        parts = 90 * (len(self.parts) + len(self.stored)) + 100 * len(self.tokens)
+        return 200 + parts + 8 * sum(map(len, lists))
 
 
 class TurnWriter:
@@ -120,9 +146,14 @@ class TurnWriter:
         *,
         assemblies: Mapping[str, Assemble],
         conversations: Mapping[str, Conversation],
+        measure: ContextMeasure,
     ) -> None:
         self.store = store
         self.conversations = conversations  # by wire name: how its bodies read (the timeline)
+        self.measure = measure  # context tokens, as replay counts them
+        # Sessions' turns not recorded, waiting for their one call to the index.
+        self._unlisted: dict[str, Listed] = {}
+        self._listing: asyncio.Task[None] | None = None
         self.assemblies = assemblies  # by wire name: how its streamed answers are put together
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
@@ -159,14 +190,14 @@ class TurnWriter:
             self._enqueue(turn)
             return
         try:
-            blobs = self._prepare(turn, known)
+            blobs, listed = self._prepare(turn, known)
         except Exception as exc:
             self._failed(exc, {session: 1})
             self._known.pop(session, None)
             return
         if blobs:
             size = sum(len(data) for _, data in blobs)
-            self._enqueue(_Prepared(session, turn.ex.identity.owner, blobs, size))
+            self._enqueue(_Prepared(session, turn.ex.identity.owner, blobs, size, listed))
 
     def _enqueue(self, item: Queued) -> None:
         assert self._queue is not None
@@ -192,6 +223,8 @@ class TurnWriter:
         await asyncio.sleep(0)  # the turns split at once: queued first
         if self._queue is not None and self._task is not None and not self._task.done():
             await self._queue.join()
+        if self._listing is not None and not self._listing.done():
+            await asyncio.shield(self._listing)
 
     async def close(self, wait_s: float = 5.0) -> None:
         if self._task is None:
@@ -202,6 +235,8 @@ class TurnWriter:
             warn_limited(log, "recording.close", "recording: turns still queued were lost")
         self._task.cancel()
         self._task = None
+        if self._listing is not None:
+            self._listing.cancel()
 
     def forget(self, sessions: set[str]) -> None:
         """Idle sessions: what the store may evict next is no longer taken as stored."""
@@ -228,7 +263,8 @@ class TurnWriter:
     async def _write(self, batch: list[Queued]) -> None:
         """The turns' new blobs, each owner's in one store call (one transaction in SQLite,
         one round trip to Redis); a failure loses those turns only, counted and said."""
-        by_owner: dict[str, list[tuple[BlobInfo, bytes]]] = {}
+        by_owner: dict[str, Blobs] = {}
+        listed: dict[str, dict[str, Listed]] = {}  # each owner's turns' figures, by record
         sessions: dict[str, dict[str, int]] = {}  # each owner's: turns by session
         await self._read_new(batch)
         for item in batch:
@@ -236,15 +272,17 @@ class TurnWriter:
                 prepared = await self._prepare_queued(item)
                 if prepared is None:
                     continue
-                item_session, owner, blobs = prepared
+                item_session, owner, blobs, figures = prepared
             else:
                 item_session, owner, blobs = item.session, item.owner, item.blobs
+                figures = item.listed
             by_owner.setdefault(owner, []).extend(blobs)
+            listed.setdefault(owner, {}).update(figures)
             turns = sessions.setdefault(owner, {})
             turns[item_session] = turns.get(item_session, 0) + 1
         for owner, blobs in by_owner.items():
             try:
-                await _put_many(self.store, blobs)
+                await self.store.put_many(blobs, listed.get(owner))
             except Exception as exc:
                 self._failed(exc, sessions[owner])
                 self.forget(set(sessions[owner]))  # what they hold is read again from the store
@@ -265,7 +303,7 @@ class TurnWriter:
 
     async def _prepare_queued(
         self, turn: Finished
-    ) -> tuple[str, str, list[tuple[BlobInfo, bytes]]] | None:
+    ) -> tuple[str, str, Blobs, dict[str, Listed]] | None:
         """A turn queued whole: a long answer assembled (in slices), its session's state read
         (from the store, if new), then split."""
         session = turn.ex.identity.session
@@ -275,7 +313,7 @@ class TurnWriter:
             if _long_answer(turn) and not (known is not None and known.stopped):
                 assemble = self.assemblies[turn.ex.client.wire]
                 answer = await answer_in_slices(assemble, turn.body, turn.ex.streamed)
-            blobs = self._prepare(turn, await self._session(session), answer)
+            blobs, listed = self._prepare(turn, await self._session(session), answer)
         except Exception as exc:
             self._failed(exc, {session: 1})
             self._known.pop(session, None)
@@ -286,18 +324,19 @@ class TurnWriter:
                 self._waiting[session] = left
             else:
                 self._waiting.pop(session, None)
-        return (session, turn.ex.identity.owner, blobs) if blobs else None
+        return (session, turn.ex.identity.owner, blobs, listed) if blobs else None
 
     def _prepare(
         self, turn: Finished, known: _Known, answer: Any = _UNREAD
-    ) -> list[tuple[BlobInfo, bytes]]:
-        """The turn's blobs not yet stored, its session's state moved past it (undone by
-        forgetting the session should the write fail). `answer`: the answer, if assembled."""
+    ) -> tuple[Blobs, dict[str, Listed]]:
+        """The turn's blobs not yet stored, and its figures for the index by its record's
+        ref; its session's state moved past it (undone by forgetting the session should the
+        write fail). `answer`: the answer, if assembled."""
         ex = turn.ex
         session = ex.identity.session
         if known.stopped:
             self._count("skipped", session)
-            return []
+            return [], {}
         spec = ex.policy.record
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
         this, base, shared, key = _lineage(ex)
@@ -307,12 +346,14 @@ class TurnWriter:
             # hashes are its entries' (not hashed again), if this recording holds that turn.
             prior = known.recent.get(base) if base is not None else None
             keep = shared if prior is not None and _list_key(ex.received) == key else 0
-            request = split.body(ex.received, "request", keep, prior)
+            request = split.body(received, "request", keep, prior)
         else:
             request = split.body(received, "request", 0)
         conversation = self.conversations[ex.client.wire]
         opens = not known.turns or _opens(conversation, received, request)
         sent = split.body(ex.sent, "sent", 0)
+        tokens_received = self._tokens(known, split, ex.client.wire, received)
+        tokens_sent = self._tokens(known, split, _sent_wire(ex), ex.sent)
         events: Any = []
         if ex.notes or turn.error is not None:
             events = [{"stage": n.stage, "action": n.action, **n.fields} for n in ex.notes]
@@ -350,7 +391,7 @@ class TurnWriter:
             self._count("stopped", session)
             fields = {"bytes": known.bytes, "max_mb_per_session": spec.max_mb_per_session}
             self.on_stopped(ex, fields)
-            return []
+            return [], {}
         owner = ex.identity.owner
         blobs = [
             (BlobInfo(ref, session, RECORD_PART, len(part), turn.at, owner), part)
@@ -372,7 +413,38 @@ class TurnWriter:
         if split.parts:
             known.parts.update(split.parts)
             self._known[session] = known  # it grew: the memo weighs it again
-        return blobs
+        key_name = ex.identity.key.name if ex.identity.key is not None else None
+        listed = Listed(
+            session, ex.identity.session_name, owner, key_name, ex.alias, ex.policy.name, turns=1,
+            tokens_received=tokens_received, tokens_sent=tokens_sent,
+            prompt_tokens=usage.prompt_tokens if usage is not None else 0,
+            completion_tokens=usage.completion_tokens if usage is not None else 0,
+            cost_usd=ex.accounting.cost_usd or 0.0, statuses={str(turn.status): 1},
+            first_at=turn.at, last_at=turn.at,
+        )  # fmt: skip
+        return blobs, {ref: listed}
+
+    def _tokens(self, known: _Known, split: _Split, wire: str, body: Any) -> int:
+        """The body's context tokens (as replay measures them): its parts' counts, each part
+        measured once in the session (a turn measures its new messages only)."""
+        held = split.held(body)
+        if held is None:
+            return 0
+        key, items, rest_ref, digests = held
+        counts = known.tokens
+        rest = counts.get((wire, rest_ref))
+        if rest is None:
+            rest_body = {k: v for k, v in body.items() if k != key}
+            rest = counts[(wire, rest_ref)] = self.measure.rest_tokens(wire, rest_body)
+        total = rest
+        if len(digests) != len(items):  # not hashed (never so far): measured whole
+            return total + sum(self.measure.entry_tokens(wire, item) for item in items)
+        for item, digest in zip(items, digests, strict=True):
+            count = counts.get((wire, digest))
+            if count is None:
+                count = counts[(wire, digest)] = self.measure.entry_tokens(wire, item)
+            total += count
+        return total
 
     def _failed(self, exc: Exception, turns: dict[str, int]) -> None:
         """`turns`: how many of each session's were lost."""
@@ -396,10 +468,37 @@ class TurnWriter:
         return known
 
     def _count(self, outcome: str, session: str, turns: int = 1) -> None:
-        """Turns of `session` not recorded, and why: the metric and the session's own count."""
+        """Turns of `session` not recorded, and why: the metric, the session's own count on
+        the board and, a moment later, in the index."""
         self.metrics.child(self.metrics.recorded_turns, outcome).inc(turns)
         if self.on_unrecorded is not None:
             self.on_unrecorded(session, outcome, turns)
+        now = time.time()
+        owner = session_owner(session)
+        name = session.partition("/")[2] or session
+        entry = Listed(session, name, owner, turns=turns, not_recorded={outcome: turns},
+                       first_at=now, last_at=now)  # fmt: skip
+        waiting = self._unlisted.get(session)
+        if waiting is not None:
+            waiting.add(entry)
+        elif len(self._unlisted) < UNLISTED_SESSIONS:
+            self._unlisted[session] = entry
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.get_running_loop().create_task(self._list_unrecorded())
+
+    async def _list_unrecorded(self) -> None:
+        """The turns not recorded, to the index in one call (after a moment for more); kept
+        for the next try when the store fails."""
+        await asyncio.sleep(LINGER_S)
+        entries, self._unlisted = list(self._unlisted.values()), {}
+        try:
+            await self.store.put_listed(entries)
+        except Exception as exc:
+            for entry in entries:
+                if len(self._unlisted) < UNLISTED_SESSIONS:
+                    self._unlisted.setdefault(entry.session, Listed(entry.session)).add(entry)
+            warn_limited(log, "recording.listed", "recording: the index of sessions was not "
+                         "written: %s: %s", type(exc).__name__, exc)  # fmt: skip
 
 
 _secrets: LRUCache[str, tuple[str, ...]] = LRUCache(8)
@@ -473,6 +572,15 @@ class _Split:
         base = base_ref if keep else None
         shape = {"body": rest_ref, "key": key, "at": at, "base": base, "keep": keep}
         return {**shape, "new": refs}
+
+    def held(self, body: Any) -> tuple[str | None, list[Any], str, list[int]] | None:
+        """A body split this turn: its list's key, entries, rest's ref and entries' hashes."""
+        split = self._bodies.get(id(body))
+        if split is None:
+            return None
+        _, key, items, rest_ref, _ = split
+        hashes = self._lists.get(id(items))
+        return key, items, rest_ref, hashes if hashes is not None else []
 
     def _rest(self, rest: dict[str, Any]) -> str:
         """A body's part without its messages: another body's of this turn when it holds the
@@ -555,6 +663,17 @@ def _error(turn: Finished, conversation: Conversation, redaction: Redaction) -> 
     return redaction.value(orjson.loads(orjson.dumps(found, default=str)))
 
 
+def _sent_wire(ex: Exchange) -> str:
+    """The wire the body last sent upstream is in: the deployment's native one, else chat."""
+    deployment = ex.deployment
+    if deployment is None:
+        return ex.client.wire
+    renderer = ex.client.renderer
+    if renderer is not None and not renderer.native_for(deployment):
+        return CHAT
+    return ex.wire_for(deployment)
+
+
 def _long_answer(turn: Finished) -> bool:
     return assembled_size(turn.body, turn.ex.streamed) > INLINE_ANSWER_BYTES
 
@@ -612,15 +731,6 @@ def _held(item: Queued) -> int:
         return item.size
     request = 2 * (len(item.raw) if item.raw else item.ex.client.body_bytes)
     return request + sum(map(len, item.ex.streamed or ()))
-
-
-async def _put_many(store: Store, blobs: list[tuple[BlobInfo, bytes]]) -> None:
-    many = getattr(store, "put_many", None)
-    if many is not None:
-        await many(blobs)
-        return
-    for info, data in blobs:
-        await store.put(info, data)
 
 
 def _parsed(raw: bytes | None) -> Any:

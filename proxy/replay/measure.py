@@ -1,7 +1,8 @@
 """What replay measures on a body: its tokens, and how much of it a prefix cache would hold.
 
 Tokens are the simulator's count (four characters a token over contents, tool calls and tool
-schemas), the same for what the client sent and what went upstream, so the two compare. The
+schemas), entry by entry (proxy/sim/measure.py: the one measure, which the session list shows
+too), the same for what the client sent and what went upstream, so the two compare. The
 cache is a prefix model: the part of a prompt (tools, then its messages in order) equal to the
 previous prompt sent upstream is read from the cache, the rest is written to it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.sim.measure import body_tokens, wire_at
 from proxy.sim.model import estimate_prompt_tokens, is_summary_request
 from proxy.sim.simulator import as_chat as as_chat  # what the engine reads bodies as
 
@@ -17,7 +19,7 @@ JSON = dict[str, Any]
 
 
 def prompt_tokens(path: str, body: JSON) -> int:
-    return estimate_prompt_tokens(as_chat(path, body))
+    return body_tokens(wire_at(path), body)
 
 
 def is_summary(path: str, body: JSON) -> bool:

@@ -5,9 +5,11 @@ Who may ask: the admin key (or, on a proxy with no keys at all, its local user: 
 client naming the proxy, proxy/http/auth.py) sees every tenant's sessions; a client key sees
 its own owner's only (its key's, or its team's), and another's session id answers as an unknown
 one. With API keys and no admin key, nobody sees every tenant's: recorded bodies go only to
-the key that owns them. The list is this process's board
-(proxy/sessions/board.py); a session whose policy records it reads its timeline from the store
-(proxy/recording/reader.py), any other its last turns from the board. A timeline comes in
+the key that owns them. The list is the store's index of recorded sessions (proxy/store/
+listing.py: every replica's, also after a restart) with this process's board
+(proxy/sessions/board.py) for the sessions not recorded; a session whose policy records it
+reads its timeline from the store (proxy/recording/reader.py), any other its last turns from
+the board. A timeline comes in
 pages (?after=TURN&limit=N; `has_more`, `next_after`): only a page's turns are expanded, and a
 page stops at PAGE_BYTES, so reading any recorded session costs about a page of memory.
 
@@ -25,7 +27,7 @@ import base64
 import binascii
 from collections import OrderedDict
 from collections.abc import Mapping
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from typing import Any
 
 import orjson
@@ -37,9 +39,10 @@ from proxy.recording import conversation as said
 from proxy.recording.conversation import Conversation
 from proxy.recording.reader import RecordedTurn, Recording
 from proxy.sessions.board import SessionSummary
-from proxy.sessions.identity import owner_of
+from proxy.sessions.identity import MAX_SESSION_CHARS, owner_of, scoped
 from proxy.state import BOARD, CONFIG, RECORDINGS, STORE, TIMELINE_READS
-from proxy.store.base import StoreError
+from proxy.store.base import Store, StoreError
+from proxy.store.listing import LISTED_MAX, Listed, fair
 from proxy.store.shares import session_owner
 
 routes = web.RouteTableDef()
@@ -56,10 +59,46 @@ SEEN_NAMES = 50_000  # names remembered while a page walks the calls before it
 
 @routes.get("/admin/sessions")
 async def list_sessions(request: web.Request) -> web.Response:
+    """The caller's sessions, most recent first: the recorded ones from the store's index,
+    the others from this process's board. `?session=NAME`: those of that name only (for a
+    key, its own one: read from the index by its scoped name, however old)."""
     scope = _scope(request)
-    mine = [s for s in request.app[BOARD].sessions() if scope is None or s.owner == scope]
-    mine.sort(key=lambda s: s.last_at, reverse=True)
-    return _json({"object": "list", "data": [_describe(s) for s in mine]})
+    name = request.query.get("session")
+    if name is not None and not 0 < len(name) <= MAX_SESSION_CHARS:
+        raise BadRequest(f"'session' must be a session name of 1 to {MAX_SESSION_CHARS} characters")
+    board = {
+        s.session: s
+        for s in request.app[BOARD].sessions()
+        if (scope is None or s.owner == scope) and (name is None or s.name == name)
+    }
+    store = request.app[STORE]
+    try:
+        if name is not None and scope is not None:
+            one = await store.listed_one(scoped(scope, name))
+            listed = [one] if one is not None else []
+        else:
+            listed = await store.listed(scope, LISTED_MAX)
+    except StoreError:
+        listed = []  # the store is down: what this process served is still listed
+    rows = {
+        entry.session: _listed(entry, board.get(entry.session))
+        for entry in listed
+        if name is None or entry.name == name
+    }
+    for session, summary in board.items():
+        if session not in rows:
+            rows[session] = {**_describe(summary), "source": "board"}
+    return _json({"object": "list", "data": _shared(rows)})
+
+
+def _shared(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """At most LISTED_MAX rows, each owner its share (store/listing.py `fair`), most recent
+    first."""
+    owners: dict[str, list[tuple[str, float]]] = {}
+    for session, row in sorted(rows.items(), key=lambda item: -(item[1]["last_at"] or 0)):
+        owners.setdefault(row["owner"], []).append((session, row["last_at"] or 0))
+    kept = [rows[session] for session in fair(list(owners.values()), LISTED_MAX)]
+    return sorted(kept, key=lambda row: row["last_at"] or 0, reverse=True)
 
 
 @routes.get("/admin/sessions/{id}")
@@ -88,7 +127,7 @@ async def show_session(request: web.Request) -> web.Response:
         if summary is None:
             raise NotFound(f"no session '{request.match_info['id']}' for this key")
         page = _board_page(summary, after, limit)
-    body = _describe(summary) if summary is not None else _unlisted(session, recording, last)
+    body = await _described(request.app[STORE], session, summary, recording, last)
     body["source"] = "recording" if recording else "board"
     # Client turns apart from the calls in them: a recording knows both; the board counts
     # calls only.
@@ -149,6 +188,51 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
         "last_at": round(summary.last_at, 3),
         "guard": summary.guard,
         "not_recorded": summary.not_recorded,
+    }
+
+
+async def _described(
+    store: Store,
+    session: str,
+    summary: SessionSummary | None,
+    recording: Recording,
+    last: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A session's row as the list has it: from the index when recorded, else the board's."""
+    entry = None
+    if recording:
+        with suppress(StoreError):  # down: the board's figures, or the recording's own
+            entry = await store.listed_one(session)
+    if entry is not None:
+        return _listed(entry, summary)
+    return _describe(summary) if summary is not None else _unlisted(session, recording, last)
+
+
+def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
+    """A recorded session from the store's index: every replica's turns, and the context
+    tokens as replay measures them; its guard record from this process's board, if served
+    here."""
+    return {
+        "id": session_id(entry.session),
+        "session": entry.name,
+        "owner": entry.owner,
+        "key": entry.key,
+        "model": entry.model,
+        "policy": entry.policy,
+        "recorded": True,
+        "turns": entry.turns,
+        "tokens_received": entry.tokens_received,
+        "tokens_sent": entry.tokens_sent,
+        "prompt_tokens": entry.prompt_tokens,
+        "completion_tokens": entry.completion_tokens,
+        "cost_usd": round(entry.cost_usd, 6),
+        "errors": entry.errors,
+        "statuses": entry.statuses,
+        "first_at": round(entry.first_at, 3),
+        "last_at": round(entry.last_at, 3),
+        "guard": summary.guard if summary is not None else {},
+        "not_recorded": entry.not_recorded,
+        "source": "recording",
     }
 
 

@@ -2,7 +2,9 @@
 the client knows), what (model, turns, context tokens received and sent, usage, cost), when,
 the guards' state, and each one's last turns (what the stages and guards did, errors and
 recoveries). Kept whatever the recording says; a recorded session's full timeline is in the
-store (proxy/recording/sessions.py).
+store (proxy/recording/sessions.py), and so is its row of the list (proxy/store/listing.py:
+every replica's turns, after a restart too, its context tokens counted as replay counts them),
+which the list shows in place of this one's.
 
 In process memory, bounded: SESSIONS sessions, each keeping its last TURNS turns. Keyed by the
 scoped session (ex.identity.session): owners never mix. Each owner has its share, as in the
@@ -37,7 +39,9 @@ class SessionSummary:
     policy: str = ""
     recorded: bool = False
     turns: int = 0
-    tokens_received: int = 0  # context tokens as received, estimated (four bytes a token)
+    # Context tokens as received, estimated (four bytes a token): O(1) on the request's path.
+    # A recorded session's are counted off it, by the recording's writer, for the index.
+    tokens_received: int = 0
     tokens_sent: int = 0  # as sent upstream, after the rewrites
     prompt_tokens: int = 0  # what the provider reported
     completion_tokens: int = 0

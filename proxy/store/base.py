@@ -7,10 +7,14 @@ readable only by the key that created them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
+
+if TYPE_CHECKING:
+    from proxy.store.listing import Listed
 
 
 class StoreError(Exception):
@@ -65,6 +69,28 @@ class Store(Protocol):
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
         """Durable when it returns. Writing an existing ref again is a no-op."""
+        ...
+
+    async def put_many(
+        self, items: list[tuple[BlobInfo, bytes]], listed: Mapping[str, Listed] | None = None
+    ) -> None:
+        """Several blobs of one owner at once (one transaction, one round trip): a recording's
+        turns. `listed`, by the ref of a blob among them: what it adds to its session's entry
+        in the index of recorded sessions (proxy/store/listing.py), added only when that blob
+        is new."""
+        ...
+
+    async def put_listed(self, entries: list[Listed]) -> None:
+        """Added to the entries of sessions the store holds (others are let go): turns a
+        recording does not hold."""
+        ...
+
+    async def listed(self, owner: str | None, limit: int) -> list[Listed]:
+        """The owner's recorded sessions (None: every owner's), most recently active first."""
+        ...
+
+    async def listed_one(self, session: str) -> Listed | None:
+        """The scoped session's entry."""
         ...
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from proxy import tracing
 from proxy.metrics import Metrics
 from proxy.store.base import BlobInfo, Store
+from proxy.store.listing import Listed
 from proxy.store.shares import OwnerFull
 from proxy.store.state import StateStore
 
@@ -20,7 +21,9 @@ log = logging.getLogger("agentproxy.store")
 OWNER_FULL_LOG_EVERY_S = 60.0  # a full owner's refusals are logged at most this often
 
 # Operations that write: each is a span of the request it serves (when tracing is on).
-_WRITES = frozenset({"put", "put_checkpoint", "state_set", "state_delete", "add", "publish"})
+_WRITES = frozenset(
+    {"put", "put_checkpoint", "put_listed", "state_set", "state_delete", "add", "publish"}
+)
 
 
 class _Timed:
@@ -77,16 +80,14 @@ class InstrumentedStore(_Timed):
             raise
         self._written(info.kind, len(data))
 
-    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
-        """Several blobs at once where the backend can (one transaction, one round trip)."""
-        many = getattr(self.inner, "put_many", None)
+    async def put_many(
+        self, items: list[tuple[BlobInfo, bytes]], listed: Mapping[str, Listed] | None = None
+    ) -> None:
+        """Several blobs at once (one transaction, one round trip), with the figures of the
+        turns among them for the index of recorded sessions."""
         try:
             async with self._op("put"):
-                if many is not None:
-                    await many(items)
-                else:
-                    for info, data in items:
-                        await self.inner.put(info, data)
+                await self.inner.put_many(items, listed)
         except OwnerFull as exc:
             self._owner_full(items[0][0].owner or "" if items else "", exc)
             raise
@@ -108,6 +109,18 @@ class InstrumentedStore(_Timed):
         if last is None or now - last >= OWNER_FULL_LOG_EVERY_S:
             self._owner_full_logged[owner] = now
             log.warning("%s (other owners' writes go on; logged once a minute)", exc)
+
+    async def put_listed(self, entries: list[Listed]) -> None:
+        async with self._op("put_listed"):
+            await self.inner.put_listed(entries)
+
+    async def listed(self, owner: str | None, limit: int) -> list[Listed]:
+        async with self._op("listed"):
+            return await self.inner.listed(owner, limit)
+
+    async def listed_one(self, session: str) -> Listed | None:
+        async with self._op("listed"):
+            return await self.inner.listed_one(session)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         async with self._op("get"):

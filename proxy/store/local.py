@@ -32,6 +32,7 @@ from cachetools import LRUCache
 
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.files import narrowed, private_dir, private_file
+from proxy.store.listing import Listed, fair
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -102,6 +103,13 @@ _SCHEMA = (
     _SCHEMA.replace("{now}", "((julianday('now') - 2440587.5) * 86400.0)")
     .replace("{new_owner}", _OWNER_OF.format(s="NEW.session"))
     .replace("{old_owner}", _OWNER_OF.format(s="OLD.session"))
+)
+# The index of recorded sessions (proxy/store/listing.py): made by the first recording, so a
+# store that records nothing holds no pages for it.
+_LISTED_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS listed (session TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "last_at REAL NOT NULL, entry BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS listed_by_owner ON listed (owner, last_at)",
 )
 # Sessions written before the sessions table existed: their blobs date them.
 _BACKFILL = """
@@ -225,9 +233,12 @@ class LocalStore:
             # keeps its first info (idempotent), so only a real insert goes to the cache.
             self._remember(("blob", info.ref), (info, data))
 
-    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+    async def put_many(
+        self, items: list[tuple[BlobInfo, bytes]], listed: Mapping[str, Listed] | None = None
+    ) -> None:
         """Several blobs of one owner in one transaction, not fsynced: a recording's turns.
-        All or none: refused as a whole (OwnerFull) when they would pass the owner's share."""
+        All or none: refused as a whole (OwnerFull) when they would pass the owner's share.
+        `listed`: each new turn's figures, added to its session's entry in that transaction."""
         if not items:
             return
         size = sum(len(data) for _, data in items)
@@ -263,6 +274,13 @@ class LocalStore:
                     if excess > 0:
                         return None, evicted
                 db.executemany("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                turns = [
+                    listed[info.ref]
+                    for (info, _), new in zip(items, fresh, strict=True)
+                    if new and listed and info.ref in listed
+                ]
+                if turns:
+                    _list(db, turns, held_only=False)
                 return fresh, evicted
 
         inserted, evicted = await self._run("put", insert)
@@ -326,6 +344,47 @@ class LocalStore:
             return found
 
         return await self._run("search", select)
+
+    # -- the index of recorded sessions (proxy/store/listing.py) -------------------------------
+
+    async def put_listed(self, entries: list[Listed]) -> None:
+        if entries:
+            await self._run("put_listed", partial(_listed_in_transaction, entries=entries))
+
+    async def listed(self, owner: str | None, limit: int) -> list[Listed]:
+        def select(db: sqlite3.Connection) -> list[Listed]:
+            if not _has_table(db, "listed"):
+                return []
+            owners = [owner]
+            if owner is None:  # each owner's most recent, then as many as the limit takes
+                owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM listed")]
+            mine = {
+                who: db.execute(
+                    "SELECT session, last_at, entry FROM listed WHERE owner = ? "
+                    "ORDER BY last_at DESC LIMIT ?",
+                    (who, limit),
+                ).fetchall()
+                for who in owners
+            }
+            picked = set(fair([[(s, at) for s, at, _ in rows] for rows in mine.values()], limit))
+            found = [
+                Listed.from_json(bytes(entry))
+                for rows in mine.values()
+                for session, _, entry in rows
+                if session in picked
+            ]
+            return sorted(found, key=lambda entry: entry.last_at, reverse=True)
+
+        return await self._run("listed", select)
+
+    async def listed_one(self, session: str) -> Listed | None:
+        def select(db: sqlite3.Connection) -> Listed | None:
+            if not _has_table(db, "listed"):
+                return None
+            row = db.execute("SELECT entry FROM listed WHERE session = ?", (session,)).fetchone()
+            return None if row is None else Listed.from_json(bytes(row[0]))
+
+        return await self._run("listed", select)
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -649,8 +708,36 @@ def _evict_owner(db: sqlite3.Connection, owner: str, need: int, live_after: floa
     return batch
 
 
+def _listed_in_transaction(db: sqlite3.Connection, entries: list[Listed]) -> None:
+    with _immediate(db):
+        _list(db, entries, held_only=True)
+
+
+def _list(db: sqlite3.Connection, turns: list[Listed], held_only: bool) -> None:
+    """Inside the caller's transaction: each turn's figures added to its session's entry;
+    `held_only`: only to a session the store holds (an entry goes with its session's rows)."""
+    for statement in _LISTED_SCHEMA:
+        db.execute(statement)
+    for turn in turns:
+        if (
+            held_only
+            and not db.execute(
+                "SELECT 1 FROM sessions WHERE session = ?", (turn.session,)
+            ).fetchone()
+        ):
+            continue
+        row = db.execute("SELECT entry FROM listed WHERE session = ?", (turn.session,)).fetchone()
+        entry = Listed.from_json(bytes(row[0])) if row else Listed(turn.session)
+        entry.add(turn)
+        db.execute(
+            "INSERT OR REPLACE INTO listed VALUES (?, ?, ?, ?)",
+            (turn.session, session_owner(turn.session), entry.last_at, entry.as_json()),
+        )
+
+
 def _delete(db: sqlite3.Connection, sessions: list[str]) -> None:
-    for table in ("blobs", "checkpoints", "sessions"):
+    tables = ("blobs", "checkpoints", "listed", "sessions")
+    for table in tables if _has_table(db, "listed") else tables[:2] + tables[3:]:
         db.executemany(f"DELETE FROM {table} WHERE session = ?", [(s,) for s in sessions])
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from proxy.store.base import RECORDING_KINDS, BlobInfo, snippet
+from proxy.store.listing import Listed, fair
+from proxy.store.shares import session_owner
 
 
 class MemoryStore:
@@ -11,13 +15,41 @@ class MemoryStore:
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[BlobInfo, bytes]] = {}
         self._checkpoints: dict[tuple[str, str], bytes] = {}
+        self._listed: dict[str, Listed] = {}
 
     async def put(self, info: BlobInfo, data: bytes) -> None:
         self._blobs.setdefault(info.ref, (info, data))
 
-    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+    async def put_many(
+        self, items: list[tuple[BlobInfo, bytes]], listed: Mapping[str, Listed] | None = None
+    ) -> None:
         for info, data in items:
+            turn = (listed or {}).get(info.ref)
+            if turn is not None and info.ref not in self._blobs:
+                self._list(turn)
             await self.put(info, data)
+
+    async def put_listed(self, entries: list[Listed]) -> None:
+        held = {info.session for info, _ in self._blobs.values()}
+        for entry in entries:
+            if entry.session in held:
+                self._list(entry)
+
+    def _list(self, turn: Listed) -> None:
+        entry = self._listed.setdefault(turn.session, Listed(turn.session))
+        entry.add(turn)
+
+    async def listed(self, owner: str | None, limit: int) -> list[Listed]:
+        owners: dict[str, list[Listed]] = {}
+        for entry in sorted(self._listed.values(), key=lambda e: e.last_at, reverse=True):
+            if owner is None or session_owner(entry.session) == owner:
+                owners.setdefault(session_owner(entry.session), []).append(entry)
+        ranked = [[(e.session, e.last_at) for e in mine] for mine in owners.values()]
+        picked = [self._listed[session] for session in fair(ranked, limit)]
+        return sorted(picked, key=lambda e: e.last_at, reverse=True)
+
+    async def listed_one(self, session: str) -> Listed | None:
+        return self._listed.get(session)
 
     async def get(self, ref: str) -> tuple[BlobInfo, bytes] | None:
         return self._blobs.get(ref)

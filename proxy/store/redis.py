@@ -14,6 +14,11 @@ Every key starts with the configured prefix:
     <p>bytes                  string                  their total: what store.max_mb counts
     <p>owners                 hash {owner: bytes}     what each owner's sessions hold (shares)
     <p>owner:<owner>          sorted set              the owner's sessions -> last activity
+    <p>listing:<session>      hash                    a recorded session's entry in the index
+                                                      of recorded sessions (store/listing.py)
+    <p>listed:<owner>         sorted set              the owner's recorded sessions -> the
+                                                      last turn's time
+    <p>listed-owners          set                     the owners with recorded sessions
 
 An owner's bytes are the sizes of the sessions in its sorted set: a session joins it (and its
 size the count) on its first write or activity, and leaves it when dropped; one written before
@@ -51,6 +56,7 @@ from redis.retry import Retry
 from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
+from proxy.store.listing import Listed, fair
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -85,6 +91,65 @@ local fresh = redis.call('ZADD', KEYS[7], 'GT', ARGV[6], ARGV[5]) == 1
 redis.call('HINCRBY', KEYS[6], ARGV[7], #ARGV[2] + (fresh and held or 0))
 return 1
 """
+# A turn's figures added to its session's entry (proxy/store/listing.py), from ARGV[i]:
+# first_at, last_at, then counted lists of pairs: names set (by the more recent turn),
+# integers and floats added. The entry expires with the session's blobs.
+_LIST_FUNCTION = """
+local function list(entry, mine, owners, owner, session, ttl, i)
+  local first, last = ARGV[i], ARGV[i + 1]
+  local was = redis.call('HGET', entry, 'first_at')
+  if tonumber(first) > 0 and (not was or tonumber(was) > tonumber(first)) then
+    redis.call('HSET', entry, 'first_at', first)
+  end
+  was = redis.call('HGET', entry, 'last_at')
+  local newer = not was or tonumber(was) <= tonumber(last)
+  if newer then redis.call('HSET', entry, 'last_at', last) end
+  i = i + 2
+  local n = tonumber(ARGV[i])
+  i = i + 1
+  for _ = 1, n do
+    if newer or redis.call('HEXISTS', entry, ARGV[i]) == 0 then
+      redis.call('HSET', entry, ARGV[i], ARGV[i + 1])
+    end
+    i = i + 2
+  end
+  n = tonumber(ARGV[i])
+  i = i + 1
+  for _ = 1, n do
+    redis.call('HINCRBY', entry, ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  n = tonumber(ARGV[i])
+  i = i + 1
+  for _ = 1, n do
+    redis.call('HINCRBYFLOAT', entry, ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  redis.call('ZADD', mine, 'GT', last, session)
+  redis.call('SADD', owners, owner)
+  if ttl > 0 then redis.call('PEXPIRE', entry, ttl) end
+end
+"""
+# A turn's record blob, written as _PUT_BLOB writes it, and (only when written) its figures
+# added to its session's entry: a turn is counted once, and never when refused.
+# KEYS: _PUT_BLOB's, then the entry, the owner's recorded sessions, the owners with some.
+# ARGV: _PUT_BLOB's, then the figures (_LIST_FUNCTION's, from ARGV[9]).
+_PUT_TURN = (
+    _LIST_FUNCTION
+    + _PUT_BLOB.rstrip().removesuffix("return 1")
+    + "list(KEYS[8], KEYS[9], KEYS[10], ARGV[7], ARGV[5], tonumber(ARGV[4]), 9)\nreturn 1\n"
+)
+# Figures of turns not recorded, added to the entry of a session the store holds.
+# KEYS: sessions, the entry, the owner's recorded sessions, the owners with some.
+# ARGV: session, ttl, owner, figures.
+_LIST = (
+    _LIST_FUNCTION
+    + """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+list(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[1], tonumber(ARGV[2]), 4)
+return 1
+"""
+)
 # KEYS: checkpoints hash, sessions, sizes, bytes, owners, owner's sessions.
 # ARGV: key, data, ttl, session, now, owner.
 _PUT_CHECKPOINT = """
@@ -102,7 +167,7 @@ return 1
 """
 # A session's activity: only one with data is recorded. Its keys' expiry is pushed back when
 # a sixteenth of the TTL has passed since it last was, not on every touch.
-# KEYS: sessions, session's list, checkpoints hash, owner's sessions, sizes, owners.
+# KEYS: sessions, session's list, checkpoints hash, owner's sessions, sizes, owners, entry.
 # ARGV: session, now, ttl, blob key prefix, owner.
 _TOUCH = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
@@ -119,10 +184,12 @@ for _, ref in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
 end
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('PEXPIRE', KEYS[3], ttl)
+redis.call('PEXPIRE', KEYS[7], ttl)
 return 2
 """
 # Delete a whole session, if it is still last active before ARGV[2] (a request may have come).
-# KEYS: sessions, sizes, bytes, session's list, checkpoints hash, owners, owner's sessions.
+# KEYS: sessions, sizes, bytes, session's list, checkpoints hash, owners, owner's sessions,
+# entry, owner's recorded sessions, owners with some.
 # ARGV: session, before, blob key prefix, owner. Returns the bytes freed, or -1 when kept.
 _DROP = """
 local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -130,7 +197,8 @@ if at and tonumber(at) >= tonumber(ARGV[2]) then return -1 end
 for _, ref in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
   redis.call('UNLINK', ARGV[3] .. ref)
 end
-redis.call('UNLINK', KEYS[4], KEYS[5])
+redis.call('UNLINK', KEYS[4], KEYS[5], KEYS[8])
+redis.call('ZREM', KEYS[9], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -179,6 +247,8 @@ class RedisConnection:
             decode_responses=False,
         )
         self.put_blob: Any = self.client.register_script(_PUT_BLOB)
+        self.put_turn: Any = self.client.register_script(_PUT_TURN)
+        self.list: Any = self.client.register_script(_LIST)
         self.put_checkpoint: Any = self.client.register_script(_PUT_CHECKPOINT)
         self.touch: Any = self.client.register_script(_TOUCH)
         self.drop: Any = self.client.register_script(_DROP)
@@ -273,9 +343,13 @@ class RedisStore:
         if written:
             self._remember(info, data)  # an existing ref keeps its first info
 
-    async def put_many(self, items: list[tuple[BlobInfo, bytes]]) -> None:
+    async def put_many(
+        self, items: list[tuple[BlobInfo, bytes]], listed: Mapping[str, Listed] | None = None
+    ) -> None:
         """Several blobs in one round trip (a pipeline of the same script as `put`): a
-        recording's turns. One refused for its owner's share refuses the rest after it."""
+        recording's turns. One refused for its owner's share refuses the rest after it.
+        `listed`: each turn's figures, added to its session's entry by the script that writes
+        the turn's record (_PUT_TURN)."""
         if not items:
             return
         r = self.redis
@@ -298,7 +372,13 @@ class RedisStore:
                         _info_bytes(info), data, info.ref, r.ttl_ms, info.session,
                         info.created_at, owner, limit,
                     ]  # fmt: skip
-                    await r.put_blob(keys=keys, args=args, client=pipe)
+                    turn = listed.get(info.ref) if listed else None
+                    if turn is None:
+                        await r.put_blob(keys=keys, args=args, client=pipe)
+                        continue
+                    keys += self._listing_keys(info.session, owner)
+                    args += _figures(turn)
+                    await r.put_turn(keys=keys, args=args, client=pipe)
                 written: list[int] = await pipe.execute()
                 return written
 
@@ -309,6 +389,72 @@ class RedisStore:
         if any(w < 0 for w in written):
             self.pressure.release(size)
             raise OwnerFull(owner_full_message(f"redis {r.where}", owner, limit))
+
+    async def put_listed(self, entries: list[Listed]) -> None:
+        if not entries:
+            return
+        r = self.redis
+
+        async def write() -> None:
+            async with r.client.pipeline(transaction=False) as pipe:
+                for entry in entries:
+                    owner = session_owner(entry.session)
+                    keys = [r.key("sessions"), *self._listing_keys(entry.session, owner)]
+                    args = [entry.session, r.ttl_ms, owner, *_figures(entry)]
+                    await r.list(keys=keys, args=args, client=pipe)
+                await pipe.execute()
+
+        await r.run("put_listed", write)
+
+    async def listed(self, owner: str | None, limit: int) -> list[Listed]:
+        r = self.redis
+
+        async def read() -> tuple[list[str], list[Any]]:
+            if owner is not None:
+                names = [
+                    m.decode()
+                    for m in await r.client.zrevrange(r.key("listed", owner), 0, limit - 1)
+                ]
+            else:  # each owner's most recent, then as many of each as the limit takes
+                owners = sorted(m.decode() for m in await r.client.smembers(r.key("listed-owners")))
+                async with r.client.pipeline(transaction=False) as pipe:
+                    for who in owners:
+                        pipe.zrevrange(r.key("listed", who), 0, limit - 1, withscores=True)
+                    ranked: list[Any] = await pipe.execute()
+                names = fair([[(m.decode(), at) for m, at in mine] for mine in ranked], limit)
+            async with r.client.pipeline(transaction=False) as pipe:
+                for session in names:
+                    pipe.hgetall(r.key("listing", session))
+                rows: list[Any] = await pipe.execute()
+            return names, rows
+
+        names, rows = await r.run("listed", read)
+        gone = [session for session, row in zip(names, rows, strict=True) if not row]
+        if gone:  # expired with their session: let the sorted sets go of them too
+            by_owner: dict[str, list[str]] = {}
+            for session in gone:
+                by_owner.setdefault(session_owner(session), []).append(session)
+
+            async def tidy() -> None:
+                async with r.client.pipeline(transaction=False) as pipe:
+                    for who, sessions in by_owner.items():
+                        pipe.zrem(r.key("listed", who), *sessions)
+                    await pipe.execute()
+
+            await r.run("listed", tidy)
+        found = [
+            Listed.from_hash(session, row) for session, row in zip(names, rows, strict=True) if row
+        ]
+        return sorted(found, key=lambda entry: entry.last_at, reverse=True)
+
+    async def listed_one(self, session: str) -> Listed | None:
+        r = self.redis
+        row = await r.run("listed", lambda: r.client.hgetall(r.key("listing", session)))
+        return Listed.from_hash(session, row) if row else None
+
+    def _listing_keys(self, session: str, owner: str) -> list[str]:
+        r = self.redis
+        return [r.key("listing", session), r.key("listed", owner), r.key("listed-owners")]
 
     async def _evict_owner(self, owner: str, size: int, limit: int) -> None:
         """Delete the owner's least recently active sessions that are not live, until
@@ -381,6 +527,7 @@ class RedisStore:
                     keys = [
                         r.key("sessions"), r.key("blobs", session), r.key("ckpt", session),
                         r.key("owner", owner), r.key("sizes"), r.key("owners"),
+                        r.key("listing", session),
                     ]  # fmt: skip
                     args = [session, at, r.ttl_ms, r.key("blob", ""), owner]
                     await r.touch(keys=keys, args=args, client=pipe)
@@ -476,7 +623,7 @@ class RedisStore:
                     owner = session_owner(session)
                     keys = [
                         *self._index(), r.key("blobs", session), r.key("ckpt", session),
-                        *self._owner_index(owner),
+                        *self._owner_index(owner), *self._listing_keys(session, owner),
                     ]  # fmt: skip
                     args = [session, before, r.key("blob", ""), owner]
                     await r.drop(keys=keys, args=args, client=pipe)
@@ -609,6 +756,16 @@ class RedisState:
 
     async def close(self) -> None:
         await self.redis.close()
+
+
+def _figures(entry: Listed) -> list[Any]:
+    """A turn's figures as _LIST_FUNCTION reads them."""
+    names, counts, floats = entry.as_hash()
+    first = entry.first_at or entry.last_at
+    return [
+        repr(first), repr(entry.last_at), len(names) // 2, *names, len(counts) // 2, *counts,
+        len(floats) // 2, *floats,
+    ]  # fmt: skip
 
 
 def _info_bytes(info: BlobInfo) -> bytes:

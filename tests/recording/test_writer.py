@@ -76,9 +76,9 @@ async def test_every_turn_not_recorded_is_counted_and_shown_for_its_session(
     inner = proxy.app[STORE].inner
     put_many = inner.put_many
 
-    async def slow(items: Any) -> None:
+    async def slow(items: Any, listed: Any = None) -> None:
         await asyncio.sleep(0.05)
-        await put_many(items)
+        await put_many(items, listed)
 
     inner.put_many = slow
     sent = 300

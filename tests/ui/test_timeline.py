@@ -228,9 +228,11 @@ async def test_a_long_sessions_full_timeline_is_read_in_bounded_pages_that_add_u
 async def test_one_tenant_making_many_sessions_leaves_anothers_on_the_board(
     start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
+    from proxy.routes import sessions
     from proxy.sessions import board
 
     monkeypatch.setattr(board, "SESSIONS", 20)
+    monkeypatch.setattr(sessions, "LISTED_MAX", 20)  # recorded ones: the store's index
     proxy = await start(start_proxy, aiohttp_server, tmp_path)
     await ask(proxy, ALICE, [{"role": "user", "content": "alice's plan"}])  # session "shared"
     url = proxy.make_url("/v1/chat/completions")
