@@ -66,6 +66,7 @@ from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
 from proxy.wire.base import ErrorFrames
+from proxy.wire.models import model_list_routes
 from proxy.wire.registry import WIRES as REGISTRY
 
 log = logging.getLogger("agentproxy")
@@ -203,6 +204,7 @@ def build_app(
     app[ERROR_BODY] = frames
     for wire in REGISTRY:
         app.add_routes(wire.routes)
+    app.add_routes(model_list_routes(REGISTRY))  # lists some wires share (GET /v1/models)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)

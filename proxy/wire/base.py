@@ -17,10 +17,22 @@ from aiohttp import web
 
 from proxy.errors import ProxyError
 from proxy.exchange import OneShot, Usage
+from proxy.policies.spec import Config
 from proxy.recording.answers import AnswerAssembly, Assemble
 from proxy.upstream.pool import NativeFactory
 
 ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelList:
+    """How a wire lists the models a key may use: where (GET `paths`, which other wires may
+    list at too: proxy/wire/models.py picks one per request), whether a listing request is in
+    its manner (None: it answers any request no other wire's manner claims), and the list."""
+
+    paths: tuple[str, ...]
+    render: Callable[[Config, list[str]], Mapping[str, Any]]  # the aliases, in config order
+    in_manner: Callable[[web.Request], bool] | None = None
 
 
 class Wire(Protocol):
@@ -88,6 +100,11 @@ class Wire(Protocol):
         its native upstream speaks to; None: chat, the shape they are built in."""
         ...
 
+    @property
+    def model_list(self) -> ModelList | None:
+        """How its clients list the models (None: it has no list of its own)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class WireFormat:
@@ -105,6 +122,7 @@ class WireFormat:
     usage_key: str = "usage"  # where a whole reply holds its usage
     one_shot: OneShot | None = None
     extra_natives: tuple[NativeFactory, ...] = ()
+    model_list: ModelList | None = None
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:
@@ -138,6 +156,9 @@ class ErrorFrames:
                     owned.setdefault(route.path.partition("{")[0], wire)
             for path in wire.paths:
                 owned.setdefault(path, wire)
+        for wire in wires:  # a list shared by several (models.py): the first listed frames it
+            for path in wire.model_list.paths if wire.model_list is not None else ():
+                self._by_route.setdefault(path, wire)
         # Longest first: a path under /v1/messages/ is Anthropic's before it is anyone's.
         self._prefixes = sorted(owned.items(), key=lambda item: -len(item[0]))
 

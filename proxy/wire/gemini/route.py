@@ -1,7 +1,7 @@
 """Gemini surface: POST /v1beta/models/{model}:generateContent, :streamGenerateContent?alt=sse
 and :countTokens; GET /v1beta/models and /v1beta/models/{model}; the same under /v1/ (the
 google-genai SDK's default), where GET /v1/models is shared with OpenAI's list (a request
-carrying Google's key, `x-goog-api-key` or `?key=`, gets Google's).
+carrying Google's key, `x-goog-api-key` or `?key=`, gets Google's: proxy/wire/models.py).
 
 `{model}` is a proxy alias. The stages rewrite the request's chat-shaped view
 (proxy/wire/gemini/view.py); a `gemini/` deployment gets the client's body back with only what
@@ -71,15 +71,10 @@ async def model_action(request: web.Request) -> web.StreamResponse:
     return await serve(request, ex, GeminiAnswers(ex))
 
 
-async def list_models(request: web.Request) -> web.Response:
-    config = request.app[CONFIG].current
-    key = authenticate(request, config.keys)
-    models = [
-        _model(config, alias)
-        for alias in config.deployments
-        if key is None or key.models is None or alias in key.models
-    ]
-    return web.json_response({"models": models}, dumps=_dumps)
+def model_list(config: Config, aliases: list[str]) -> dict[str, Any]:
+    """GET /v1beta/models (and /v1/models in Google's manner) in Google's shape
+    (proxy/wire/models.py serves it)."""
+    return {"models": [_model(config, alias) for alias in aliases]}
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -96,7 +91,7 @@ async def get_model(request: web.Request) -> web.Response:
 for version in VERSIONS:
     routes.post(f"{version}/models/{{target:.+}}")(model_action)
     routes.get(f"{version}/models/{{target:.+}}")(get_model)
-routes.get(f"{VERSIONS[0]}/models")(list_models)  # /v1/models: the chat route's, shared
+LIST_PATHS = tuple(f"{version}/models" for version in VERSIONS)  # /v1/ shared with OpenAI's
 
 
 def _model(config: Config, alias: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Google Gemini (generateContent) as a `Wire`."""
 
-from proxy.wire.base import WireFormat
+from proxy.wire.base import ModelList, WireFormat
 from proxy.wire.gemini import one_shot, replies, route
 from proxy.wire.gemini.upstream import GeminiUpstream, gemini_usage
 
@@ -16,4 +16,5 @@ GEMINI = WireFormat(
     usage_of=gemini_usage,
     usage_key="usageMetadata",
     one_shot=one_shot.ONE_SHOT,
+    model_list=ModelList(route.LIST_PATHS, route.model_list, in_manner=route.wants_gemini),
 )
