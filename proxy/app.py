@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.flow import Flow
-from proxy.http.auth import HOST_NAMES, HostNames
+from proxy.http.auth import HOST_NAMES, KEY_PLACES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.keys import ERROR_BODY, ErrorBody
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
@@ -65,7 +65,7 @@ from proxy.tracing import open_tracing
 from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
-from proxy.wire.base import ErrorFrames
+from proxy.wire.base import ErrorFrames, key_places
 from proxy.wire.models import model_list_routes
 from proxy.wire.registry import WIRES as REGISTRY
 
@@ -116,6 +116,7 @@ def build_app(
     app[FACTS] = facts
     app[HANDLING] = Handling()
     app[HOST_NAMES] = HostNames(lambda: holder.current.server, host)
+    app[KEY_PLACES] = key_places(REGISTRY)  # where each wire's clients present their key
     # Never below one body of the largest size allowed: that one is always read when alone.
     app[BODY_BUDGET] = BodyBudget(
         lambda: max(

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from proxy.errors import ProxyError
 from proxy.exchange import OneShot, Usage
+from proxy.http.auth import KeyPlaces
 from proxy.policies.spec import Config
 from proxy.recording.answers import AnswerAssembly, Assemble
 from proxy.upstream.pool import NativeFactory
@@ -101,6 +102,16 @@ class Wire(Protocol):
         ...
 
     @property
+    def key_headers(self) -> tuple[str, ...]:
+        """Headers its clients present their key in, beyond `Authorization: Bearer`."""
+        ...
+
+    @property
+    def key_query(self) -> str | None:
+        """A query parameter its clients may present their key in (never logged)."""
+        ...
+
+    @property
     def model_list(self) -> ModelList | None:
         """How its clients list the models (None: it has no list of its own)."""
         ...
@@ -123,6 +134,8 @@ class WireFormat:
     one_shot: OneShot | None = None
     extra_natives: tuple[NativeFactory, ...] = ()
     model_list: ModelList | None = None
+    key_headers: tuple[str, ...] = ()
+    key_query: str | None = None
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:
@@ -137,6 +150,15 @@ class WireFormat:
 
     def answer_assembly(self) -> AnswerAssembly:
         return self.assembly()
+
+
+def key_places(wires: tuple[Wire, ...]) -> KeyPlaces:
+    """Every place a wire's clients present their key in, for authentication (http/auth.py),
+    which names no wire: in the registry's order."""
+    return KeyPlaces(
+        headers=tuple(dict.fromkeys(h for wire in wires for h in wire.key_headers)),
+        queries=tuple(dict.fromkeys(w.key_query for w in wires if w.key_query is not None)),
+    )
 
 
 class ErrorFrames:

@@ -49,10 +49,13 @@ METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
 STORED_FILES = ("files/", "https://generativelanguage.googleapis.com/")
 
 
+KEY_HEADER, KEY_QUERY = "x-goog-api-key", "key"  # where Google's clients send their key
+
+
 def wants_gemini(request: web.Request) -> bool:
     """A request in Google's manner (its key header or query): GET /v1/models answers it
     with Google's list."""
-    return "x-goog-api-key" in request.headers or "key" in request.query
+    return KEY_HEADER in request.headers or KEY_QUERY in request.query
 
 
 async def model_action(request: web.Request) -> web.StreamResponse:

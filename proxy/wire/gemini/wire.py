@@ -17,4 +17,6 @@ GEMINI = WireFormat(
     usage_key="usageMetadata",
     one_shot=one_shot.ONE_SHOT,
     model_list=ModelList(route.LIST_PATHS, route.model_list, in_manner=route.wants_gemini),
+    key_headers=(route.KEY_HEADER,),
+    key_query=route.KEY_QUERY,  # as curl users send it
 )
