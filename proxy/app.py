@@ -37,7 +37,7 @@ from proxy.routes import admin, archive, health, sessions, ui
 from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
-from proxy.sessions.view_memo import ViewMemo
+from proxy.sessions.turn_memory import TurnMemory
 from proxy.state import (
     BOARD,
     CATALOG,
@@ -52,8 +52,8 @@ from proxy.state import (
     STORE,
     STORE_HEALTH,
     TIMELINE_READS,
+    TURN_MEMORY,
     UPSTREAMS,
-    VIEWS,
 )
 from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
@@ -161,7 +161,7 @@ def build_app(
         memo_bytes=memo_bytes,
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
-    views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
+    turns_memory = app[TURN_MEMORY] = TurnMemory(int(MEMO_SHARES["turn_memory"] * memo_bytes))
     relayed = app[RELAYED_THINKING] = RelayedThinking(
         int(MEMO_SHARES["relayed_thinking"] * memo_bytes)
     )
@@ -169,7 +169,7 @@ def build_app(
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
         turns.forget(sessions)
-        forget_sessions(sessions, named=[views.cache, relayed.cache], led=meter.by_session())
+        forget_sessions(sessions, named=[turns_memory.cache, relayed.cache], led=meter.by_session())
 
     activity = Activity(
         retention,
@@ -195,7 +195,7 @@ def build_app(
     metrics.watch_memos(
         {
             **rewriter.memos(),
-            "views": views.cache,
+            "turn_memory": turns_memory.cache,
             "relayed_thinking": relayed.cache,
             **meter.memos(),
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),

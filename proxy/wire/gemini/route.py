@@ -23,11 +23,12 @@ from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.policies.spec import Config
-from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import CONFIG, VIEWS
+from proxy.sessions.identity import owner_of, session_id
+from proxy.state import CONFIG, TURN_MEMORY
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.gemini import replies as gemini
+from proxy.wire.gemini.memory import GeminiMemory
 from proxy.wire.gemini.request import field, parse_generate_request
 from proxy.wire.gemini.stream import Relay, response_stream
 from proxy.wire.gemini.view import GeminiView
@@ -127,8 +128,8 @@ async def _exchange(
     body = parse_generate_request(raw, alias, counting=counting)
     opening = lambda: GeminiView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, {}, key.name if key else None, opening)
-    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
-    view = GeminiView.of(body, views.last(own))
+    owner, memory = owner_of(key, config.keys), request.app[TURN_MEMORY]
+    view = GeminiView.of(body, memory.recall(owner, session.name, GeminiMemory))
     if key is not None:  # tenants share the provider's account: its stored objects too
         _refuse_stored(body, view.fresh)
     ex = open_exchange(
@@ -148,7 +149,7 @@ async def _exchange(
         ),
     )
     if not counting:
-        views.keep(own, view, len(raw))
+        memory.keep(owner, session.name, view.memory(), len(raw))
     return ex
 
 
