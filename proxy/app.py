@@ -25,6 +25,7 @@ from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.compaction.summary_wire import SummaryWire, SummaryWires
+from proxy.pipeline.meter import PromptMeter
 from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
 from proxy.policies.exposure import exposure_warnings
 from proxy.policies.loader import load_config
@@ -34,6 +35,7 @@ from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
 from proxy.routes import admin, archive, health, sessions, ui
+from proxy.runtime import heap
 from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
@@ -60,7 +62,6 @@ from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
-from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
@@ -177,7 +178,7 @@ def build_app(
         live_s=settings.live_s,
         memo_idle_s=holder.current.server.memo_idle_s,  # read at start, as memo_mb is
     )
-    collector = Collector(retention, activity, settings, metrics)
+    collector = Collector(retention, activity, settings, metrics, trim_heap=heap.trim)
     tracing = open_tracing(holder.current.tracing)  # read at start, as the store is
     lineage = Lineage(state, rewriter.chain.histories)  # the chain's memo: one `==` for both
     app[FLOW] = Flow(

@@ -50,6 +50,7 @@ FLOORS = {
             "messages",
             "json_values",
             "request_id",
+            "eager",
             "tokens",
             "policies",
         ),
@@ -66,7 +67,7 @@ FLOORS = {
         7,
     ),
 }
-UPWARD_LIMIT = 6
+UPWARD_LIMIT = 0
 
 
 def _module_name(path: Path) -> str:

@@ -41,7 +41,7 @@ MEMO_SHARES = {
     "offload_pointers": 0.05,
     "truncated_arguments": 0.05,
     "checkpoints": 0.05,
-    "token_ratios": 0.0125,  # per session and model: the calibration (tokens/meter.py)
+    "token_ratios": 0.0125,  # per session and model: the calibration (pipeline/meter.py)
     "token_counts": 0.009375,  # exact counts of long texts, by hash
 }
 
