@@ -5,6 +5,8 @@ stream relay, native upstream) whose wire.py offers one `Wire`, listed in proxy/
 Per request, a format's route gives the flow two more small objects: a `RequestView`
 (proxy/exchange.py: its native body, rendered from the rewritten chat view or translated) and
 its `Answers` (proxy/wire/serve.py: a reply, a stream, a provider's error, a degraded answer).
+Across turns, a format whose view lends the next turn's keeps a small record of each turn
+(its memory.py), in the session's TurnMemory (proxy/sessions/turn_memory.py).
 """
 
 from __future__ import annotations
