@@ -6,10 +6,11 @@ toward its owner's store.max_owner_share):
     record_part   one message (or a body without its messages), content-addressed: a history
                   re-sent every turn is stored once, message by message
     record_turn   {"v", "wire", "route", "request": LIST, "sent": LIST, "answer", "status",
-                   "events", "usage", "model", "at", "seq"}, LIST being {"body": part ref of
-                   the body without its messages, "key": "messages" | "input" | None, "base":
-                   the previous turn's ref, "keep": how many of its messages lead this one's,
-                   "new": the part refs of the rest}: a turn costs its new messages only.
+                   "headers" (the client's protocol headers), "events", "usage", "model",
+                   "at", "seq"}, LIST being {"body": part ref of the body without its
+                   messages, "key": "messages" | "input" | None, "base": the previous turn's
+                   ref, "keep": how many of its messages lead this one's, "new": the part
+                   refs of the rest}: a turn costs its new messages only.
 
 Nothing is written before it is redacted (proxy/recording/redact.py). The writer runs in one
 task, off the requests' path, in the order turns finished; a store that fails or refuses is
@@ -318,6 +319,9 @@ class TurnWriter:
                 self.assemblies[ex.client.wire], turn.body, ex.streamed, split.redaction, answer
             ),
             "status": turn.status,
+            # The client's protocol headers (Anthropic's version and betas: the request's
+            # meaning depends on them); never its credentials.
+            "headers": ex.client.forward_headers or None,
             "events": events,
             "usage": None if usage is None else usage.described(),
             "cost_usd": ex.accounting.cost_usd,

@@ -20,9 +20,11 @@ from proxy.exchange import Usage
 from proxy.model_catalog import ModelCatalog
 from proxy.replay import measure
 from proxy.replay.config import Served
+from proxy.replay.prepared import PreparedCount, PreparedWatch
 from proxy.replay.trace import ROUTES
 from proxy.sessions.identity import SESSION_HEADER
 from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator
+from proxy.state import METRICS
 from proxy.wire.registry import WIRES
 
 JSON = dict[str, Any]
@@ -52,6 +54,16 @@ class TurnRow:
     valid: bool
     problems: list[str]
     sent: JSON | None = field(default=None, repr=False)  # the turn's body upstream
+    live_status: int | None = None  # what the client got when the turn was recorded
+    # Summaries written ahead of a compaction trigger (proxy/replay/prepared.py).
+    summaries_prepared: int = 0
+    summaries_used: int = 0
+    summaries_wasted: int = 0
+
+    def count_prepared(self, count: PreparedCount) -> None:
+        self.summaries_prepared += count.prepared
+        self.summaries_used += count.used
+        self.summaries_wasted += count.wasted
 
     def as_json(self) -> JSON:
         row = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -70,6 +82,7 @@ def client_body(turn: JSON) -> JSON:
 
 
 _WIRES = {wire.name: wire for wire in WIRES}
+_JSON_TYPE = {"content-type": "application/json"}
 
 
 def route_of(turn: JSON) -> str:
@@ -125,6 +138,9 @@ async def replay(
     answers = _Answers()
     # The window is the proxy's to fit to; the simulator only checks validity.
     sim = Simulator(context_window=10**9, canned=answers)
+    for turn in turns:
+        if turn.get("status", 200) < 400:  # signed by the API that accepted it live
+            sim.vouch(route_of(turn), turn["request"])
     catalog = ModelCatalog()
     catalog.load_in_background()
     await catalog.ready()
@@ -132,8 +148,9 @@ async def replay(
     async with run_simulator(sim) as upstream:
         with tempfile.TemporaryDirectory(prefix="agentproxy-replay-") as folder:
             served = make_config(upstream, folder)
-            runner = web.AppRunner(build_app(None, config=served.config, watch=False),
-                                   **SERVER_OPTIONS)  # fmt: skip
+            app = build_app(None, config=served.config, watch=False)
+            prepared = PreparedWatch(app[METRICS])
+            runner = web.AppRunner(app, **SERVER_OPTIONS)
             await runner.setup()
             try:
                 await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -147,7 +164,7 @@ async def replay(
                         async with http.post(
                             proxy + route_of(turn),
                             data=orjson.dumps(client_body(turn)),
-                            headers=headers | {"content-type": "application/json"},
+                            headers=turn.get("headers", {}) | headers | _JSON_TYPE,
                         ) as response:
                             status, got = response.status, dict(response.headers)
                             answer = await response.read()
@@ -155,11 +172,14 @@ async def replay(
                                    previous, served, catalog)  # fmt: skip
                         if sent := sim_sent(sim.requests[start:]):
                             previous = measure.as_chat(sent.path, sent.body)
+                        row.count_prepared(prepared.since())
                         rows.append(row)
                         advance()
             finally:
                 await runner.cleanup()
                 await catalog.close()
+    if rows:  # what the stopped app still held: never used
+        rows[-1].count_prepared(prepared.since())
     return rows
 
 
@@ -200,11 +220,12 @@ def _row(
     completion = _completion_tokens(turn["wire"], answer) if status == 200 else 0
     summarizer_tokens = sum(measure.prompt_tokens(c.path, c.body) for c in summaries)
     cost, write = _cost(served, catalog, alias, tokens_sent, read, completion, summarizer_tokens)
-    problems = [
-        f"{c.path} answered {c.status}" for c in calls if c.status is not None and c.status != 200
-    ]
+    problems = [_refused(c) for c in calls if c.status != 200]
     if status >= 400:
         problems.append(f"the client got {status}: {_error_text(answer)}")
+    live = turn.get("status")
+    if live is not None and live != status:
+        problems.append(f"the client got {status}, {live} live")
     return TurnRow(
         turn=number,
         wire=turn["wire"],
@@ -225,6 +246,7 @@ def _row(
         valid=all(c.status == 200 for c in calls),
         problems=problems,
         sent=sent.body if sent else None,
+        live_status=live,
     )
 
 
@@ -258,6 +280,14 @@ def _completion_tokens(wire: str, answer: bytes) -> int:
         return 0
     read = _WIRES[wire].reply_usage(data) if isinstance(data, dict) else None
     return read.completion_tokens if read is not None else 0
+
+
+def _refused(call: RecordedRequest) -> str:
+    """What the simulated provider said of a call it did not answer 200."""
+    if call.status is None:
+        return f"{call.path}: the connection was dropped"
+    said = f": {call.error[:300]}" if call.error else ""
+    return f"{call.path} answered {call.status}{said}"
 
 
 def _error_text(answer: bytes) -> str:

@@ -29,6 +29,9 @@ def totals(rows: Sequence[TurnRow]) -> JSON:
         "cache_write_tokens": sum(r.cache_write_tokens for r in rows),
         "cache_hit_ratio": round(read / sent, 4) if sent else 0.0,
         "summarizer_calls": sum(r.summarizer_calls for r in rows),
+        "summaries_prepared": sum(r.summaries_prepared for r in rows),
+        "summaries_used": sum(r.summaries_used for r in rows),
+        "summaries_wasted": sum(r.summaries_wasted for r in rows),
         "rewrites": dict(sorted(rewrites.items())),
         "cost_usd": round(sum(costs), 8) if costs else None,
         "all_valid": all(r.valid for r in rows),
@@ -122,7 +125,8 @@ def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> Non
         f"[{policy}] {t['turns']} turns: tokens received {t['tokens_received']}, sent "
         f"{t['tokens_sent']} ({saved:+d} saved), cache hit {t['cache_hit_ratio']:.0%}, "
         f"cost {_cost(t['cost_usd'])}, summarizer calls {t['summarizer_calls']}, "
-        f"{_validity(t)}; "
+        f"summaries prepared ahead {t['summaries_prepared']} (used {t['summaries_used']}, "
+        f"wasted {t['summaries_wasted']}), {_validity(t)}; "
         f"rewrites: {rewrites}",
         highlight=False,
         markup=False,

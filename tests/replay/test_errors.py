@@ -87,8 +87,9 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A tool result answering no call: the proxy's repair notes it, and what goes upstream
-    stays valid; a thinking block whose signature the provider did not make goes upstream as
-    it came, and the provider refuses it: that turn is marked invalid."""
+    stays valid; a thinking block the provider refused live (its signature forged) goes
+    upstream as it came, and is refused again: that turn is marked invalid. (What a turn
+    answered live carries, its signed blocks, the replay's provider takes as its own.)"""
     orphan = {"wire": "chat", "request": {"model": "m", "messages": [
         {"role": "user", "content": "hi"},
         {"role": "tool", "tool_call_id": "call_x", "content": "stray"},
@@ -99,7 +100,7 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
             {"type": "thinking", "thinking": "hmm", "signature": "Zm9yZ2Vk"},
             {"type": "text", "text": "hello"}]},
         {"role": "user", "content": "again"},
-    ]}}  # fmt: skip
+    ]}, "status": 400}  # fmt: skip
     code, _ = replay_file(tmp_path, [json.dumps(orphan), json.dumps(forged)], "--json")
     out = json.loads(capsys.readouterr().out)
     assert code == 0

@@ -1,0 +1,128 @@
+"""Sessions recorded from the real Claude Code and Codex CLIs, replayed: every turn replays
+with the status it had live, and every request replay sends upstream is valid.
+
+Each CLI runs a tool round trip through a recording proxy in front of the strict twin; the
+session is then replayed from the proxy's store by `agentproxy replay --session` (in a thread:
+the command runs its own event loop), as a user would after the proxy stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp.test_utils import TestServer
+
+from proxy import cli
+from proxy.sessions.identity import scoped
+from proxy.sim import Simulator, run_simulator
+from proxy.state import RECORDINGS, STORE
+from tests.conftest import ProxyFactory
+from tests.support.sim_responders import ToolRoundTrip, codex_shell_round_trip
+
+from .conftest import CODEX_MODEL, ClaudeCode, Codex
+from .test_claude_code import bash_round_trip
+from .test_codex import shell_round_trip
+
+PROXY_KEY = "sk-proxy-replayed"
+UPSTREAM_KEY = "sk-sim-upstream-replayed"
+CLAUDE_MODEL = "claude-opus-5-5"  # what Claude Code asks for by default
+
+
+def recording_config(tmp_path: Path, alias: str, model: str, base: str) -> Path:
+    config = tmp_path / "agentproxy.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            store: {{path: {tmp_path / "state"}}}
+            keys:
+              api_keys: [{{name: agent, key: {PROXY_KEY}}}]
+            model_list:
+              - model_name: {alias}
+                litellm_params: {{model: {model}, api_base: "{base}", api_key: {UPSTREAM_KEY}}}
+                model_info: {{max_input_tokens: 400000}}
+            policies:
+              - name: recorded
+                record: {{enabled: true}}
+            """
+        )
+    )
+    return config
+
+
+async def replayed(config: Path, session: str, *flags: str) -> dict[str, Any]:
+    """`agentproxy replay --session SESSION --config CONFIG --json`, its output parsed."""
+    argv = ["replay", "--session", session, "--config", str(config), "--json", *flags]
+    out: list[str] = []
+
+    def run() -> int:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = cli.main(argv)
+        out.append(buffer.getvalue())
+        return code
+
+    assert await asyncio.to_thread(run) == 0, out
+    report: dict[str, Any] = json.loads(out[0])
+    return report
+
+
+def assert_replays_as_live(report: dict[str, Any], live: list[int]) -> None:
+    """Under the recording's own policy and against the defaults alike."""
+    for run in (report, report["against"]):
+        rows = run["turns"]
+        assert [r["status"] for r in rows] == live, [r["problems"] for r in rows]
+        assert run["totals"]["all_valid"], [(r["turn"], r["problems"]) for r in rows]
+        assert all(r["problems"] == [] for r in rows), [r["problems"] for r in rows]
+
+
+async def live_statuses(proxy: TestServer, session: str) -> list[int]:
+    """The statuses the recording kept for the session's turns, as the client got them."""
+    from proxy.recording.sessions import recorded_turns
+
+    await proxy.app[RECORDINGS].flush()  # the writer lingers a moment for more turns
+    turns = await recorded_turns(proxy.app[STORE], scoped("key:agent", session))
+    return [turn["status"] for turn in turns]
+
+
+async def test_a_claude_code_session_replays_as_it_ran(
+    claude_code: ClaudeCode, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY, responder=ToolRoundTrip())
+    async with run_simulator(sim) as url:
+        config = recording_config(tmp_path, CLAUDE_MODEL, "anthropic/claude-sim", url)
+        proxy = await start_proxy(config)
+        base = str(proxy.make_url("")).rstrip("/")
+        run = await claude_code.run("list the files here", base_url=base, api_key=PROXY_KEY)
+        assert run.exit_code == 0, run.stderr
+        assert bash_round_trip(sim.requests[-1]) is not None
+        session = orjson.loads(sim.requests[-1].body["metadata"]["user_id"])["session_id"]
+        live = await live_statuses(proxy, session)
+    await proxy.close()
+    assert len(live) >= 2 and set(live) == {200}, live
+    assert_replays_as_live(await replayed(config, session, "--against", "default"), live)
+
+
+async def test_a_codex_session_replays_as_it_ran(
+    codex: Codex, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    sim = Simulator(
+        context_window=400_000, api_key=UPSTREAM_KEY, responder=codex_shell_round_trip()
+    )
+    async with run_simulator(sim) as url:
+        config = recording_config(tmp_path, CODEX_MODEL, "openai/gpt-sim", f"{url}/v1")
+        proxy = await start_proxy(config)
+        base = str(proxy.make_url("")).rstrip("/")
+        run = await codex.run("list the files here", base_url=base, api_key=PROXY_KEY)
+        assert run.exit_code == 0, run.stderr
+        assert shell_round_trip(sim.requests[-1]) is not None
+        session = sim.requests[-1].body["prompt_cache_key"]  # = its session-id header
+        live = await live_statuses(proxy, session)
+    await proxy.close()
+    assert len(live) >= 2 and set(live) == {200}, live
+    assert_replays_as_live(await replayed(config, session, "--against", "default"), live)
