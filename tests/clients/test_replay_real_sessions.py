@@ -1,9 +1,10 @@
 """Sessions recorded from the real Claude Code and Codex CLIs, replayed: every turn replays
 with the status it had live, and every request replay sends upstream is valid.
 
-Each CLI runs a tool round trip through a recording proxy in front of the strict twin; the
+Each CLI runs three tool rounds through a recording proxy in front of the strict twin; the
 session is then replayed from the proxy's store by `agentproxy replay --session` (in a thread:
-the command runs its own event loop), as a user would after the proxy stopped."""
+the command runs its own event loop), as a user would after the proxy stopped, and from a
+trace file of its turns with the demo's configuration, whose policy rewrites them."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ import orjson
 from aiohttp.test_utils import TestServer
 
 from proxy import cli
+from proxy.recording.sessions import recorded_turns
 from proxy.sessions.identity import scoped
 from proxy.sim import Simulator, run_simulator
 from proxy.state import RECORDINGS, STORE
 from tests.conftest import ProxyFactory
-from tests.support.sim_responders import ToolRoundTrip, codex_shell_round_trip
+from tests.support.sim_responders import ToolRounds
 
 from .conftest import CODEX_MODEL, ClaudeCode, Codex
 from .test_claude_code import bash_round_trip
@@ -32,6 +34,8 @@ from .test_codex import shell_round_trip
 PROXY_KEY = "sk-proxy-replayed"
 UPSTREAM_KEY = "sk-sim-upstream-replayed"
 CLAUDE_MODEL = "claude-opus-5-5"  # what Claude Code asks for by default
+# Tool rounds: a listing, then outputs the demo's policy offloads (over 500 tokens).
+COMMANDS = ["ls", "seq 1 1500", "seq 1 800"]
 
 
 def recording_config(tmp_path: Path, alias: str, model: str, base: str) -> Path:
@@ -55,9 +59,9 @@ def recording_config(tmp_path: Path, alias: str, model: str, base: str) -> Path:
     return config
 
 
-async def replayed(config: Path, session: str, *flags: str) -> dict[str, Any]:
-    """`agentproxy replay --session SESSION --config CONFIG --json`, its output parsed."""
-    argv = ["replay", "--session", session, "--config", str(config), "--json", *flags]
+async def replayed(*args: str) -> dict[str, Any]:
+    """`agentproxy replay ARGS --json`, its output parsed."""
+    argv = ["replay", *args, "--json"]
     out: list[str] = []
 
     def run() -> int:
@@ -81,19 +85,36 @@ def assert_replays_as_live(report: dict[str, Any], live: list[int]) -> None:
         assert all(r["problems"] == [] for r in rows), [r["problems"] for r in rows]
 
 
-async def live_statuses(proxy: TestServer, session: str) -> list[int]:
-    """The statuses the recording kept for the session's turns, as the client got them."""
-    from proxy.recording.sessions import recorded_turns
-
+async def recorded(proxy: TestServer, session: str, trace: Path) -> list[int]:
+    """The session's recorded turns written to `trace` as a trace file; the statuses the
+    recording kept, as the client got them live."""
     await proxy.app[RECORDINGS].flush()  # the writer lingers a moment for more turns
     turns = await recorded_turns(proxy.app[STORE], scoped("key:agent", session))
+    lines = b"".join(orjson.dumps(turn) + b"\n" for turn in turns)
+    await asyncio.to_thread(trace.write_bytes, lines)
     return [turn["status"] for turn in turns]
+
+
+async def assert_session_replays_as_live(
+    config: Path, session: str, trace: Path, live: list[int]
+) -> None:
+    """From the store with the proxy's configuration, and as a trace file with the demo's
+    (offload above 500 tokens, an 8,192-token window), whose rewrites must stay valid."""
+    assert len(live) >= 2 and set(live) == {200}, live
+    from_store = await replayed(
+        "--session", session, "--config", str(config), "--against", "default"
+    )
+    assert_replays_as_live(from_store, live)
+    from_file = await replayed(str(trace), "--against", "default")
+    assert_replays_as_live(from_file, live)
+    assert from_file["totals"]["rewrites"].get("offload.offloaded"), from_file["totals"]
 
 
 async def test_a_claude_code_session_replays_as_it_ran(
     claude_code: ClaudeCode, start_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
-    sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY, responder=ToolRoundTrip())
+    responder = ToolRounds(commands=COMMANDS)
+    sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY, responder=responder)
     async with run_simulator(sim) as url:
         config = recording_config(tmp_path, CLAUDE_MODEL, "anthropic/claude-sim", url)
         proxy = await start_proxy(config)
@@ -102,18 +123,16 @@ async def test_a_claude_code_session_replays_as_it_ran(
         assert run.exit_code == 0, run.stderr
         assert bash_round_trip(sim.requests[-1]) is not None
         session = orjson.loads(sim.requests[-1].body["metadata"]["user_id"])["session_id"]
-        live = await live_statuses(proxy, session)
+        live = await recorded(proxy, session, tmp_path / "trace.jsonl")
     await proxy.close()
-    assert len(live) >= 2 and set(live) == {200}, live
-    assert_replays_as_live(await replayed(config, session, "--against", "default"), live)
+    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
 
 
 async def test_a_codex_session_replays_as_it_ran(
     codex: Codex, start_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
-    sim = Simulator(
-        context_window=400_000, api_key=UPSTREAM_KEY, responder=codex_shell_round_trip()
-    )
+    responder = ToolRounds(tool="exec_command", commands=COMMANDS, key="cmd")
+    sim = Simulator(context_window=400_000, api_key=UPSTREAM_KEY, responder=responder)
     async with run_simulator(sim) as url:
         config = recording_config(tmp_path, CODEX_MODEL, "openai/gpt-sim", f"{url}/v1")
         proxy = await start_proxy(config)
@@ -122,7 +141,6 @@ async def test_a_codex_session_replays_as_it_ran(
         assert run.exit_code == 0, run.stderr
         assert shell_round_trip(sim.requests[-1]) is not None
         session = sim.requests[-1].body["prompt_cache_key"]  # = its session-id header
-        live = await live_statuses(proxy, session)
+        live = await recorded(proxy, session, tmp_path / "trace.jsonl")
     await proxy.close()
-    assert len(live) >= 2 and set(live) == {200}, live
-    assert_replays_as_live(await replayed(config, session, "--against", "default"), live)
+    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
