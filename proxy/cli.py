@@ -127,7 +127,8 @@ def _parser() -> argparse.ArgumentParser:
         "received and sent, each rewrite, the prompt-cache hit ratio, the cost and whether "
         "every request was valid for the provider.",
     )
-    replay.add_argument("trace", nargs="?", metavar="FILE.jsonl", help="a trace to replay")
+    replay.add_argument("trace", nargs="*", metavar="FILE.jsonl",
+                        help="traces to replay, each on its own (then their totals)")  # fmt: skip
     replay.add_argument(
         "--session", metavar="ID", help="a recorded session instead (with --config)"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -13,6 +14,52 @@ from proxy.replay.engine import TurnRow
 
 JSON = dict[str, Any]
 _NUMBERS = ("turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
+Against = tuple[str, Sequence[TurnRow], int | None]  # the policy, its rows, the first difference
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One trace (or session) replayed: its rows, and with --against the second policy's."""
+
+    source: str
+    policy: str | None
+    rows: Sequence[TurnRow]
+    against: Against | None = None
+
+
+def as_json_all(replays: Sequence[Replayed]) -> JSON:
+    """One replay's object; several: each one's under `replays`, and the totals of all
+    (`against_totals` with --against)."""
+    if len(replays) == 1:
+        one = replays[0]
+        return as_json(one.source, one.policy, one.rows, one.against)
+    out: JSON = {
+        "replays": [as_json(r.source, r.policy, r.rows, r.against) for r in replays],
+        "totals": totals([row for r in replays for row in r.rows]),
+    }
+    if replays[0].against is not None:
+        out["against_totals"] = totals([row for r in replays if r.against for row in r.against[1]])
+    return out
+
+
+def print_all(console: Console, replays: Sequence[Replayed]) -> None:
+    """Each replay's report; several: then their totals."""
+    for one in replays:
+        print_text(console, one.source, one.rows, one.against)
+    if len(replays) == 1:
+        return
+    console.print(f"total of {len(replays)} traces:", highlight=False, markup=False)
+    _print_totals(console, _policy_of([r.rows for r in replays]), [
+        row for r in replays for row in r.rows])  # fmt: skip
+    if replays[0].against is not None:
+        others = [r.against[1] for r in replays if r.against]
+        _print_totals(console, _policy_of(others), [row for rows in others for row in rows])
+
+
+def _policy_of(runs: Sequence[Sequence[TurnRow]]) -> str:
+    """The policy the rows were replayed with ("several" when a trace's selection differed)."""
+    names = {row.policy for rows in runs for row in rows[:1]}
+    return names.pop() if len(names) == 1 else "several"
 
 
 def totals(rows: Sequence[TurnRow]) -> JSON:
