@@ -321,7 +321,7 @@ class TurnWriter:
             "status": turn.status,
             # The client's protocol headers (Anthropic's version and betas: the request's
             # meaning depends on them); never its credentials.
-            "headers": ex.client.forward_headers or None,
+            "headers": split.redaction.value(dict(ex.client.forward_headers)) or None,
             "events": events,
             "usage": None if usage is None else usage.described(),
             "cost_usd": ex.accounting.cost_usd,

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     if bool(args.trace) == (args.session is not None):
-        raise ReplayError("give trace files FILE.jsonl... or --session ID (one of them)")
+        raise ReplayError("give a trace FILE.jsonl (or several) or --session ID (one of them)")
     key_name = args.key
     sources: list[tuple[str, list[dict[str, Any]], str]] = []  # (named, turns, session)
     if args.session is not None:

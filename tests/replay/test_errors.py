@@ -45,6 +45,13 @@ def replay_file(tmp_path: Path, lines: list[str], *flags: str) -> tuple[int, str
         (json.dumps({**GOOD, "request": {"messages": []}}), "the request names no model"),
         (json.dumps({**GOOD, "route": "/v1/messages"}), "is not the chat wire's"),
         (json.dumps({**GOOD, "answer": "ok"}), '"answer" must be'),
+        (json.dumps({**GOOD, "status": "ok"}), '"status" must be the HTTP status'),
+        (json.dumps({**GOOD, "status": 42}), '"status" must be the HTTP status'),
+        (json.dumps({**GOOD, "headers": ["a"]}), '"headers" must map header names to strings'),
+        (json.dumps({**GOOD, "headers": {"a": 1}}), '"headers" must map header names'),
+        (json.dumps({**GOOD, "headers": {"Authorization": "Bearer x"}}), "replay's own"),
+        (json.dumps({**GOOD, "headers": {"x-agentproxy-policy": "p"}}), "replay's own"),
+        (json.dumps({**GOOD, "headers": {"a": "b\r\nc: d"}}), "a control character"),
     ],
 )
 def test_a_bad_line_is_named_by_its_number(
@@ -74,7 +81,9 @@ def test_missing_empty_and_ambiguous_sources(
     code, trace = replay_file(tmp_path, [""])
     assert code == 2 and f"{trace}: no turns" in capsys.readouterr().err
     assert cli.main(["replay"]) == 2
-    assert "give a trace FILE.jsonl or --session ID" in capsys.readouterr().err
+    assert "give a trace FILE.jsonl (or several) or --session ID" in capsys.readouterr().err
+    assert cli.main(["replay", trace, "--session", "s1"]) == 2
+    assert "give a trace FILE.jsonl (or several) or --session ID" in capsys.readouterr().err
     assert cli.main(["replay", "--session", "s1"]) == 2
     assert "--session needs --config" in capsys.readouterr().err
     code, _ = replay_file(tmp_path, [json.dumps(GOOD)], "--key", "k")
