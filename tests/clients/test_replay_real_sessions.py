@@ -1,4 +1,4 @@
-"""Sessions recorded from the real Claude Code and Codex CLIs, replayed: every turn replays
+"""Sessions recorded from the real Claude Code, Codex and Gemini CLIs, replayed: every turn replays
 with the status it had live, and every request replay sends upstream is valid.
 
 Each CLI runs three tool rounds through a recording proxy in front of the strict twin; the
@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp.test_utils import TestServer
 
@@ -30,6 +31,8 @@ from tests.support.sim_responders import ToolRounds
 from .conftest import CODEX_MODEL, ClaudeCode, Codex
 from .test_claude_code import bash_round_trip
 from .test_codex import shell_round_trip
+from .test_gemini_cli_proxy import GEMINI_MODEL, SHELL_TOOL, GeminiCLI
+from .test_gemini_cli_proxy import gemini_cli as gemini_cli  # the fixture
 
 PROXY_KEY = "sk-proxy-replayed"
 UPSTREAM_KEY = "sk-sim-upstream-replayed"
@@ -141,6 +144,29 @@ async def test_a_codex_session_replays_as_it_ran(
         assert run.exit_code == 0, run.stderr
         assert shell_round_trip(sim.requests[-1]) is not None
         session = sim.requests[-1].body["prompt_cache_key"]  # = its session-id header
+        live = await recorded(proxy, session, tmp_path / "trace.jsonl")
+    await proxy.close()
+    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
+
+
+async def test_a_gemini_cli_session_replays_as_it_ran(
+    gemini_cli: GeminiCLI, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Its session is named by a fingerprint (the CLI sends no id): found in the listing."""
+    responder = ToolRounds(tool=SHELL_TOOL, commands=COMMANDS)
+    sim = Simulator(context_window=400_000, api_key=UPSTREAM_KEY, responder=responder)
+    async with run_simulator(sim) as url:
+        config = recording_config(tmp_path, GEMINI_MODEL, "openai/sim", f"{url}/v1")
+        proxy = await start_proxy(config)
+        base = str(proxy.make_url("")).rstrip("/")
+        run = await gemini_cli.run("list the files here", base_url=base, api_key=PROXY_KEY)
+        assert run.exit_code == 0, run.stdout + run.stderr
+        async with aiohttp.ClientSession() as http:
+            listed = await http.get(
+                str(proxy.make_url("/admin/sessions")),
+                headers={"authorization": f"Bearer {PROXY_KEY}"},
+            )
+            [session] = [s["session"] for s in (await listed.json())["data"]]
         live = await recorded(proxy, session, tmp_path / "trace.jsonl")
     await proxy.close()
     await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
