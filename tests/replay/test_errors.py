@@ -116,6 +116,9 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
     first, second = out["turns"]
     assert first["valid"] and any(r["stage"] == "repair" for r in first["rewrites"])
     assert not second["valid"] and second["status"] == 400
+    # What the provider said, not only that it refused.
+    refused = "/v1/messages answered 400: messages.1.content.0: Invalid `signature`"
+    assert any(p.startswith(refused) for p in second["problems"]), second["problems"]
     assert out["totals"]["all_valid"] is False and out["totals"]["invalid_turns"] == [2]
 
 
@@ -174,3 +177,18 @@ def test_a_control_character_in_a_model_name_is_a_clear_error(tmp_path: Path) ->
         f"agentproxy replay: {trace}:2: the request's model name holds a control character "
         "(U+0000): 'gp\\x00t'"
     ]
+
+
+def test_a_turn_whose_status_differs_from_the_live_one_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [json.dumps({**GOOD, "status": 200}), json.dumps({**GOOD, "status": 502})]
+    code, _ = replay_file(tmp_path, lines, "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    first, second = out["turns"]
+    assert (first["live_status"], first["problems"]) == (200, [])
+    assert second["live_status"] == 502
+    assert second["problems"] == ["the client got 200, 502 live"]
+    code, _ = replay_file(tmp_path, lines)
+    assert "turn 2: the client got 200, 502 live" in capsys.readouterr().out
