@@ -23,7 +23,7 @@ from proxy.replay.config import Served
 from proxy.replay.prepared import PreparedCount, PreparedWatch
 from proxy.replay.trace import ROUTES
 from proxy.sessions.identity import SESSION_HEADER
-from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator
+from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator, same_api
 from proxy.state import METRICS
 from proxy.wire.registry import WIRES
 
@@ -112,18 +112,21 @@ def parse_applied(header: str | None) -> list[JSON]:
 
 class _Answers:
     """The trace's answer for the turn in flight: given once, to its first call that is not
-    the summarizer's (recall rounds and retries after it get the scripted stand-in). The
-    summarizer gets the simulator's structured summary, fitted to its max tokens as a model
-    that keeps to its instructions would answer, in whatever wire it was asked in."""
+    the summarizer's (recall rounds and retries after it get the scripted stand-in), if that
+    call is in the turn's own wire: a deployment of another (the proxy translating) gets the
+    scripted stand-in in its own, as a trace's answer in the client's wire would not parse.
+    The summarizer gets the simulator's structured summary, fitted to its max tokens as a
+    model that keeps to its instructions would answer, in whatever wire it was asked in."""
 
     def __init__(self) -> None:
         self.pending: JSON | None = None
+        self.route = ""  # the turn's: where its own wire's calls go
 
     def __call__(self, path: str, body: JSON) -> JSON | None:
         if self.pending is None or measure.is_summary(path, body):
             return None
         answer, self.pending = self.pending, None
-        return answer
+        return answer if same_api(path, self.route) else None
 
 
 async def replay(
@@ -159,7 +162,7 @@ async def replay(
                 previous: JSON | None = None
                 async with aiohttp.ClientSession() as http:
                     for number, turn in enumerate(turns, 1):
-                        answers.pending = turn.get("answer")
+                        answers.pending, answers.route = turn.get("answer"), route_of(turn)
                         start = len(sim.requests)
                         async with http.post(
                             proxy + route_of(turn),

@@ -60,6 +60,17 @@ _TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
 }
 
 
+def same_api(path: str, other: str) -> bool:
+    """Whether one dialect answers both model routes (a Gemini route names its model)."""
+    return _api_of(path) is not None and _api_of(path) == _api_of(other)
+
+
+def _api_of(path: str) -> str | None:
+    if path in _TO_CHAT:
+        return path
+    return GEMINI_ACTIONS[0] if path.endswith(GEMINI_ACTIONS) else None
+
+
 def as_chat(path: str, body: JSON) -> JSON:
     """A body the simulator received at `path` as a chat request (tools and messages): what
     `agentproxy replay` measures what went upstream by."""

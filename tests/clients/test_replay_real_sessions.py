@@ -88,26 +88,35 @@ def assert_replays_as_live(report: dict[str, Any], live: list[int]) -> None:
         assert all(r["problems"] == [] for r in rows), [r["problems"] for r in rows]
 
 
-async def recorded(proxy: TestServer, session: str, trace: Path) -> list[int]:
-    """The session's recorded turns written to `trace` as a trace file; the statuses the
-    recording kept, as the client got them live."""
+async def recorded(proxy: TestServer, session: str, trace: Path) -> list[dict[str, Any]]:
+    """The session's recorded turns, also written to `trace` as a trace file."""
     await proxy.app[RECORDINGS].flush()  # the writer lingers a moment for more turns
     turns = await recorded_turns(proxy.app[STORE], scoped("key:agent", session))
     lines = b"".join(orjson.dumps(turn) + b"\n" for turn in turns)
     await asyncio.to_thread(trace.write_bytes, lines)
-    return [turn["status"] for turn in turns]
+    return turns
+
+
+def applied(names: list[dict[str, Any]]) -> list[str]:
+    return sorted(f"{n['stage']}.{n['action']}" for n in names)
 
 
 async def assert_session_replays_as_live(
-    config: Path, session: str, trace: Path, live: list[int]
+    config: Path, session: str, trace: Path, turns: list[dict[str, Any]]
 ) -> None:
-    """From the store with the proxy's configuration, and as a trace file with the demo's
-    (offload above 500 tokens, an 8,192-token window), whose rewrites must stay valid."""
+    """From the store with the proxy's configuration: the statuses and rewrites of the live
+    run (one call upstream a turn, as live: none retried). As a trace file with the demo's
+    configuration (offload above 500 tokens, an 8,192-token window): the live statuses, and
+    every rewritten request valid."""
+    live = [turn["status"] for turn in turns]
     assert len(live) >= 2 and set(live) == {200}, live
     from_store = await replayed(
         "--session", session, "--config", str(config), "--against", "default"
     )
     assert_replays_as_live(from_store, live)
+    rows = from_store["turns"]
+    assert [applied(r["rewrites"]) for r in rows] == [applied(t["events"]) for t in turns]
+    assert [r["upstream_calls"] for r in rows] == [1] * len(rows)
     from_file = await replayed(str(trace), "--against", "default")
     assert_replays_as_live(from_file, live)
     assert from_file["totals"]["rewrites"].get("offload.offloaded"), from_file["totals"]
@@ -126,9 +135,9 @@ async def test_a_claude_code_session_replays_as_it_ran(
         assert run.exit_code == 0, run.stderr
         assert bash_round_trip(sim.requests[-1]) is not None
         session = orjson.loads(sim.requests[-1].body["metadata"]["user_id"])["session_id"]
-        live = await recorded(proxy, session, tmp_path / "trace.jsonl")
+        turns = await recorded(proxy, session, tmp_path / "trace.jsonl")
     await proxy.close()
-    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
+    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", turns)
 
 
 async def test_a_codex_session_replays_as_it_ran(
@@ -144,9 +153,9 @@ async def test_a_codex_session_replays_as_it_ran(
         assert run.exit_code == 0, run.stderr
         assert shell_round_trip(sim.requests[-1]) is not None
         session = sim.requests[-1].body["prompt_cache_key"]  # = its session-id header
-        live = await recorded(proxy, session, tmp_path / "trace.jsonl")
+        turns = await recorded(proxy, session, tmp_path / "trace.jsonl")
     await proxy.close()
-    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
+    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", turns)
 
 
 async def test_a_gemini_cli_session_replays_as_it_ran(
@@ -167,6 +176,6 @@ async def test_a_gemini_cli_session_replays_as_it_ran(
                 headers={"authorization": f"Bearer {PROXY_KEY}"},
             )
             [session] = [s["session"] for s in (await listed.json())["data"]]
-        live = await recorded(proxy, session, tmp_path / "trace.jsonl")
+        turns = await recorded(proxy, session, tmp_path / "trace.jsonl")
     await proxy.close()
-    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", live)
+    await assert_session_replays_as_live(config, session, tmp_path / "trace.jsonl", turns)
