@@ -167,7 +167,7 @@ async def replay(
                         async with http.post(
                             proxy + route_of(turn),
                             data=orjson.dumps(client_body(turn)),
-                            headers=turn.get("headers", {}) | headers | _JSON_TYPE,
+                            headers=_protocol_headers(turn) | headers | _JSON_TYPE,
                         ) as response:
                             status, got = response.status, dict(response.headers)
                             answer = await response.read()
@@ -184,6 +184,14 @@ async def replay(
     if rows:  # what the stopped app still held: never used
         rows[-1].count_prepared(prepared.since())
     return rows
+
+
+def _protocol_headers(turn: JSON) -> dict[str, str]:
+    """The client's protocol headers: as recorded, else (a recording that kept none) those
+    its wire says the request must have come with."""
+    if "headers" in turn:
+        return dict(turn["headers"] or {})
+    return _WIRES[turn["wire"]].replay_headers(turn["request"])
 
 
 def _headers(served: Served, policy: str | None, session: str) -> dict[str, str]:

@@ -76,6 +76,11 @@ class Wire(Protocol):
         """A fresh assembly of one streamed answer into its non-streamed form (recordings)."""
         ...
 
+    def replay_headers(self, request: Mapping[str, Any]) -> dict[str, str]:
+        """The protocol headers a recorded request answered live must have come with, for a
+        recording that kept none (made before recordings kept them): replay sends these."""
+        ...
+
     @property
     def extra_natives(self) -> tuple[NativeFactory, ...]:
         """More native upstreams of its own, each under its own wire name (another route of
@@ -105,6 +110,7 @@ class WireFormat:
     usage_key: str = "usage"  # where a whole reply holds its usage
     one_shot: OneShot | None = None
     extra_natives: tuple[NativeFactory, ...] = ()
+    implied_headers: Callable[[Mapping[str, Any]], dict[str, str]] | None = None
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:
@@ -116,6 +122,9 @@ class WireFormat:
 
     def reply_usage(self, reply: Mapping[str, Any]) -> Usage | None:
         return self.usage_of(reply.get(self.usage_key))
+
+    def replay_headers(self, request: Mapping[str, Any]) -> dict[str, str]:
+        return {} if self.implied_headers is None else self.implied_headers(request)
 
     def answer_assembly(self) -> AnswerAssembly:
         return self.assembly()

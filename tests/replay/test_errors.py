@@ -192,3 +192,22 @@ def test_a_turn_whose_status_differs_from_the_live_one_says_so(
     assert second["problems"] == ["the client got 200, 502 live"]
     code, _ = replay_file(tmp_path, lines)
     assert "turn 2: the client got 200, 502 live" in capsys.readouterr().out
+
+
+def test_a_turn_recorded_without_its_headers_gets_those_its_request_implies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Claude Code's `role: "system"` entries inside messages came with its mid-conversation
+    beta (the provider refuses them without one): a recording made before recordings kept
+    headers replays valid; a trace that says it sent none (`{}`) is refused as it would be."""
+    turn = {"wire": "anthropic", "status": 200, "request": {"model": "c", "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "system", "content": "the tools changed"},
+                     {"role": "user", "content": "again"}]}}  # fmt: skip
+    code, _ = replay_file(tmp_path, [json.dumps(turn)], "--json")
+    [row] = json.loads(capsys.readouterr().out)["turns"]
+    assert code == 0 and row["valid"] and row["status"] == 200, row["problems"]
+    code, _ = replay_file(tmp_path, [json.dumps({**turn, "headers": {}})], "--json")
+    [row] = json.loads(capsys.readouterr().out)["turns"]
+    assert not row["valid"] and row["status"] == 400
+    assert "messages.1.role: Input should be 'user' or 'assistant'" in row["problems"][0]

@@ -2,6 +2,7 @@
 
 from proxy.wire.anthropic import one_shot, replies, route
 from proxy.wire.anthropic.answer import AnthropicAnswer
+from proxy.wire.anthropic.request import implied_headers
 from proxy.wire.anthropic.upstream import AnthropicUpstream, anthropic_usage
 from proxy.wire.base import WireFormat
 
@@ -15,4 +16,5 @@ ANTHROPIC = WireFormat(
     error_shape=replies.error_body,
     usage_of=anthropic_usage,
     one_shot=one_shot.ONE_SHOT,
+    implied_headers=implied_headers,
 )
