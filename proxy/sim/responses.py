@@ -363,6 +363,14 @@ class Sealer:
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
+        self._vouched: set[str] = set()  # sealed by another API, taken as this one's (replay)
+
+    def vouch(self, items: list[JSON]) -> None:
+        """Take the encrypted reasoning of an input as sealed here."""
+        for item in items:
+            blob = item.get("encrypted_content") if item_type(item) == "reasoning" else None
+            if isinstance(blob, str):
+                self._vouched.add(blob)
 
     def _mac(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, _BLOB_VERSION + payload, hashlib.sha256).digest()
@@ -373,6 +381,8 @@ class Sealer:
         return _BLOB_PREFIX + base64.urlsafe_b64encode(raw).decode()
 
     def valid(self, blob: str) -> bool:
+        if blob in self._vouched:
+            return True
         try:
             raw = base64.urlsafe_b64decode(blob.removeprefix(_BLOB_PREFIX).encode())
         except ValueError:
@@ -465,6 +475,9 @@ class ResponsesDialect(Dialect):
 
     def invalid_json(self) -> ApiError:
         return ApiError(400, INVALID_JSON)
+
+    def vouch(self, body: JSON) -> None:
+        self.sealer.vouch(input_items(body))
 
     def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
         if error := check_shape(body):
