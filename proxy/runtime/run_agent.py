@@ -8,7 +8,14 @@ given and free, else on a free port, with the configuration's policies (--config
 `serve --model` does, or --simulate: the built-in simulated model, offline). It lives as long
 as the agent, its log in its store's folder. The agent gets a fresh session id and the proxy
 key, never the user's provider keys (agent_env.py), and the inspector's address for it is
-printed before it starts.
+printed before it starts; once it exits, the session's figures and, for a recorded one, the
+`agentproxy replay` line that replays it (run_report.py).
+
+--simulate keeps its store, log and configuration (simulate.yaml: the simulator's models, every
+session recorded) in the user's state folder ($XDG_STATE_HOME/agentproxy/simulate, else
+~/.local/state/...), so a session replays after the proxy stopped. Any model name an agent
+asks for is served by the simulated model its agent speaks natively; after the run the names
+the session asked for become aliases in simulate.yaml, so replay finds them.
 
 The agent runs in this process group, on this terminal: a key pressed there (Ctrl-C) reaches
 it directly, so SIGINT and SIGQUIT are forwarded only when this process is not the terminal's
@@ -20,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,11 +43,15 @@ from aiohttp import web
 
 from proxy.policies.spec import Config
 from proxy.runtime.agent_env import agent_environment, agent_kind, command_path, make_codex_home
+from proxy.runtime.run_report import replay_line, session_figures
 
 DEFAULT_PORT = 4000
 HOST = "127.0.0.1"
 SIM_WINDOW = 200_000  # tokens: a coding agent's first turn (tools, instructions) fits
 SIM_KEY = "agentproxy-sim"  # what the proxy sends the simulator (never a key of the user's)
+SIM_CONFIG = "simulate.yaml"  # in the state folder: what `replay --config` reads
+# The simulated model each agent speaks natively: it serves any name the agent asks for.
+SIM_CATCH_ALL = {"claude": "claude", "gemini": "gemini"}
 USAGE = 2
 NOT_FOUND = 127
 FORWARDED_ALWAYS = (signal.SIGTERM, signal.SIGHUP)
@@ -99,11 +110,11 @@ async def _run(
     say: Say,
 ) -> int:  # fmt: skip
     kind = agent_kind(options.command[0])
+    session = f"run-{uuid.uuid4().hex[:12]}"
     async with contextlib.AsyncExitStack() as stack:
         proxy_url = await _find_or_start(options, config, key, kind, environ, stack, say)
         if proxy_url is None:
             return USAGE
-        session = f"run-{uuid.uuid4().hex[:12]}"
         env = agent_environment(environ, proxy_url, session, key)
         if kind == "codex":
             home = make_codex_home(environ, proxy_url, session, say)
@@ -113,8 +124,19 @@ async def _run(
         if kind == "other":  # an SDK sends no header of ours by itself
             inspector += " (if it sends x-agentproxy-session: $AGENTPROXY_SESSION)"
         say(f"session {session}: {inspector}")
-        return await launch(options.command, env)
-    return USAGE  # unreachable: the stack does not swallow exceptions
+        code = await launch(options.command, env)
+        figures = await session_figures(proxy_url, session, key)
+    # The embedded proxy has stopped: its recording is written.
+    if figures is None:
+        say(f"session {session}: no request of it reached the proxy")
+        return code
+    say(figures.line(session))
+    replayable = options.config or (simulate_config_path(environ) if options.simulate else None)
+    if figures.recorded and replayable:
+        if options.simulate:
+            await alias_asked_models(replayable, session)
+        say(f"replay it: {replay_line(session, replayable)}")
+    return code
 
 
 async def _find_or_start(
@@ -154,8 +176,9 @@ async def _find_or_start(
         say("this configuration sets keys.api_keys: give one with --key or AGENTPROXY_API_KEY")
         return None
     listen = 0 if found == "foreign" else options.port or 0  # the port is taken
+    embedded = _embedded(config, options, listen, kind, environ, say)
     try:
-        url: str = await stack.enter_async_context(_embedded(config, options, listen, kind, say))
+        url: str = await stack.enter_async_context(embedded)
     except (OSError, StoreError) as exc:
         say(f"cannot start the proxy: {exc}")
         return None
@@ -164,8 +187,9 @@ async def _find_or_start(
 
 @contextlib.asynccontextmanager
 async def _embedded(
-    config: Config | None, options: RunOptions, port: int, kind: str, say: Say
-) -> AsyncIterator[str]:
+    config: Config | None, options: RunOptions, port: int, kind: str,
+    environ: Mapping[str, str], say: Say,
+) -> AsyncIterator[str]:  # fmt: skip
     """The proxy in this process (and with --simulate the simulator) on `port` (0: a free
     one), until the agent is done; yields its URL."""
     from proxy.app import build_app
@@ -174,10 +198,9 @@ async def _embedded(
 
     async with contextlib.AsyncExitStack() as stack:
         if config is None:  # --simulate
-            state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentproxy-")))
             sim = Simulator(context_window=SIM_WINDOW, record=False)
             sim_url = await stack.enter_async_context(run_simulator(sim))
-            config = simulated_config(sim_url, state, kind)
+            config = simulated_config(sim_url, simulate_config_path(environ), kind)
         _log_to_file(config.store.path, say)
         app = build_app(options.config, config=config, host=HOST)
         runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=1.0)
@@ -193,13 +216,24 @@ async def _embedded(
         yield f"http://{HOST}:{port}"
 
 
-def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
-    """The simulator's models: `sim` (OpenAI chat and Responses) and `claude` (Anthropic
-    Messages), with the default policies; any other name is served by the one its agent
-    speaks natively: `claude` for Claude Code, `sim` for the rest."""
+def simulate_config_path(environ: Mapping[str, str]) -> str:
+    """--simulate's configuration, in its state folder (its store and log beside it)."""
+    state = environ.get("XDG_STATE_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(os.path.abspath(state), "agentproxy", "simulate", SIM_CONFIG)
+
+
+def simulated_config(sim_url: str, path: str, kind: str) -> Config:
+    """The simulator's models: `sim` (OpenAI chat and Responses), `claude` (Anthropic
+    Messages) and `gemini` (Gemini), every session recorded in the folder of `path`, where
+    the document is written (or, kept, its aliases from earlier runs updated); any other
+    name is served by the one its agent speaks natively: `claude` for Claude Code, `gemini`
+    for the Gemini CLI, `sim` for the rest."""
     import dataclasses
 
     from proxy.policies.loader import load_document
+    from proxy.store.files import private_dir
 
     def model(alias: str, name: str, base: str) -> dict[str, Any]:
         return {
@@ -208,15 +242,81 @@ def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
             "model_info": {"max_input_tokens": SIM_WINDOW},
         }
 
+    state = private_dir(Path(path).parent)
+    base = [
+        model("sim", "openai/sim", f"{sim_url}/v1"),
+        model("claude", "anthropic/claude-sim", sim_url),
+        model("gemini", "gemini/gemini-sim", sim_url),
+    ]
+    # The aliases of earlier runs, at this run's simulator (by the simulated model they name).
+    served = {entry["litellm_params"]["model"]: entry for entry in base}
+    aliases = [
+        {**served[model], "model_name": name}
+        for name, model in _kept_aliases(path).items()
+        if model in served
+    ]
     document = {
         "store": {"path": str(state)},
-        "model_list": [
-            model("sim", "openai/sim", f"{sim_url}/v1"),
-            model("claude", "anthropic/claude-sim", sim_url),
-        ],
+        "model_list": base + aliases,
+        "policies": [{"name": "simulate", "record": {"enabled": True}}],
     }
     config = load_document("--simulate", document)
-    return dataclasses.replace(config, catch_all="claude" if kind == "claude" else "sim")
+    _write_json(path, document)
+    return dataclasses.replace(config, catch_all=SIM_CATCH_ALL.get(kind, "sim"))
+
+
+def _kept_aliases(path: str) -> dict[str, str]:
+    """The aliases simulate.yaml holds, each with the simulated model it names."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            listed = json.load(file).get("model_list") or []
+        return {
+            str(entry["model_name"]): str(entry["litellm_params"]["model"])
+            for entry in listed
+            if entry["model_name"] not in ("sim", "claude", "gemini")
+        }
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+async def alias_asked_models(path: str, session: str) -> None:
+    """The model names the recorded session asked for, each an alias in simulate.yaml of the
+    simulated model that served it: `replay --config` routes its turns as the run did."""
+    from proxy.replay.session import SessionError, session_turns
+
+    try:
+        turns, _ = await session_turns(path, session, None)
+    except SessionError:
+        return
+    _alias(path, turns)
+
+
+def _alias(path: str, turns: list[dict[str, Any]]) -> None:
+    try:
+        with open(path, encoding="utf-8") as file:
+            document = json.load(file)
+    except (OSError, ValueError):
+        return
+    models = document["model_list"]
+    served = {entry["model_name"]: entry for entry in models[:3]}
+    known = {entry["model_name"] for entry in models}
+    for turn in turns:
+        asked, alias = turn["request"].get("model"), turn.get("model")
+        if isinstance(asked, str) and asked not in known and alias in served:
+            models.append({**served[alias], "model_name": asked})
+            known.add(asked)
+    _write_json(path, document)
+
+
+def _write_json(path: str, document: dict[str, Any]) -> None:
+    """JSON (which YAML reads), written whole: a reader never sees half of it."""
+    from proxy.store.files import private_file
+
+    partial = f"{path}.{os.getpid()}.tmp"
+    private_file(partial)
+    with open(partial, "w", encoding="utf-8") as file:
+        json.dump(document, file, indent=2)
+    os.replace(partial, path)
 
 
 def _log_to_file(folder: str, say: Say) -> None:
