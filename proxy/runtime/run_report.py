@@ -39,7 +39,8 @@ class Figures:
         rewrites = ", ".join(f"{name} x{n}" for name, n in sorted(self.rewrites.items()))
         cost = f"${self.cost_usd:.4f}" if self.cost_usd > 0 else UNPRICED
         return (
-            f"session {session}: {self.turns} turns, tokens received {self.tokens_received:,}, "
+            f"session {session}: {self.turns} turn{'' if self.turns == 1 else 's'}, "
+            f"tokens received {self.tokens_received:,}, "
             f"sent {self.tokens_sent:,}, rewrites: {rewrites or 'none'}, cost {cost}"
         )
 

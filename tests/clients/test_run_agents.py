@@ -131,7 +131,7 @@ async def test_claude_code_started_by_run_on_the_simulator_answers(
 # -- a newcomer's first run: a natural request, a tool call, the figures, a replay -----------
 
 FIGURES = re.compile(
-    r"agentproxy run: session (run-[0-9a-f]{12}): (\d+) turns, tokens received ([\d,]+), "
+    r"agentproxy run: session (run-[0-9a-f]{12}): (\d+) turns?, tokens received ([\d,]+), "
     r"sent ([\d,]+), rewrites: (.+), cost (\S+)\n"
 )
 REPLAY = re.compile(r"agentproxy run: replay it: (agentproxy replay .+)\n")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -172,6 +174,51 @@ async def test_with_a_configuration_and_no_proxy_running_one_is_started_with_it(
     log = tmp_path / ".agentproxy" / "run.log"  # the store's folder: out of the terminal
     assert "loopback" in log.read_text()  # the start-up warning about keys went there
     assert "loopback" not in run.stderr
+    assert f"session {run.session}: 1 turn, tokens received " in run.stderr
+    assert "replay it" not in run.stderr  # its policy does not record it: nothing to replay
+
+
+async def test_after_the_agent_its_figures_and_a_replay_line_that_works_once_it_stopped(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    run = await agentproxy_run("--simulate", "--", sys.executable, "-c", AGENT, "any-model", "0",
+                               env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    figures = re.search(
+        rf"session {run.session}: 1 turn, tokens received ([\d,]+), sent ([\d,]+), "
+        "rewrites: none, cost \u2013\n", run.stderr
+    )  # fmt: skip
+    assert figures is not None, run.stderr
+    assert int(figures.group(1).replace(",", "")) > 0
+    state = tmp_path / "home" / ".local" / "state" / "agentproxy" / "simulate"
+    assert f"the proxy's log: {state / 'run.log'}" in run.stderr
+    assert (state / "run.log").is_file()  # kept where it said
+    line = re.search(r"replay it: (agentproxy replay .+)\n", run.stderr)
+    assert line is not None, run.stderr
+    argv = shlex.split(line.group(1))
+    assert argv[1:] == ["replay", "--session", run.session, "--config",
+                        str(state / "simulate.yaml")]  # fmt: skip
+    assert run.started_url is not None and refused(run.started_url)  # the proxy stopped
+    [turn] = replayed(argv, env)["turns"]
+    assert turn["valid"] is True and turn["status"] == 200, turn
+
+
+def replayed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """`agentproxy replay ...` as printed, with --json: its report."""
+    replay = subprocess.run(
+        [sys.executable, "-m", "proxy", *argv[1:], "--json"],
+        env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    report: dict[str, Any] = json.loads(replay.stdout)
+    return report
+
+
+async def test_an_agent_that_sent_nothing_is_said_so(env: dict[str, str]) -> None:
+    run = await agentproxy_run("--simulate", "--", "true", env=env)
+    assert run.exit_code == 0, run.stderr
+    assert f"session {run.session}: no request of it reached the proxy" in run.stderr
+    assert "replay it" not in run.stderr
 
 
 async def test_with_a_model_one_is_started_serving_it_under_any_name(
