@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .plans import plan, request_text
+from .plans import plan, request_text, unwrapped
 
 JSON = dict[str, Any]
 
@@ -221,7 +221,7 @@ def _quote_tool_results(messages: list[JSON]) -> str:
         results.insert(0, message)
     return "\n".join(
         f"{names.get(m.get('tool_call_id'), 'tool')} returned: "
-        f"{text_of(m.get('content'))[:SNIPPET_CHARS]}"
+        f"{unwrapped(text_of(m.get('content')))[:SNIPPET_CHARS]}"
         for m in results
     )
 

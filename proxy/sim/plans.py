@@ -22,6 +22,9 @@ Placeholder = Callable[[Any], Any]
 # Context an agent wraps around the user's words: Claude Code's <system-reminder>, Codex's
 # <environment_context>, the Gemini CLI's <session_context>. Not the request.
 _CONTEXT_BLOCK = re.compile(r"<([a-z][a-z0-9]*(?:[_-][a-z0-9]+)+)>[\s\S]*?</\1>\s*")
+# The tags alone: what an agent wraps a tool's output in (the Gemini CLI's
+# <untrusted_context>), around what the tool said.
+_CONTEXT_TAG = re.compile(r"</?[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+>\n?")
 _TARGET = r"[`'\"]?([\w./~-]+)[`'\"]?"
 _FILE = r"[`'\"]?([\w./~-]*(?:\.\w|/)[\w./~-]*)[`'\"]?"  # a path: an extension or a slash
 
@@ -96,6 +99,11 @@ _PATTERN_KEYS = ("pattern", "query", "regex")
 def request_text(text: str) -> str:
     """The user's own words: the text without the context blocks agents add around it."""
     return _CONTEXT_BLOCK.sub("", text).strip()
+
+
+def unwrapped(text: str) -> str:
+    """A tool's output without the tags its agent wrapped it in."""
+    return _CONTEXT_TAG.sub("", text)
 
 
 def plan(

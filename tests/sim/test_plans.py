@@ -160,21 +160,32 @@ async def test_the_gemini_cli_lists_with_run_shell_command_and_gets_json_by_its_
         api_key=KEY, http_options=types.HttpOptions(base_url=url, retry_options=None)
     )
     shell = types.FunctionDeclaration(name="run_shell_command", parameters_json_schema=COMMAND)
-    listing = await client.aio.models.generate_content(
-        model="gemini-3.1-pro-preview",
-        contents=[
-            types.Content(
-                role="user",
-                parts=[
-                    types.Part(text="<session_context>\nlinux\n</session_context>"),
-                    types.Part(text="list the files here"),
-                ],
-            )
+    config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[shell])])
+    asked = types.Content(
+        role="user",
+        parts=[
+            types.Part(text="<session_context>\nlinux\n</session_context>"),
+            types.Part(text="list the files here"),
         ],
-        config=types.GenerateContentConfig(tools=[types.Tool(function_declarations=[shell])]),
+    )
+    listing = await client.aio.models.generate_content(
+        model="gemini-3.1-pro-preview", contents=[asked], config=config
     )
     [call] = listing.function_calls or []
     assert call.name == "run_shell_command" and call.args == {"command": "ls"}
+    # The CLI wraps the output in <untrusted_context>: the summary quotes what is inside.
+    output = "<untrusted_context>\nOutput: README.md\n</untrusted_context>"
+    result = types.Part.from_function_response(name=call.name, response={"output": output})
+    final = await client.aio.models.generate_content(
+        model="gemini-3.1-pro-preview",
+        contents=[
+            asked,
+            types.Content(role="model", parts=[types.Part(function_call=call)]),
+            types.Content(role="user", parts=[result]),
+        ],
+        config=config,
+    )
+    assert final.text == "run_shell_command returned: Output: README.md\n"
     schema = {
         "type": "OBJECT",
         "properties": {"reason": {"type": "STRING"}, "score": {"type": "INTEGER"}},
