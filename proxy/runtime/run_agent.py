@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -102,6 +103,8 @@ def run_agent(
         say(f"invalid configuration:\n{exc}")
         return USAGE
     key = options.key or environ.get("AGENTPROXY_API_KEY") or None
+    if options.config:  # as the replay line names it, wherever it is run from
+        options = dataclasses.replace(options, config=os.path.abspath(options.config))
     return asyncio.run(_run(options, config, key, environ, say))
 
 
@@ -131,11 +134,17 @@ async def _run(
         say(f"session {session}: no request of it reached the proxy")
         return code
     say(figures.line(session))
-    replayable = options.config or (simulate_config_path(environ) if options.simulate else None)
-    if figures.recorded and replayable:
-        if options.simulate:
-            await alias_asked_models(replayable, session)
-        say(f"replay it: {replay_line(session, replayable)}")
+    if not figures.recorded:
+        return code
+    if options.simulate:
+        replayable = simulate_config_path(environ)
+        await alias_asked_models(replayable, session)
+    else:  # the proxy's own configuration, when run was told it
+        replayable = options.config or "CONFIG"
+    said = replay_line(session, replayable)
+    if not options.config and not options.simulate:
+        said += " (CONFIG: the configuration the proxy runs with)"
+    say(f"replay it: {said}")
     return code
 
 
@@ -230,8 +239,6 @@ def simulated_config(sim_url: str, path: str, kind: str) -> Config:
     the document is written (or, kept, its aliases from earlier runs updated); any other
     name is served by the one its agent speaks natively: `claude` for Claude Code, `gemini`
     for the Gemini CLI, `sim` for the rest."""
-    import dataclasses
-
     from proxy.policies.loader import load_document
     from proxy.store.files import private_dir
 

@@ -214,6 +214,44 @@ def replayed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     return report
 
 
+RECORDED = "store: {path: STATE}\npolicies: [{name: recorded, record: {enabled: true}}]\n"
+
+
+async def test_a_recorded_session_of_a_started_configuration_replays_as_printed(
+    sim_server: TestServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    """--config as given, relative: the printed line names it wherever replay is run from."""
+    config = tmp_path / "recorded.yaml"
+    url = str(sim_server.make_url("")).rstrip("/")
+    config.write_text(sim_config(url, RECORDED.replace("STATE", str(tmp_path / "state"))))
+    run = await agentproxy_run("--config", "recorded.yaml", "--", sys.executable, "-c", AGENT,
+                               "sim", "0", env=env, cwd=tmp_path)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    line = re.search(r"replay it: (agentproxy replay .+)\n", run.stderr)
+    assert line is not None, run.stderr
+    argv = shlex.split(line.group(1))
+    assert argv[1:] == ["replay", "--session", run.session, "--config", str(config)]
+    [turn] = replayed(argv, env)["turns"]
+    assert turn["valid"] is True and turn["status"] == 200, turn
+
+
+async def test_a_running_proxy_that_records_gets_a_replay_line_naming_its_configuration(
+    sim_server: TestServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "recorded.yaml"
+    url = str(sim_server.make_url("")).rstrip("/")
+    config.write_text(sim_config(url, RECORDED.replace("STATE", str(tmp_path / "state"))))
+    async with session_noting_proxy(config, env) as (proxy, _):
+        run = await agentproxy_run("--port", str(proxy.port), "--", sys.executable, "-c",
+                                   AGENT, "sim", "0", env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert f"session {run.session}: 1 turn, " in run.stderr
+    assert (
+        f"replay it: agentproxy replay --session {run.session} --config CONFIG (CONFIG: the "
+        "configuration the proxy runs with)"
+    ) in run.stderr
+
+
 async def test_an_agent_that_sent_nothing_is_said_so(env: dict[str, str]) -> None:
     run = await agentproxy_run("--simulate", "--", "true", env=env)
     assert run.exit_code == 0, run.stderr
