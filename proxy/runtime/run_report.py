@@ -12,6 +12,7 @@ timeline is read again until it holds every turn the list counts (RECORDED_WAIT_
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import time
 from collections import Counter
@@ -23,6 +24,8 @@ import aiohttp
 HTTP_TIMEOUT_S = 5.0
 RECORDED_WAIT_S = 3.0
 TIMELINE_LIMIT = 1000  # turns: the sessions route's most per page
+TIMELINE_PAGES = 20  # pages read at most (a page stops at the route's 4 MB)
+MAX_BODY_BYTES = 8 * 1024 * 1024  # an answer longer than a page is not the proxy's
 UNPRICED = "\u2013"  # an en dash, as the inspector shows a cost it does not know
 
 
@@ -81,17 +84,34 @@ async def _events(http: aiohttp.ClientSession, url: str, row: dict[str, Any]) ->
         expected = int(row.get("turns") or 0) - sum((row.get("not_recorded") or {}).values())
     deadline = time.monotonic() + RECORDED_WAIT_S
     while True:
-        shown = await _get(http, f"{url}?limit={TIMELINE_LIMIT}")
-        timeline = shown.get("timeline") or []
+        timeline = await _timeline(http, url)
         if len(timeline) >= expected or time.monotonic() > deadline:
             return [e for turn in timeline for e in turn.get("events") or [] if isinstance(e, dict)]
         await asyncio.sleep(0.1)
 
 
+async def _timeline(http: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+    """The timeline's rows, page after page (TIMELINE_PAGES at most)."""
+    rows: list[dict[str, Any]] = []
+    after = 0
+    for _ in range(TIMELINE_PAGES):
+        shown = await _get(http, f"{url}?limit={TIMELINE_LIMIT}&after={after}")
+        rows += [row for row in shown.get("timeline") or [] if isinstance(row, dict)]
+        if not shown.get("has_more") or not isinstance(shown.get("next_after"), int):
+            break
+        after = shown["next_after"]
+    return rows
+
+
 async def _get(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    raw = bytearray()
     async with http.get(url) as response:
         response.raise_for_status()
-        body = await response.json()
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise ValueError(f"{url}: answer past {MAX_BODY_BYTES} bytes")
+    body = json.loads(raw)
     if not isinstance(body, dict):
         raise ValueError(f"{url}: not an object")
     return body

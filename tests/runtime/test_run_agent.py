@@ -214,6 +214,27 @@ def replayed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     return report
 
 
+# An agent whose history has a tool call without its result: the proxy repairs it, twice.
+DANGLING = """
+import os, openai
+client = openai.OpenAI(max_retries=0)
+call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+history = [{"role": "user", "content": "hello"},
+           {"role": "assistant", "content": None, "tool_calls": [call]}]
+for turn in ("go on", "and on"):
+    history.append({"role": "user", "content": turn})
+    client.chat.completions.create(model="sim", messages=history, extra_headers={
+        "x-agentproxy-session": os.environ["AGENTPROXY_SESSION"]})
+"""
+
+
+async def test_the_figures_count_each_rewrite_of_the_session(env: dict[str, str]) -> None:
+    run = await agentproxy_run("--simulate", "--", sys.executable, "-c", DANGLING, env=env)
+    assert run.exit_code == 0, run.stderr
+    assert f"session {run.session}: 2 turns, " in run.stderr
+    assert "rewrites: repair.patched_dangling x2, cost" in run.stderr, run.stderr
+
+
 RECORDED = "store: {path: STATE}\npolicies: [{name: recorded, record: {enabled: true}}]\n"
 
 
