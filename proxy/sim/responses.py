@@ -142,6 +142,7 @@ class Echo:
     request: JSON
     custom_tools: frozenset[str]
     reasoning: ReasoningItem | None
+    namespaces: Mapping[str, str] = dataclasses.field(default_factory=dict)  # tool -> its own
 
 
 def _error(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -303,6 +304,29 @@ def _chat_tools(tools: Any) -> tuple[list[JSON], frozenset[str]]:
     return chat, frozenset(custom)
 
 
+def offered_tools(body: JSON) -> list[Any]:
+    """The tools a request offers: its `tools`, and those its `additional_tools` input items
+    add (Codex sends its own there, in namespaces, with `tools` empty)."""
+    tools = list(body.get("tools") or []) if isinstance(body.get("tools"), list) else []
+    for item in input_items(body):
+        if item_type(item) == "additional_tools" and isinstance(item.get("tools"), list):
+            tools += item["tools"]
+    return tools
+
+
+def tool_namespaces(tools: Any, namespace: str | None = None) -> dict[str, str]:
+    """Each namespaced tool's namespace, by the tool's name: its calls name it."""
+    found: dict[str, str] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        if tool.get("type") == "namespace":
+            found |= tool_namespaces(tool.get("tools"), tool["name"])
+        elif namespace is not None:
+            found[tool["name"]] = namespace
+    return found
+
+
 def _chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, str):
         return choice
@@ -342,7 +366,7 @@ def to_chat(body: JSON) -> JSON:
     if not messages:
         messages.append({"role": "user", "content": ""})
     chat: JSON = {"model": body.get("model"), "messages": messages}
-    tools, _ = _chat_tools(body.get("tools"))
+    tools, _ = _chat_tools(offered_tools(body))
     if tools:
         chat["tools"] = tools
     if (choice := _chat_tool_choice(body.get("tool_choice"))) is not None:
@@ -538,7 +562,8 @@ class ResponsesDialect(Dialect):
 
     def _echo(self, body: JSON, reasoning: ReasoningItem | None) -> Echo:
         request = {k: body.get(k) for k in _ECHOED}
-        return Echo(request, _chat_tools(body.get("tools"))[1], reasoning)
+        tools = offered_tools(body)
+        return Echo(request, _chat_tools(tools)[1], reasoning, tool_namespaces(tools))
 
     def _reasoning(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> ReasoningItem | None:
         setting = body.get("reasoning")
@@ -580,6 +605,8 @@ class ResponsesDialect(Dialect):
                 }
             )
         for n, call in enumerate(reply.tool_calls):
+            namespace = echo.namespaces.get(call.name)
+            named = {"name": call.name} | ({"namespace": namespace} if namespace else {})
             if call.name in echo.custom_tools:
                 items.append(
                     {
@@ -587,7 +614,7 @@ class ResponsesDialect(Dialect):
                         "type": "custom_tool_call",
                         "status": "completed",
                         "call_id": call.id,
-                        "name": call.name,
+                        **named,
                         "input": _custom_input(call.arguments),
                     }
                 )
@@ -599,7 +626,7 @@ class ResponsesDialect(Dialect):
                     "status": "completed",
                     "arguments": call.arguments,
                     "call_id": call.id,
-                    "name": call.name,
+                    **named,
                 }
             )
         return items
