@@ -50,7 +50,8 @@ class Windows(Protocol):
 
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         """The request is over: its slots free, and `tokens` returned to the tokens buckets
-        (negative: more taken, what it used past its estimate). May raise StoreError."""
+        (negative: more taken, what it used past its estimate). Once per admitted lease (the
+        guard's Lease says whether it was). May raise StoreError."""
         ...
 
 
