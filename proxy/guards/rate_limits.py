@@ -37,7 +37,7 @@ from proxy.policies.spec import LimitScope, RateLimits
 from proxy.recording.recorder import Recorder
 from proxy.sessions.identity import name_in_scope
 from proxy.store.base import StoreError
-from proxy.store.windows import Refusal, Subject, Windows
+from proxy.store.windows import MemoryWindows, Refusal, Subject, Windows
 
 log = logging.getLogger("agentproxy.guards")
 STAGE = "rate_limit"
@@ -63,14 +63,18 @@ class Lease:
 
     subjects: list[Subject]
     scopes: list[LimitScope]
-    id: str
+    id: str  # "" in process memory, where no lease is named
     tokens: int  # charged at admission
+    counts_tokens: bool  # some subject has a tpm
+    holds_slots: bool  # some subject has a max_concurrent
     released: bool = False
 
 
 class RateLimiter:
     def __init__(self, windows: Windows, metrics: Metrics, recorder: Recorder) -> None:
         self.windows = windows
+        # In process memory the windows never wait: taken without a coroutine of their own.
+        self._local = windows if isinstance(windows, MemoryWindows) else None
         self.metrics = metrics
         self.recorder = recorder
         # Lease ids unique across replicas and restarts, whatever request ids clients send.
@@ -88,13 +92,17 @@ class RateLimiter:
         scopes = ex.policy.limits.scopes
         if own is None and not scopes:
             return None  # the common case: one attribute read each
-        subjects, kinds = self._subjects(ex, own, scopes)
-        lease = Lease(subjects, kinds, f"{self._prefix}{next(self._serial)}", _tokens(ex))
-        try:
-            refused = await self.windows.take(subjects, lease.id, lease.tokens)
-        except StoreError as exc:
-            self._unchecked(ex, lease, exc)
-            return None
+        lease = self._lease(ex, own, scopes)
+        local = self._local
+        if local is not None:
+            refused = local.take_now(lease.subjects, lease.tokens)
+        else:
+            lease.id = f"{self._prefix}{next(self._serial)}"
+            try:
+                refused = await self.windows.take(lease.subjects, lease.id, lease.tokens)
+            except StoreError as exc:
+                self._unchecked(ex, lease, exc)
+                return None
         if refused is not None:
             self._refuse(ex, lease, refused)
         return lease
@@ -105,19 +113,35 @@ class RateLimiter:
             return
         lease.released = True
         back = 0.0
-        if any(limits.tpm for _, limits in lease.subjects):
+        if lease.counts_tokens:
             used = _used(ex)
             if used is not None:
                 back = lease.tokens - used
             elif ex.recovery.calls == 0:
                 back = lease.tokens  # no upstream call: nothing used
-        if back == 0 and not any(limits.max_concurrent for _, limits in lease.subjects):
+        if back == 0 and not lease.holds_slots:
+            return
+        local = self._local
+        if local is not None:
+            local.give_back_now(lease.subjects, back)
             return
         try:
             await self.windows.give_back(lease.subjects, lease.id, back)
         except StoreError as exc:
             what = "rate limit slots of %s not given back: %s (they expire on their own)"
             warn_limited(log, "rate_limit.release", what, ex.identity.request_id, exc)
+
+    def _lease(
+        self,
+        ex: Exchange,
+        own: RateLimits | None,
+        scopes: tuple[tuple[LimitScope, RateLimits], ...],
+    ) -> Lease:
+        subjects, kinds = self._subjects(ex, own, scopes)
+        tokens = any(s.limits.tpm for s in subjects)
+        slots = any(s.limits.max_concurrent for s in subjects)
+        # The input tokens as admission estimates them: before any rewrite, O(1).
+        return Lease(subjects, kinds, "", ex.estimated_prompt(), tokens, slots)
 
     def _subjects(
         self,
@@ -179,11 +203,6 @@ class RateLimiter:
                 headers={"retry-after": "1"},
             ) from exc
         self.recorder.record(ex, STAGE, "unchecked", error=str(exc))
-
-
-def _tokens(ex: Exchange) -> int:
-    """The request's input tokens as admission estimates them (before any rewrite: O(1))."""
-    return ex.estimated_prompt()
 
 
 def _used(ex: Exchange) -> int | None:

@@ -67,10 +67,13 @@ class _Bucket:
     def refill(self, now: float, limits: RateLimits) -> None:
         elapsed = now - self.at
         self.at = now
-        if limits.rpm:
-            self.requests = min(limits.rpm, self.requests + elapsed * limits.rpm / 60)
-        if limits.tpm:
-            self.tokens = min(limits.tpm, self.tokens + elapsed * limits.tpm / 60)
+        rpm, tpm = limits.rpm, limits.tpm
+        if rpm:
+            requests = self.requests + elapsed * rpm / 60
+            self.requests = rpm if requests > rpm else requests
+        if tpm:
+            tokens = self.tokens + elapsed * tpm / 60
+            self.tokens = tpm if tokens > tpm else tokens
 
     def idle(self, now: float, limits: RateLimits) -> bool:
         """Full again and nothing in flight: as good as absent."""
@@ -122,11 +125,13 @@ class MemoryWindows:
         self.give_back_now(subjects, tokens)
 
     def take_now(self, subjects: Sequence[Subject], tokens: int) -> Refusal | None:
+        # Every request with limits runs this: the refill and the checks are written out
+        # inline (a call per bucket cost more than the arithmetic).
         now = self._clock()
         buckets = self._buckets
         held: list[_Bucket] = []
-        refused: Refusal | None = None
-        for index, (subject, limits) in enumerate(subjects):
+        short = False
+        for subject, limits in subjects:
             found = buckets.get(subject)
             if found is None:
                 bucket = _Bucket(now, limits)
@@ -136,10 +141,15 @@ class MemoryWindows:
                 if found[1] is not limits:  # a reload changed them: the new ones hold
                     buckets[subject] = (bucket, limits)
                 bucket.refill(now, limits)
+            rpm, tpm, most = limits.rpm, limits.tpm, limits.max_concurrent
+            if (
+                (rpm and bucket.requests < 1)
+                or (tpm and bucket.tokens < (tokens if tokens < tpm else tpm))
+                or (most and bucket.in_flight >= most)
+            ):
+                short = True
             held.append(bucket)
-            why = refusal(bucket, limits, tokens)
-            if why is not None and (refused is None or why[1] > refused.retry_after_s):
-                refused = Refusal(index, *why)
+        refused = self._refusal(held, subjects, tokens) if short else None
         if refused is None:
             for bucket, (_, limits) in zip(held, subjects, strict=True):
                 if limits.rpm:
@@ -149,24 +159,37 @@ class MemoryWindows:
                 if limits.max_concurrent:
                     bucket.in_flight += 1
         self._until_sweep -= 1
-        if self._until_sweep <= 0:
+        if self._until_sweep <= 0:  # after the taking: what was just taken from stays
             self._sweep(now)
+        return refused
+
+    @staticmethod
+    def _refusal(held: list[_Bucket], subjects: Sequence[Subject], tokens: int) -> Refusal | None:
+        """The refusal that frees last, of the buckets found short."""
+        refused: Refusal | None = None
+        for index, (bucket, (_, limits)) in enumerate(zip(held, subjects, strict=True)):
+            why = refusal(bucket, limits, tokens)
+            if why is not None and (refused is None or why[1] > refused.retry_after_s):
+                refused = Refusal(index, *why)
         return refused
 
     def give_back_now(self, subjects: Sequence[Subject], tokens: float) -> None:
         now = self._clock()
+        buckets = self._buckets
         for subject, limits in subjects:
-            found = self._buckets.get(subject)
+            found = buckets.get(subject)
             if found is None:  # swept while full: only a debt matters now
                 if not (limits.tpm and tokens < 0):
                     continue
-                found = self._buckets[subject] = (_Bucket(now, limits), limits)
+                found = buckets[subject] = (_Bucket(now, limits), limits)
             bucket = found[0]
             if limits.max_concurrent and bucket.in_flight > 0:
                 bucket.in_flight -= 1
-            if limits.tpm and tokens:
+            tpm = limits.tpm
+            if tpm and tokens:
                 bucket.refill(now, limits)
-                bucket.tokens = min(limits.tpm, bucket.tokens + tokens)
+                left = bucket.tokens + tokens
+                bucket.tokens = tpm if left > tpm else left
 
     def _sweep(self, now: float) -> None:
         self._until_sweep = SWEEP_EVERY

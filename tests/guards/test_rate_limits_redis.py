@@ -103,7 +103,7 @@ async def test_redis_down_fails_open_or_closed_as_the_limit_declares(
     port, processes = own_redis
     start_redis(port, processes)
     redis = f"redis://127.0.0.1:{port}/0"
-    store = f"store: {{backend: redis, url: '{redis}', timeout_s: 0.2, path: {tmp_path}}}"
+    store = f"store: {{backend: redis, url: '{redis}', timeout_s: 2, path: {tmp_path}}}"
     url = str(sim_server.make_url("")).rstrip("/")
     closed = (
         "policies:\n  - name: closed\n    match: {headers: {x-closed: 'yes'}}\n"
