@@ -19,9 +19,12 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --cells chat-30KB-json --limits   # 10 keys with rate limits vs without
 
 With `--limits` the load goes through 10 API keys in turn, to two proxies side by side: `keys`
-(the 10 keys) and `limited` (the same keys, each with its own rpm, tpm and max_concurrent, and
-a policy limiting each key, session, team and everyone too: every request walks five windows,
-none of them refusing); the figure is the ratio limited / keys.
+(the 10 keys) and `limited` (the same keys, each with its own rpm, tpm and max_concurrent, none
+of them refusing: every request pays the whole check, its bucket taken and its slot held and
+given back); the figure is the ratio limited / keys. `--limit-scopes` adds a policy limiting
+each session, key, team and everyone too (five windows a request); `--limits-redis URL` puts
+both proxies' store (and so the limited one's windows) in that Redis, under a prefix of the
+run's own.
 
 With `--anthropic` the proxy's configuration adds overhead.py's `anthropic/` deployment (which
 imports litellm). Traffic stays on 127.0.0.1; the upstream and clients are stopped on exit.
@@ -66,7 +69,7 @@ LIMIT_KEYS = tuple(f"bench-key-{n}" for n in range(10))
 # High enough that no bench run is refused (a refusal would be an error of the run), so every
 # request pays the whole check: five buckets taken, five slots held and given back.
 KEY_LIMITS = "{rpm: 100000000, tpm: 100000000000, max_concurrent: 64}"
-LIMITS_POLICY = "policies:\n  - name: limited\n    limits:\n" + "".join(
+SCOPES_POLICY = "policies:\n  - name: limited\n    limits:\n" + "".join(
     f"      {scope}: {KEY_LIMITS}\n" for scope in ("session", "key", "team", "global")
 )
 RECORDING_POLICY = (
@@ -250,8 +253,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
                     f"    - {{name: k{n}, key: {key}, team: t{n % 3}{limits}}}\n"
                     for n, key in enumerate(LIMIT_KEYS)
                 )
-                policy = LIMITS_POLICY if limits else ""
-                keyed.write_text(config.read_text() + "keys:\n  api_keys:\n" + entries + policy)
+                policy = SCOPES_POLICY if limits and args.limit_scopes else ""
+                store = ""
+                if args.limits_redis:
+                    prefix = f"{redis_prefix()}{target}:"
+                    url = args.limits_redis
+                    store = f"store: {{backend: redis, url: '{url}', prefix: '{prefix}'}}\n"
+                text = config.read_text() + store + "keys:\n  api_keys:\n" + entries + policy
+                keyed.write_text(text)
                 runner, ports[target] = await serve(build_app(keyed, watch=False), proxy=True)
                 runners.append(runner)
         elif args.target in ("both", "proxy"):
@@ -276,6 +285,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
         finally:
             for runner in runners:
                 await runner.cleanup()
+            if args.limits_redis:
+                forget_redis_keys(args.limits_redis)
         if profile is not None:
             profile.dump_stats(args.profile)
             stats = pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime")
@@ -283,6 +294,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
     finally:
         procs.stop_all()
     return figures
+
+
+def redis_prefix() -> str:
+    return f"agentproxy-bench-{os.getpid()}-"
+
+
+def forget_redis_keys(url: str) -> None:
+    """What the run left in Redis (its windows, its store's probe): deleted."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=redis_prefix() + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> None:
@@ -355,6 +381,10 @@ def main() -> int:
     parser.add_argument(
         "--limits", action="store_true", help="10 keys with rate limits vs the same without"
     )
+    parser.add_argument(
+        "--limit-scopes", action="store_true", help="with --limits: policy scopes too"
+    )
+    parser.add_argument("--limits-redis", metavar="URL", help="with --limits: both on Redis")
     parser.add_argument(
         "--without",
         metavar="PARTS",
