@@ -22,6 +22,10 @@ from proxy.policies.spec import RateLimits
 # No better time to tell a client refused for `max_concurrent`: the soonest a slot could free.
 CONCURRENCY_RETRY_S = 1.0
 SWEEP_EVERY = 1024  # admissions between two sweeps of the idle subjects (memory)
+# Subjects held in memory at most (~350 bytes each: ~35 MB): past it, a sweep, then the oldest
+# with nothing in flight go first (their windows start again full: a flood of new sessions
+# cannot grow the process without bound).
+MAX_SUBJECTS = 100_000
 
 
 class Subject(NamedTuple):
@@ -106,12 +110,15 @@ def refusal(bucket: _Bucket, limits: RateLimits, tokens: int) -> tuple[str, floa
 
 class MemoryWindows:
     """One process's windows. Bounded by activity: a subject whose buckets are full again and
-    that has nothing in flight is dropped at the next sweep."""
+    that has nothing in flight is dropped at the next sweep; and by count (MAX_SUBJECTS)."""
 
     backend = "memory"
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, max_subjects: int = MAX_SUBJECTS
+    ) -> None:
         self._clock = clock
+        self.max_subjects = max_subjects
         self._buckets: dict[str, tuple[_Bucket, RateLimits]] = {}
         self._until_sweep = SWEEP_EVERY
 
@@ -136,6 +143,8 @@ class MemoryWindows:
             if found is None:
                 bucket = _Bucket(now, limits)
                 buckets[subject] = (bucket, limits)
+                if len(buckets) > self.max_subjects:
+                    self._until_sweep = 0  # swept below, once this admission is done
             else:
                 bucket = found[0]
                 if found[1] is not limits:  # a reload changed them: the new ones hold
@@ -193,6 +202,12 @@ class MemoryWindows:
 
     def _sweep(self, now: float) -> None:
         self._until_sweep = SWEEP_EVERY
-        idle = [s for s, (bucket, limits) in self._buckets.items() if bucket.idle(now, limits)]
+        buckets = self._buckets
+        idle = [s for s, (bucket, limits) in buckets.items() if bucket.idle(now, limits)]
         for subject in idle:
-            del self._buckets[subject]
+            del buckets[subject]
+        over = len(buckets) - int(self.max_subjects * 0.9)
+        if over > 0:  # still too many: the oldest with nothing in flight
+            oldest = [s for s, (bucket, _) in buckets.items() if not bucket.in_flight][:over]
+            for subject in oldest:
+                del buckets[subject]

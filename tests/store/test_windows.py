@@ -106,3 +106,15 @@ async def test_memory_keeps_only_the_subjects_active_lately() -> None:
     clock.now += 61  # every rpm bucket is full again
     assert await windows.take([Subject("new", RateLimits(rpm=10))], "x", 1) is None  # sweeps
     assert len(windows) == 2  # the one in flight and the newest stay
+
+
+async def test_memory_holds_at_most_max_subjects_keeping_those_in_flight() -> None:
+    clock = Clock()
+    windows = MemoryWindows(clock, max_subjects=100)
+    slot = Subject("slot", RateLimits(max_concurrent=1))
+    assert await windows.take([slot], "h", 1) is None
+    for n in range(300):  # a flood of new sessions within one minute, none idle yet
+        assert await windows.take([Subject(f"s{n}", RateLimits(rpm=10))], "x", 1) is None
+        assert len(windows) <= 101
+    refused = await windows.take([slot], "again", 1)  # the slot in flight was kept
+    assert refused is not None and refused.limit == "max_concurrent"
