@@ -261,3 +261,36 @@ async def reloaded(http: aiohttp.ClientSession, proxy: TestServer, count: int) -
                 shown = await r.json()
             return bool(shown["last_reload"]["ok"])
     raise AssertionError(f"reload {count} never happened")
+
+
+async def test_the_sdks_see_their_own_rate_limit_error(
+    start_proxy: ProxyFactory, tmp_path: Path, sim: Simulator, aiohttp_server: Any
+) -> None:
+    """The real openai and anthropic SDKs raise their RateLimitError, Retry-After readable."""
+    import anthropic
+    import openai
+
+    proxy = await start(start_proxy, tmp_path, sim, aiohttp_server, keys(alice="rpm: 1"))
+    chat_sdk = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key=ALICE, max_retries=0)
+    messages_sdk = anthropic.AsyncAnthropic(
+        base_url=str(proxy.make_url("")).rstrip("/"), api_key=ALICE, max_retries=0
+    )
+    try:
+        await chat_sdk.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+        )
+        with pytest.raises(openai.RateLimitError) as refused:
+            await chat_sdk.chat.completions.create(
+                model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+        assert int(refused.value.response.headers["retry-after"]) >= 55
+        assert refused.value.code == "rate_limited"
+        with pytest.raises(anthropic.RateLimitError) as shaped:
+            await messages_sdk.messages.create(
+                model="sim", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert int(shaped.value.response.headers["retry-after"]) >= 55
+    finally:
+        await chat_sdk.close()
+        await messages_sdk.close()
+    assert upstream_calls(sim) == 1
