@@ -102,12 +102,22 @@ async def test_a_key_past_its_rpm_gets_429_with_retry_after_before_any_upstream_
             shaped = await response.json()
         assert shaped["type"] == "error"
         assert shaped["error"]["type"] == "rate_limit_error"
+        assert shaped["error"]["rate_limit"]["limit"] == "rpm"
+        # Gemini's: RESOURCE_EXHAUSTED, the proxy's reason in an ErrorInfo.
+        url = str(proxy.make_url("/v1beta/models/sim:generateContent"))
+        gemini = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+        async with http.post(url, json=gemini, headers={"x-goog-api-key": ALICE}) as response:
+            assert response.status == 429
+            assert int(response.headers["Retry-After"]) >= 25
+            google = await response.json()
+        assert google["error"]["status"] == "RESOURCE_EXHAUSTED"
+        assert google["error"]["details"][0]["reason"] == "rate_limited"
         # Another key is a wall: its own window.
         assert (await chat(http, proxy, BOB))[0] == 200
         assert upstream_calls(sim) == 3
         async with http.get(str(proxy.make_url("/metrics"))) as response:
             metrics = await response.text()
-    assert 'agentproxy_rate_limited_total{limit="rpm",scope="key"} 2.0' in metrics
+    assert 'agentproxy_rate_limited_total{limit="rpm",scope="key"} 3.0' in metrics
     assert 'agentproxy_rate_limited_total{limit="tpm",scope="session"} 0.0' in metrics
     assert "alice" not in metrics.split("agentproxy_rate_limited_total")[1][:400]
 
