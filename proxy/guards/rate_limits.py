@@ -22,6 +22,7 @@ window), the policy's global one. A policy's blocks are per policy: two policies
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
@@ -80,6 +81,7 @@ class RateLimiter:
         # Lease ids unique across replicas and restarts, whatever request ids clients send.
         self._prefix = os.urandom(6).hex()
         self._serial = itertools.count()
+        self._giving_back: set[asyncio.Future[None]] = set()
         for scope in ("session", "key", "team", "global"):
             for limit in ("rpm", "tpm", "max_concurrent"):
                 metrics.child(metrics.rate_limited, scope, limit)
@@ -99,13 +101,31 @@ class RateLimiter:
         else:
             lease.id = f"{self._prefix}{next(self._serial)}"
             try:
-                refused = await self.windows.take(lease.subjects, lease.id, lease.tokens)
+                refused = await self._take(ex, lease)
             except StoreError as exc:
                 self._unchecked(ex, lease, exc)
                 return None
         if refused is not None:
             self._refuse(ex, lease, refused)
         return lease
+
+    async def _take(self, ex: Exchange, lease: Lease) -> Refusal | None:
+        """The shared store's admission, run to its end even when the client leaves while it
+        is on its way: what it took is then given back at once, rather than held until the
+        lease expires (a key with max_concurrent: 1 locked for minutes by one hang-up)."""
+        taking = asyncio.ensure_future(self.windows.take(lease.subjects, lease.id, lease.tokens))
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            taking.add_done_callback(lambda done: self._taken_for_nobody(ex, lease, done))
+            raise
+
+    def _taken_for_nobody(self, ex: Exchange, lease: Lease, done: asyncio.Future[Any]) -> None:
+        if done.cancelled() or done.exception() is not None or done.result() is not None:
+            return  # nothing was taken
+        giving = asyncio.ensure_future(self.release(ex, lease))
+        self._giving_back.add(giving)  # held until done: a task nobody holds may be collected
+        giving.add_done_callback(self._giving_back.discard)
 
     async def release(self, ex: Exchange, lease: Lease) -> None:
         """The request is over: free its slots, correct its tokens to what it used."""
