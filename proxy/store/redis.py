@@ -8,6 +8,8 @@ Every key starts with the configured prefix:
     <p>state:<space>:<key>    string                  loop levels, failing sessions
     <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
     <p>pub:<space>            hash {field: "exp val"} open circuits every replica should know
+    <p>rate:<subject>         hash {at, r, t}         rate-limit buckets (redis_windows.py)
+    <p>lease:<subject>        sorted set              rate-limit slots in flight -> their expiry
     <p>probe                  string, 60 s TTL        the write check of start-up and /readyz
     <p>sessions               sorted set              session -> last activity (retention)
     <p>sizes                  hash {session: bytes}   what each session's blobs and checkpoints hold
