@@ -60,7 +60,7 @@ FLOORS = {
     ),
     **dict.fromkeys(("exchange", "sessions", "store", "model_catalog", "tracing"), 1),
     **dict.fromkeys(("upstream", "recording"), 2),
-    "control": 3,
+    **dict.fromkeys(("control", "guards"), 3),
     "pipeline": 4,
     **dict.fromkeys(("flow", "http", "state"), 5),
     "wire": 6,
