@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from proxy.sim.model import is_summary_request
 from proxy.sim.simulator import Fault, Simulator
 from proxy.state import CONFIG, EVENTS
-from tests.conftest import ProxyFactory, base_url
+from tests.conftest import REDIS_URL, ProxyFactory, base_url
 
 FAST = "retry: {base_s: 0.01, cap_s: 0.05}"
 ALICE, BOB = "sk-alice-0001", "sk-bob-0002"
@@ -97,6 +97,7 @@ async def pair(aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path) -
         policy: str = "",
         *,
         keys: str = "",
+        store: str | None = None,
         windows: tuple[int, int] = (8192, 8192),
         proxies: int = 1,
     ) -> Pair:
@@ -114,7 +115,8 @@ async def pair(aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path) -
         for index in range(proxies):  # replicas: each its own state, nothing shared
             path = tmp_path / f"proxy-{index}.yaml"
             path.write_text(
-                f"store: {{path: {tmp_path / f'state-{index}'}}}\n{keys}\nmodel_list:\n{models}"
+                (store or f"store: {{path: {tmp_path / f'state-{index}'}}}")
+                + f"\n{keys}\nmodel_list:\n{models}"
                 f"policies:\n  - name: p\n{textwrap.indent(textwrap.dedent(rules), '    ')}"
             )
             servers.append(await start_proxy(path))
@@ -246,3 +248,18 @@ async def test_the_openai_sdk_sees_one_deployment_for_its_session(pair: Any) -> 
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
     await client.close()
     assert sorted(agent_calls(sim) for sim in served.sims) == [0, 4]
+
+
+async def test_replicas_on_one_redis_keep_a_moved_session_where_it_moved(
+    pair: Any, redis_prefix: str
+) -> None:
+    store = f"store: {{backend: redis, url: {REDIS_URL}, prefix: '{redis_prefix}'}}"
+    served = await pair(store=store, proxies=2)
+    session = Session("hops")
+    home = (await served.turn(session, proxy=0))[3]
+    assert (await served.turn(session, proxy=1))[3] == home
+    served.sims[home].inject(Fault(status=503))
+    assert (await served.turn(session, proxy=0))[3] == 1 - home
+    # The other replica saw no failure (its circuits are its own), yet the session stays moved.
+    for turn in range(4):
+        assert (await served.turn(session, proxy=1 - turn % 2))[3] == 1 - home
