@@ -31,6 +31,16 @@ def agent_calls(sim: Simulator) -> int:
     return sum(not is_summary_request(r.body.get("messages") or []) for r in sim.requests)
 
 
+def streamed(raw: bytes) -> dict[str, Any]:
+    """A streamed answer as the completion it adds up to."""
+    text = ""
+    for line in raw.decode().splitlines():
+        if line.startswith("data: {"):
+            for choice in orjson.loads(line[6:]).get("choices") or []:
+                text += choice.get("delta", {}).get("content") or ""
+    return {"choices": [{"message": {"role": "assistant", "content": text}}]}
+
+
 @dataclass
 class Session:
     """One conversation, its history growing a turn at a time."""
@@ -49,7 +59,7 @@ class Pair:
     http: aiohttp.ClientSession
 
     async def turn(
-        self, session: Session, words: str = TEXT, proxy: int = 0
+        self, session: Session, words: str = TEXT, proxy: int = 0, stream: bool = False
     ) -> tuple[int, dict[str, str], Any, int]:
         """(status, headers, body, index of the simulator that answered) of the next turn."""
         session.messages.append(
@@ -59,12 +69,12 @@ class Pair:
         headers = {"x-agentproxy-session": session.name}
         if session.key is not None:
             headers["authorization"] = f"Bearer {session.key}"
-        body = {"model": "sim", "messages": session.messages}
+        body = {"model": "sim", "messages": session.messages, "stream": stream}
         url = base_url(self.proxies[proxy]) + "/chat/completions"
         async with self.http.post(url, json=body, headers=headers) as response:
             status, raw = response.status, await response.read()
             got = {name.lower(): value for name, value in response.headers.items()}
-        answer = orjson.loads(raw)
+        answer = streamed(raw) if stream and status == 200 else orjson.loads(raw)
         if status == 200:
             session.messages.append(answer["choices"][0]["message"])
         # The last simulator that took one of the agent's calls answered it.
@@ -263,3 +273,17 @@ async def test_replicas_on_one_redis_keep_a_moved_session_where_it_moved(
     # The other replica saw no failure (its circuits are its own), yet the session stays moved.
     for turn in range(4):
         assert (await served.turn(session, proxy=1 - turn % 2))[3] == 1 - home
+
+
+async def test_a_stream_moves_before_its_first_byte_and_stays(pair: Any) -> None:
+    served = await pair()
+    session = Session("streams")
+    home = (await served.turn(session, stream=True))[3]
+    assert (await served.turn(session, stream=True))[3] == home
+    served.sims[home].inject(Fault(status=503))
+    status, headers, answer, sim = await served.turn(session, stream=True)
+    assert status == 200 and sim == 1 - home
+    assert headers["x-agentproxy-applied"].startswith("routing.moved")
+    assert answer["choices"][0]["message"]["content"].startswith("You said:")
+    for _ in range(2):
+        assert (await served.turn(session, stream=True))[3] == 1 - home
