@@ -251,7 +251,7 @@ class Flow:
                 if cold is not None:  # its first request here: the store learns of it first
                     await cold
             await self.control.admit(ex)
-            self.control.route(ex)
+            await self.control.route(ex)
             await self.rewriter.before_call(ex)
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:

@@ -285,6 +285,13 @@ class Metrics:
             ["from_model", "to_model", "reason"],
             registry=r,
         )
+        self.affinity_moves = Counter(
+            "agentproxy_affinity_moves",
+            "Sessions moved off the deployment holding their prompt cache (routing.affinity: "
+            "session), by alias and why: its call failed or its circuit was open.",
+            ["model", "reason"],
+            registry=r,
+        )
         self.circuit_state = Gauge(
             "agentproxy_circuit_state",
             "Circuit breaker state per deployment (alias#index): 0 closed, 1 half-open, 2 open.",

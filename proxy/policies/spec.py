@@ -378,6 +378,14 @@ class FallbackSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingSpec:
+    """Among an alias' deployments: `session` keeps a session on the one holding its prompt
+    cache (proxy/control/affinity.py); `none` uses them in turn."""
+
+    affinity: Literal["session", "none"] = "session"
+
+
+@dataclass(frozen=True, slots=True)
 class CircuitSpec:
     """Per deployment: open after `failures` consecutive failures, for `cooldown_s`, then
     let one probe through. Per session: refuse after `session_failures` failed calls."""
@@ -435,6 +443,7 @@ class Policy:
     recall: RecallSpec = RecallSpec()
     retry: RetrySpec = RetrySpec()
     fallbacks: tuple[FallbackSpec, ...] = ()
+    routing: RoutingSpec = RoutingSpec()
     circuit: CircuitSpec = CircuitSpec()
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()
