@@ -246,7 +246,7 @@ class Flow:
                     await cold
             await self.control.admit(ex)
             self.control.route(ex)
-            await self.rewriter.before_call(ex)
+            await self.control.fit(ex, self.rewriter)  # a budget may move it (downgrade)
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:
                 activity.leave(ex.identity.session)

@@ -44,6 +44,7 @@ GUARDS = frozenset({"loops", "budget", "session_circuit", "degraded"})
 DECISIONS = (
     ("loops", "warn"), ("loops", "no_tools"), ("loops", "block"), ("loops", "recovered"),
     ("budget", "soft_limit"), ("budget", "refused"), ("budget", "unchecked"),
+    ("budget", "downgraded"),
     ("session_circuit", "refused"), ("degraded", "answered"),
 )  # fmt: skip
 
