@@ -228,3 +228,54 @@ async def test_a_key_that_may_not_use_the_cheaper_alias_is_named_at_load(
     message = str(caught.value)
     assert "policies[0].budgets[0].on_exhausted.model" in message
     assert "alice" in message and "'small'" in message
+
+
+async def test_the_history_is_fitted_again_to_the_cheaper_window(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """A history that fits the dear alias' window but not the cheap one's is compacted for
+    the cheap one before it is sent (as for a fallback): no overflow is ever answered."""
+    big, small = Simulator(context_window=32_000), Simulator(context_window=1_500)
+    urls = {}
+    for name, sim in (("big", big), ("small", small)):
+        urls[name] = str((await aiohttp_server(sim.app())).make_url("")).rstrip("/")
+    path = tmp_path / "windows.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            store: {{path: {tmp_path / "state"}}}
+            model_list:
+              - model_name: big
+                litellm_params: {{model: openai/big, api_base: {urls["big"]}/v1}}
+                model_info: {{max_input_tokens: 32000}}
+              - model_name: small
+                litellm_params: {{model: openai/small, api_base: {urls["small"]}/v1}}
+                model_info: {{max_input_tokens: 1500}}
+            policies:
+              - name: metered
+                budgets:
+                  - {{name: premium, limits: {{calls: 1}}, on_exhausted: {{model: small}}}}
+            """
+        )
+    )
+    proxy = await start_proxy(path)
+    history: list[dict[str, str]] = []
+    for turn in range(16):
+        history.append({"role": "user", "content": f"Step {turn}: " + "go on with it. " * 40})
+        history.append({"role": "assistant", "content": f"Done {turn}. " + "all fine. " * 40})
+    history.append({"role": "user", "content": "Now sum it up."})
+    client = chat(proxy)
+    headers = {"x-agentproxy-session": "long"}
+    await client.chat.completions.create(
+        model="big", messages=[{"role": "user", "content": "start"}], extra_headers=headers
+    )
+    raw = await client.chat.completions.with_raw_response.create(
+        model="big", messages=history, extra_headers=headers
+    )
+    applied = raw.headers["x-agentproxy-applied"]
+    assert raw.headers["x-agentproxy-model"] == "small" and "budget.downgraded" in applied
+    assert "compaction." in applied
+    assert len(big.requests) == 1
+    asked = [r for r in small.requests if r.body["messages"][-1]["content"] == "Now sum it up."]
+    assert len(asked) == 1 and len(asked[0].body["messages"]) < len(history)
+    assert all(r.status == 200 for r in small.requests)  # fitted before, not after an overflow
