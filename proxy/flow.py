@@ -34,6 +34,7 @@ from aiohttp import web
 
 from proxy import tracing
 from proxy.control.control import Control
+from proxy.control.downgrade import Downgrade
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
 from proxy.http.auth import presented_key
@@ -246,7 +247,10 @@ class Flow:
                     await cold
             await self.control.admit(ex)
             self.control.route(ex)
-            await self.control.fit(ex, self.rewriter)  # a budget may move it (downgrade)
+            try:
+                await self.rewriter.before_call(ex)
+            except Downgrade as exhausted:  # a spent budget sends it to a cheaper alias
+                await self.control.downgrade(ex, exhausted, self.rewriter)
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:
                 activity.leave(ex.identity.session)

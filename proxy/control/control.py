@@ -61,9 +61,6 @@ class Router(Protocol):
 class Fitter(Protocol):
     """Fits a request's history to its target model (the rewriter's hooks)."""
 
-    async def before_call(self, ex: Exchange) -> None:
-        """The request as it came: rewrite it for its target (the guards judge it too)."""
-
     async def refit(self, ex: Exchange) -> None:
         """A fallback took over: fit the client's history to it."""
 
@@ -99,10 +96,21 @@ class Control:
         deployments whose circuit is open."""
         ex.deployment = self._pick(ex, ex.alias)
 
-    async def fit(self, ex: Exchange, fitter: Fitter) -> None:
-        """The request rewritten for its target; a budget past its limit that names a cheaper
-        alias moves it there first (downgrade.py)."""
-        await self._fitted(ex, fitter, fitter.before_call)
+    async def downgrade(self, ex: Exchange, exhausted: Downgrade, fitter: Fitter) -> None:
+        """A budget past its limit moves the request to its cheaper alias (downgrade.py): the
+        alias becomes the target and the client's history is fitted to it, as for a fallback;
+        again if another budget moves it on. Each budget moves a request once (its guard sees
+        to it), so this ends within the policy's budgets."""
+        while True:
+            served = ex.alias
+            ex.recovery.downgrades.append(exhausted.budget)
+            self._retarget(ex, exhausted.alias, f"downgrade to {exhausted.alias}")
+            self._visible(ex, "budget", "downgraded", budget=exhausted.budget,
+                          limit=exhausted.limit, model=served, to=exhausted.alias)  # fmt: skip
+            try:
+                return await fitter.refit(ex)
+            except Downgrade as further:
+                exhausted = further
 
     async def admit(self, ex: Exchange) -> None:
         """Refuse a failing session's unchanged request (a structured 429) before any work."""
@@ -213,30 +221,16 @@ class Control:
         self.metrics.child(self.metrics.fallbacks, failed, alias, reason).inc()
         self._visible(ex, "fallback", "fell_back", model=failed, to=alias, reason=reason)
         if fitter is not None:
-            await self._fitted(ex, fitter, fitter.refit)
+            try:
+                await fitter.refit(ex)
+            except Downgrade as exhausted:  # the new alias is past a budget with a cheaper one
+                await self.downgrade(ex, exhausted, fitter)
 
     def _retarget(self, ex: Exchange, alias: str, step: str) -> None:
         """`alias` becomes the request's target (a fallback, a budget's downgrade)."""
         ex.alias = alias
         ex.deployment = self._pick(ex, alias)
         ex.recovery.steps.append(step)
-
-    async def _fitted(
-        self, ex: Exchange, fitter: Fitter, fit: Callable[[Exchange], Awaitable[None]]
-    ) -> None:
-        """`fit(ex)`; when a budget downgrades the request, the client's history again for
-        the cheaper alias, as after a fallback. Each budget moves a request once (its guard
-        sees to it), so this ends within the policy's budgets."""
-        while True:
-            try:
-                return await fit(ex)
-            except Downgrade as exhausted:
-                served = ex.alias
-                ex.recovery.downgrades.append(exhausted.budget)
-                self._retarget(ex, exhausted.alias, f"downgrade to {exhausted.alias}")
-                self._visible(ex, "budget", "downgraded", budget=exhausted.budget,
-                              limit=exhausted.limit, model=served, to=exhausted.alias)  # fmt: skip
-                fit = fitter.refit
 
     async def _attempt(self, ex: Exchange, stream: bool, number: int, fitter: Fitter | None) -> Any:
         if number > 1:

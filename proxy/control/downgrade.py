@@ -1,7 +1,7 @@
 """A budget's downgrade: past a limit whose budget names a cheaper alias (`on_exhausted`), the
 request is served there instead of refused. The budget guard (proxy/pipeline/budget.py) says
 so by raising `Downgrade`; control switches the exchange to the alias and fits the client's
-history to it again, as a fallback does (control.py: `_fitted`)."""
+history to it again, as a fallback does (Control.downgrade)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ served as asked."""
 
 from __future__ import annotations
 
+import calendar
 import re
 import textwrap
 from pathlib import Path
@@ -19,20 +20,21 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.sim.simulator import Simulator
-from proxy.state import EVENTS
-from tests.conftest import ProxyFactory, base_url
+from proxy.sim.simulator import Fault, Simulator
+from proxy.state import EVENTS, FLOW
+from tests.conftest import REDIS_URL, ProxyFactory, base_url
 
 ALICE, BOB = "sk-alice-0001", "sk-bob-0002"
 UPSTREAM_KEY = "sk-sim-upstream-secret"
 
 
-def config(url: str, state: Path, models: str = "") -> str:
+def config(url: str, state: Path, models: str = "", store: str = "", gpt: str = "") -> str:
     """`big` and `small` (chat, Responses), `claude-big` and `claude-small` (Messages), each
     family under a policy whose session budget moves it to the small one after one call."""
     up = UPSTREAM_KEY
+    store = store or f"{{path: {state}}}"
     text = f"""\
-        store: {{path: {state}}}
+        store: {store}
         keys:
           api_keys:
             - {{name: alice, key: {ALICE}, team: red{models}}}
@@ -50,7 +52,7 @@ def config(url: str, state: Path, models: str = "") -> str:
             litellm_params: {{model: anthropic/claude-small, api_base: {url}, api_key: {up}}}
         policies:
           - name: gpt
-            match: {{models: [big, small]}}
+            match: {{models: [big, small]}}{gpt}
             budgets:
               - name: premium
                 window: month
@@ -279,3 +281,64 @@ async def test_the_history_is_fitted_again_to_the_cheaper_window(
     asked = [r for r in small.requests if r.body["messages"][-1]["content"] == "Now sum it up."]
     assert len(asked) == 1 and len(asked[0].body["messages"]) < len(history)
     assert all(r.status == 200 for r in small.requests)  # fitted before, not after an overflow
+
+
+async def test_replicas_on_one_redis_share_the_month_and_the_downgrade(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, redis_prefix: str
+) -> None:
+    """The month's counters live in Redis under a key of their own, expiring a day after the
+    month: what one replica charged downgrades the next request on the other."""
+    import redis
+
+    sim = Simulator()
+    url = str((await aiohttp_server(sim.app())).make_url("")).rstrip("/")
+    store = f"{{backend: redis, url: '{REDIS_URL}', prefix: '{redis_prefix}'}}"
+    now = float(calendar.timegm((2026, 12, 31, 12, 0, 0)))
+    replicas = []
+    for name in ("a", "b"):
+        path = tmp_path / f"replica-{name}.yaml"
+        path.write_text(config(url, tmp_path / name, store=store))
+        replica = await start_proxy(path)
+        replica.app[FLOW].rewriter.budgets.clock = lambda: now
+        replicas.append(replica)
+    first = await ask(replicas[0], "shared")
+    assert first.headers["x-agentproxy-model"] == "big"
+    second = await ask(replicas[1], "shared")
+    assert second.headers["x-agentproxy-model"] == "small"
+    assert models_sent(sim) == ["big-model", "small-model"]
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k.decode() for k in client.scan_iter(match=redis_prefix + "*premium*")]
+        month = calendar.timegm((2026, 12, 1, 0, 0, 0))
+        assert len(keys) == 1 and keys[0].endswith(f"|month:{month}")
+        ttl = client.pttl(keys[0]) / 1000
+        assert 12 * 3600 + 86400 - 60 < ttl <= 12 * 3600 + 86400
+    finally:
+        client.close()
+
+
+async def test_a_fallback_to_the_dear_alias_is_downgraded_back(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """The fallback's re-fit meets the spent budget too: the chain from `small` to `big` is
+    sent back to `small`, and `big` is never called past the budget."""
+    sim = Simulator()
+    url = str((await aiohttp_server(sim.app())).make_url("")).rstrip("/")
+    path = tmp_path / "fallback.yaml"
+    gpt = """
+            retry: {attempts: 1}
+            fallbacks: [{from: small, to: [big]}]"""
+    path.write_text(config(url, tmp_path / "state", gpt=gpt))
+    proxy = await start_proxy(path)
+    await ask(proxy, "falling")  # the premium budget's one call
+    sim.inject(Fault(status=503, model="small-model", times=2))
+    with pytest.raises(openai.InternalServerError) as caught:
+        await chat(proxy).chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-agentproxy-session": "falling"},
+        )
+    applied = caught.value.response.headers["x-agentproxy-applied"]
+    assert "fallback.fell_back" in applied and "budget.downgraded" in applied
+    assert models_sent(sim) == ["big-model", "small-model", "small-model"]
