@@ -35,6 +35,7 @@ from aiohttp import web
 
 from proxy import eager, tracing
 from proxy.control.control import Control
+from proxy.control.downgrade import Downgrade
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
 from proxy.guards.rate_limits import Lease, RateLimiter
@@ -252,7 +253,10 @@ class Flow:
                     await cold
             await self.control.admit(ex)
             await self.control.route(ex)
-            await self.rewriter.before_call(ex)
+            try:
+                await self.rewriter.before_call(ex)
+            except Downgrade as exhausted:  # a spent budget sends it to a cheaper alias
+                await self.control.downgrade(ex, exhausted, self.rewriter)
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:
                 activity.leave(ex.identity.session)

@@ -44,6 +44,7 @@ GUARDS = frozenset({"loops", "budget", "session_circuit", "degraded", "rate_limi
 DECISIONS = (
     ("loops", "warn"), ("loops", "no_tools"), ("loops", "block"), ("loops", "recovered"),
     ("budget", "soft_limit"), ("budget", "refused"), ("budget", "unchecked"),
+    ("budget", "downgraded"),
     ("session_circuit", "refused"), ("degraded", "answered"),
     ("rate_limit", "refused"), ("rate_limit", "unchecked"),
 )  # fmt: skip

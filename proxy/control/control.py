@@ -28,6 +28,7 @@ from proxy.control.affinity import Affinity
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
 from proxy.control.classify import blames_deployment, classify, is_slow
+from proxy.control.downgrade import Downgrade
 from proxy.control.fallback import with_fallbacks
 from proxy.control.outcome import CircuitOpen, decorate
 from proxy.control.retry import with_retries
@@ -107,6 +108,22 @@ class Control:
         home = self.affinity.order(ex, ex.alias, group)[0]
         if ex.deployment is not home:  # its circuit is open: moved before the history is fitted
             self._say_moved(ex, home, "circuit_open")
+
+    async def downgrade(self, ex: Exchange, exhausted: Downgrade, fitter: Fitter) -> None:
+        """A budget past its limit moves the request to its cheaper alias (downgrade.py): the
+        alias becomes the target and the client's history is fitted to it, as for a fallback;
+        again if another budget moves it on. Each budget moves a request once (its guard sees
+        to it), so this ends within the policy's budgets."""
+        while True:
+            served = ex.alias
+            ex.recovery.downgrades.append(exhausted.budget)
+            await self._retarget(ex, exhausted.alias, f"downgrade to {exhausted.alias}")
+            self._visible(ex, "budget", "downgraded", budget=exhausted.budget,
+                          limit=exhausted.limit, model=served, to=exhausted.alias)  # fmt: skip
+            try:
+                return await fitter.refit(ex)
+            except Downgrade as further:
+                exhausted = further
 
     async def admit(self, ex: Exchange) -> None:
         """Refuse a failing session's unchanged request (a structured 429) before any work."""
@@ -214,15 +231,23 @@ class Control:
     ) -> None:
         """Fall back: `alias` becomes the target, and the client's history is fitted to it."""
         failed = ex.alias
+        await self._retarget(ex, alias, f"fallback to {alias}")
+        self.metrics.child(self.metrics.fallbacks, failed, alias, reason).inc()
+        self._visible(ex, "fallback", "fell_back", model=failed, to=alias, reason=reason)
+        if fitter is not None:
+            try:
+                await fitter.refit(ex)
+            except Downgrade as exhausted:  # the new alias is past a budget with a cheaper one
+                await self.downgrade(ex, exhausted, fitter)
+
+    async def _retarget(self, ex: Exchange, alias: str, step: str) -> None:
+        """`alias` becomes the request's target (a fallback, a budget's downgrade), on the
+        session's own deployment of it when affinity applies."""
         ex.alias = alias
         if affinity.applies(ex, ex.config.deployments[alias]):
             await self.affinity.load(ex)
         ex.deployment = self._pick(ex, alias)
-        ex.recovery.steps.append(f"fallback to {alias}")
-        self.metrics.child(self.metrics.fallbacks, failed, alias, reason).inc()
-        self._visible(ex, "fallback", "fell_back", model=failed, to=alias, reason=reason)
-        if fitter is not None:
-            await fitter.refit(ex)
+        ex.recovery.steps.append(step)
 
     async def _attempt(self, ex: Exchange, stream: bool, number: int, fitter: Fitter | None) -> Any:
         fitted = ex.deployment  # what the history was fitted to
