@@ -1,0 +1,115 @@
+"""Replicas share what they learn (issue 41, item 6): two proxies on one real Redis, in one
+test process, over real sockets. A summary one replica wrote ahead is taken by the other's
+crossing turn (one summarizer call in all); a second key sending the same session id and the
+same history never gets it; a deployment fact one replica learnt spares the other the failing
+route."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from proxy.sim.simulator import Simulator
+from tests.conftest import REDIS_URL, ProxyFactory, sim_config
+from tests.pipeline.compaction.test_prepared import (
+    ALICE,
+    BOB,
+    KEYS,
+    SUMMARY_S,
+    WINDOW,
+    SlowSummaries,
+    ask,
+    prepared,
+    start_history,
+    summary_requests,
+    to_band,
+    to_crossing,
+)
+from tests.support.sim_routes import REFUSED, serving_only
+
+
+async def two_replicas(
+    start_proxy: ProxyFactory, tmp_path: Path, url: str, prefix: str, extra: str = ""
+) -> tuple[TestServer, TestServer]:
+    """Two proxies of one config on one Redis: replicas behind a load balancer."""
+    store = f"store: {{backend: redis, url: {REDIS_URL}, prefix: '{prefix}'}}\n"
+    path = tmp_path / "agentproxy.yaml"
+    path.write_text(sim_config(url, store + extra, window=WINDOW))
+    return await start_proxy(path), await start_proxy(path)
+
+
+async def test_a_summary_one_replica_wrote_ahead_serves_the_others_crossing_turn(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, redis_prefix: str
+) -> None:
+    sim = Simulator(context_window=32_768, responder=SlowSummaries())
+    upstream: TestServer = await aiohttp_server(sim.app())
+    url = str(upstream.make_url("")).rstrip("/")
+    a, b = await two_replicas(start_proxy, tmp_path, url, redis_prefix)
+    history = start_history()
+    await to_band(a, sim, history)  # replica A starts writing the summary
+    await asyncio.sleep(SUMMARY_S + 0.5)  # the agent thinks; A's summary is written, shared
+    seconds, applied = await to_crossing(b, history)  # every later turn to replica B
+    assert "compaction.summarized" in applied
+    assert summary_requests(sim) == 1  # B neither wrote its own ahead nor summarized inline
+    assert seconds < SUMMARY_S / 2, seconds
+    assert await prepared(a, "started") == 1
+    assert await prepared(b, "started") == 0  # A had claimed it: B wrote none of its own
+    assert await prepared(b, "used") == 1  # B applied a summary it did not compute
+    # And the turn after goes on from the checkpoint B made, on A: no further call.
+    history.append({"role": "user", "content": "Go on."})
+    _, applied = await ask(a, history)
+    assert "compaction.checkpoint_reused" in applied
+    assert summary_requests(sim) == 1
+
+
+async def test_a_summary_written_ahead_for_one_key_is_not_anothers(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, redis_prefix: str
+) -> None:
+    """Bob sends Alice's session id and her very history: he gets a summary of his own."""
+    sim = Simulator(context_window=32_768, responder=SlowSummaries())
+    upstream: TestServer = await aiohttp_server(sim.app())
+    url = str(upstream.make_url("")).rstrip("/")
+    a, b = await two_replicas(start_proxy, tmp_path, url, redis_prefix, KEYS)
+    alices = start_history()
+    await to_band(a, sim, alices, key=ALICE)
+    await asyncio.sleep(SUMMARY_S + 0.5)  # Alice's summary is written and shared
+    bobs = [dict(m) for m in alices]
+    _, applied = await to_crossing(b, bobs, key=BOB)
+    assert "compaction.summarized" in applied
+    assert summary_requests(sim) == 2  # Bob's own: Alice's was neither his to use nor to claim
+    # Alice's own crossing, on B too, still takes hers.
+    seconds, applied = await to_crossing(b, alices, key=ALICE)
+    assert "compaction.summarized" in applied
+    assert seconds < SUMMARY_S / 2, seconds
+    assert summary_requests(sim) == 2
+
+
+async def test_a_deployment_fact_one_replica_learnt_spares_the_other_the_failing_route(
+    start_proxy: ProxyFactory, tmp_path: Path, redis_prefix: str
+) -> None:
+    sim = Simulator()
+    app = serving_only(sim, "/v1/responses")  # chat clients must go as Responses there
+    upstream = TestServer(app, host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        url = str(upstream.make_url("")).rstrip("/")
+        a, b = await two_replicas(start_proxy, tmp_path, url, redis_prefix)
+        body = {"model": "sim", "messages": [{"role": "user", "content": "hello"}]}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(str(a.make_url("/v1/chat/completions")), json=body) as r:
+                assert r.status == 200, await r.text()
+            assert app[REFUSED] == ["/v1/chat/completions"]  # A learnt it the hard way
+            learnt_at = time.monotonic()
+            await asyncio.sleep(1.5)  # "within about a second"
+            async with http.post(str(b.make_url("/v1/chat/completions")), json=body) as r:
+                assert r.status == 200, await r.text()
+                assert "compat.chat_as_responses" in r.headers.get("x-agentproxy-applied", "")
+        assert app[REFUSED] == ["/v1/chat/completions"], "B tried the route A learnt is missing"
+        assert time.monotonic() - learnt_at < 5
+    finally:
+        await upstream.close()
