@@ -15,7 +15,8 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Simulator
-from tests.conftest import REDIS_URL, ProxyFactory, sim_config
+from tests.conftest import REDIS_URL, OwnRedis, ProxyFactory, sim_config, start_redis
+from tests.pipeline.compaction.factories import user
 from tests.pipeline.compaction.test_prepared import (
     ALICE,
     BOB,
@@ -29,15 +30,21 @@ from tests.pipeline.compaction.test_prepared import (
     summary_requests,
     to_band,
     to_crossing,
+    turn_text,
 )
 from tests.support.sim_routes import REFUSED, serving_only
 
 
 async def two_replicas(
-    start_proxy: ProxyFactory, tmp_path: Path, url: str, prefix: str, extra: str = ""
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    url: str,
+    prefix: str,
+    extra: str = "",
+    redis_url: str = REDIS_URL,
 ) -> tuple[TestServer, TestServer]:
     """Two proxies of one config on one Redis: replicas behind a load balancer."""
-    store = f"store: {{backend: redis, url: {REDIS_URL}, prefix: '{prefix}'}}\n"
+    store = f"store: {{backend: redis, url: {redis_url}, prefix: '{prefix}'}}\n"
     path = tmp_path / "agentproxy.yaml"
     path.write_text(sim_config(url, store + extra, window=WINDOW))
     return await start_proxy(path), await start_proxy(path)
@@ -87,6 +94,32 @@ async def test_a_summary_written_ahead_for_one_key_is_not_anothers(
     assert "compaction.summarized" in applied
     assert seconds < SUMMARY_S / 2, seconds
     assert summary_requests(sim) == 2
+
+
+async def test_a_crossing_turn_goes_on_without_a_store_that_stopped_answering(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, own_redis: OwnRedis
+) -> None:
+    """Redis gone after A wrote the summary: B's crossing turn neither waits nor fails; it does
+    what a turn with nothing prepared does without a store (nothing leaves the context)."""
+    port, processes = own_redis
+    start_redis(port, processes)
+    sim = Simulator(context_window=32_768, responder=SlowSummaries())
+    upstream: TestServer = await aiohttp_server(sim.app())
+    url = str(upstream.make_url("")).rstrip("/")
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    a, b = await two_replicas(start_proxy, tmp_path, url, "outage:", redis_url=redis_url)
+    history = start_history()
+    await to_band(a, sim, history)
+    await asyncio.sleep(SUMMARY_S + 0.5)
+    processes[0].terminate()
+    processes[0].wait(5)
+    history.append(user(turn_text(len(history)) * 4))  # past the trigger at once
+    seconds, applied = await ask(b, history)
+    # As with nothing prepared: the archive write fails, so nothing leaves the context; the
+    # stage itself did not fail on the shared summary it could not read.
+    assert "compaction.store_failed" in applied and "stage_failed" not in applied, applied
+    assert seconds < SUMMARY_S, seconds  # one failed read, bounded by store.timeout_s
+    assert summary_requests(sim) == 1  # A's only
 
 
 async def test_a_deployment_fact_one_replica_learnt_spares_the_other_the_failing_route(
