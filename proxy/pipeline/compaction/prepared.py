@@ -157,8 +157,9 @@ class PreparedSummaries:
         """On a shared store: the summary another replica wrote ahead for this owner's session,
         if it summarizes from `base` a prefix the history still has (`hashes_to(n)`: the
         prefix hashes of its first n messages). One store read; None when the store fails."""
-        if not ctx.store.shared or self.limit <= 0:
-            return None
+        at = ex.policy.compaction.prepare_at
+        if not ctx.store.shared or self.limit <= 0 or at is None or at >= 1:
+            return None  # no replica writes any ahead for this policy: nothing to read
         try:
             found = await shared_prepared.find(ctx.store, ex.identity.session)
         except Exception as exc:  # a slow or absent store: summarized inline, as before
