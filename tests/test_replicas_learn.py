@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Simulator
@@ -122,27 +123,49 @@ async def test_a_crossing_turn_goes_on_without_a_store_that_stopped_answering(
     assert summary_requests(sim) == 1  # A's only
 
 
+@pytest.mark.parametrize(
+    ("served_route", "route", "body", "note"),
+    [
+        (  # a Responses-only deployment: chat clients go as Responses (no_chat)
+            "/v1/responses",
+            "/v1/chat/completions",
+            {"model": "sim", "messages": [{"role": "user", "content": "hello"}]},
+            "compat.chat_as_responses",
+        ),
+        (  # a chat-only server: Responses clients go as chat (the wire's native route)
+            "/v1/chat/completions",
+            "/v1/responses",
+            {"model": "sim", "input": "hello"},
+            "responses_as_chat",
+        ),
+    ],
+)
 async def test_a_deployment_fact_one_replica_learnt_spares_the_other_the_failing_route(
-    start_proxy: ProxyFactory, tmp_path: Path, redis_prefix: str
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    redis_prefix: str,
+    served_route: str,
+    route: str,
+    body: dict[str, Any],
+    note: str,
 ) -> None:
     sim = Simulator()
-    app = serving_only(sim, "/v1/responses")  # chat clients must go as Responses there
+    app = serving_only(sim, served_route)
     upstream = TestServer(app, host="127.0.0.1")
     await upstream.start_server()
     try:
         url = str(upstream.make_url("")).rstrip("/")
         a, b = await two_replicas(start_proxy, tmp_path, url, redis_prefix)
-        body = {"model": "sim", "messages": [{"role": "user", "content": "hello"}]}
         async with aiohttp.ClientSession() as http:
-            async with http.post(str(a.make_url("/v1/chat/completions")), json=body) as r:
+            async with http.post(str(a.make_url(route)), json=body) as r:
                 assert r.status == 200, await r.text()
-            assert app[REFUSED] == ["/v1/chat/completions"]  # A learnt it the hard way
+            assert app[REFUSED] == [route]  # A learnt it the hard way
             learnt_at = time.monotonic()
             await asyncio.sleep(1.5)  # "within about a second"
-            async with http.post(str(b.make_url("/v1/chat/completions")), json=body) as r:
+            async with http.post(str(b.make_url(route)), json=body) as r:
                 assert r.status == 200, await r.text()
-                assert "compat.chat_as_responses" in r.headers.get("x-agentproxy-applied", "")
-        assert app[REFUSED] == ["/v1/chat/completions"], "B tried the route A learnt is missing"
+                assert note in r.headers.get("x-agentproxy-applied", "")
+        assert app[REFUSED] == [route], "B tried the route A learnt is missing"
         assert time.monotonic() - learnt_at < 5
     finally:
         await upstream.close()
