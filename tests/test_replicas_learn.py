@@ -33,6 +33,7 @@ from tests.pipeline.compaction.test_prepared import (
     to_crossing,
     turn_text,
 )
+from tests.support.sim_llama import LlamaCppSimulator
 from tests.support.sim_routes import REFUSED, serving_only
 
 
@@ -167,5 +168,34 @@ async def test_a_deployment_fact_one_replica_learnt_spares_the_other_the_failing
                 assert note in r.headers.get("x-agentproxy-applied", "")
         assert app[REFUSED] == [route], "B tried the route A learnt is missing"
         assert time.monotonic() - learnt_at < 5
+    finally:
+        await upstream.close()
+
+
+async def test_a_null_content_refusal_one_replica_learnt_spares_the_other_a_refusal(
+    start_proxy: ProxyFactory, tmp_path: Path, redis_prefix: str
+) -> None:
+    sim = LlamaCppSimulator()  # refuses an assistant message's null content with a 500
+    upstream = TestServer(sim.app(), host="127.0.0.1")
+    await upstream.start_server()
+    call = {"id": "c1", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Find the error."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ERROR at line 3"},
+    ]
+    body = {"model": "sim", "messages": messages}
+    try:
+        url = str(upstream.make_url("")).rstrip("/")
+        a, b = await two_replicas(start_proxy, tmp_path, url, redis_prefix)
+        async with aiohttp.ClientSession() as http:
+            async with http.post(str(a.make_url("/v1/chat/completions")), json=body) as r:
+                assert r.status == 200, await r.text()
+            assert len(sim.requests) == 2  # refused, then sent with the content emptied
+            await asyncio.sleep(1.5)
+            async with http.post(str(b.make_url("/v1/chat/completions")), json=body) as r:
+                assert r.status == 200, await r.text()
+                assert "compat.emptied_null_content" in r.headers.get("x-agentproxy-applied", "")
+        assert len(sim.requests) == 3, "B sent the null content A learnt is refused"
     finally:
         await upstream.close()
