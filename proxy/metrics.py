@@ -171,7 +171,7 @@ class Metrics:
             "Summaries written ahead of the compaction trigger, by result: started, used (a "
             "crossing turn took it), wasted (written but never used: the history changed, the "
             "session went idle, the process stopped), failed, skipped (the global bound or a "
-            "budget).",
+            "budget), elsewhere (another replica claimed it and writes it).",
             ["result"],
             registry=r,
         )
