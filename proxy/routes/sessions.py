@@ -23,6 +23,7 @@ had them (`new`: a rewrite re-applied to the same old messages is carried, not n
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections import OrderedDict
@@ -54,6 +55,7 @@ PAGE_BYTES = 4 * 1024 * 1024  # a page's rows stop past this (bodies with ?full=
 PAGES_AT_ONCE = 2  # recorded timeline pages built at once (each holds its page and its part cache)
 # What an event names (archived refs, tool call ids): one an earlier call named too is carried.
 NAMED = ("ref", "refs", "tool_call_ids")
+LIST_FLUSH_S = 1.0  # how long a list waits for this process's finished turns to be written
 SEEN_NAMES = 50_000  # names remembered while a page walks the calls before it
 
 
@@ -72,6 +74,10 @@ async def list_sessions(request: web.Request) -> web.Response:
         if (scope is None or s.owner == scope) and (name is None or s.name == name)
     }
     store = request.app[STORE]
+    # Read your writes: the turns this process finished are in the index before it is read
+    # (the writer lingers to batch them), within a bound; past it, the board's figures show.
+    with suppress(TimeoutError):
+        await asyncio.wait_for(request.app[RECORDINGS].flush(), LIST_FLUSH_S)
     try:
         if name is not None and scope is not None:
             one = await store.listed_one(scoped(scope, name))

@@ -31,7 +31,8 @@ UNPRICED = "\u2013"  # an en dash, as the inspector shows a cost it does not kno
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    turns: int
+    turns: int  # client turns (a person's prompts)
+    calls: int  # the model calls the agent made for them
     tokens_received: int
     tokens_sent: int
     rewrites: Counter[str]
@@ -43,6 +44,7 @@ class Figures:
         cost = f"${self.cost_usd:.4f}" if self.cost_usd > 0 else UNPRICED
         return (
             f"session {session}: {self.turns} turn{'' if self.turns == 1 else 's'}, "
+            f"{self.calls} call{'' if self.calls == 1 else 's'}, "
             f"tokens received {self.tokens_received:,}, "
             f"sent {self.tokens_sent:,}, rewrites: {rewrites or 'none'}, cost {cost}"
         )
@@ -69,6 +71,7 @@ async def session_figures(proxy_url: str, session: str, key: str | None) -> Figu
         return None
     return Figures(
         turns=int(row.get("turns") or 0),
+        calls=int(row.get("calls") or row.get("turns") or 0),
         tokens_received=int(row.get("tokens_received") or 0),
         tokens_sent=int(row.get("tokens_sent") or 0),
         rewrites=Counter(f"{e.get('stage')}.{e.get('action')}" for e in events),
@@ -78,10 +81,11 @@ async def session_figures(proxy_url: str, session: str, key: str | None) -> Figu
 
 
 async def _events(http: aiohttp.ClientSession, url: str, row: dict[str, Any]) -> list[Any]:
-    """Every event of the session's timeline, once it holds the turns the list counts."""
-    expected = 0  # the board's last turns: there at once
+    """Every event of the session's timeline, once it holds the calls the list counts."""
+    expected = 0  # the board's last calls: there at once
     if row.get("recorded"):
-        expected = int(row.get("turns") or 0) - sum((row.get("not_recorded") or {}).values())
+        calls = int(row.get("calls") or row.get("turns") or 0)
+        expected = calls - sum((row.get("not_recorded") or {}).values())
     deadline = time.monotonic() + RECORDED_WAIT_S
     while True:
         timeline = await _timeline(http, url)

@@ -2,8 +2,9 @@
 
 A proxy on a loopback port (in this process) serves a scripted scenario that exercises every
 feature a dashboard shows: offload, compaction with a summarizer and a reused checkpoint,
-recall, the loop ladder up to a block, a budget refusal, retries on 429 and 503, a fallback, a
-circuit opening and a session circuit, a degraded answer, a successful and a failed hot reload.
+recall, the loop ladder up to a block, a budget refusal, a rate limit, retries on 429 and 503,
+a fallback, a circuit opening and a session circuit, a degraded answer, a successful and a
+failed hot reload.
 Prometheus (the real binary, `apt-get install prometheus`) scrapes /metrics every second over
 HTTP; then each `expr` of each panel, with Grafana's variables filled in, must evaluate without
 error to a non-empty result. An empty result means a metric or label the dashboard expects is
@@ -127,6 +128,8 @@ def config_text(sim_url: str, stuck_url: str, state: Path, description: str) -> 
               - name: metered
                 budgets:
                   - {{name: per-session, limits: {{calls: 2, tokens: 100000}}, soft: 0.5}}
+              - name: limited
+                limits: {{session: {{rpm: 1}}}}
             """
         )
     )
@@ -300,6 +303,13 @@ async def guards(client: Client, n: int) -> None:
             "metered", [{"role": "user", "content": f"hi {attempt}"}], session=f"metered-{n}"
         )
     assert status == 429 and body["error"]["code"] == "budget_exceeded", body
+
+    # A rate limit of one request a minute per session: the second is refused.
+    for attempt in range(2):
+        status, _, body = await client.chat(
+            "limited", [{"role": "user", "content": f"hi {attempt}"}], session=f"limited-{n}"
+        )
+    assert status == 429 and body["error"]["code"] == "rate_limited", body
 
     # A client error, for the 4xx class.
     status, _, _ = await client.chat("rewrite", [{"role": "user", "content": "x"}], model="nope")

@@ -174,7 +174,7 @@ async def test_with_a_configuration_and_no_proxy_running_one_is_started_with_it(
     log = tmp_path / ".agentproxy" / "run.log"  # the store's folder: out of the terminal
     assert "loopback" in log.read_text()  # the start-up warning about keys went there
     assert "loopback" not in run.stderr
-    assert f"session {run.session}: 1 turn, tokens received " in run.stderr
+    assert f"session {run.session}: 1 turn, 1 call, tokens received " in run.stderr
     assert "replay it" not in run.stderr  # its policy does not record it: nothing to replay
 
 
@@ -185,7 +185,7 @@ async def test_after_the_agent_its_figures_and_a_replay_line_that_works_once_it_
                                env=env)  # fmt: skip
     assert run.exit_code == 0, run.stderr
     figures = re.search(
-        rf"session {run.session}: 1 turn, tokens received ([\d,]+), sent ([\d,]+), "
+        rf"session {run.session}: 1 turn, 1 call, tokens received ([\d,]+), sent ([\d,]+), "
         "rewrites: none, cost \u2013\n", run.stderr
     )  # fmt: skip
     assert figures is not None, run.stderr
