@@ -12,7 +12,7 @@ from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamReply
 from proxy.wire import translate
 from proxy.wire.chat import replies as chat
-from proxy.wire.responses.view import CALLS, ResponsesView
+from proxy.wire.responses.view import CALLS, ResponsesView, chat_call
 
 
 def reply_message(output: list[dict[str, Any]]) -> Message:
@@ -24,20 +24,7 @@ def reply_message(output: list[dict[str, Any]]) -> Message:
         for part in item.get("content") or []
         if isinstance(part, dict) and part.get("type") == "output_text"
     ]
-    calls = [
-        {
-            "id": item.get("call_id"),
-            "type": "function",
-            "function": {
-                "name": item.get("name"),
-                "arguments": item.get("arguments")
-                if item.get("type") == "function_call"
-                else item.get("input"),
-            },
-        }
-        for item in output
-        if item.get("type") in CALLS
-    ]
+    calls = [chat_call(item) for item in output if item.get("type") in CALLS]
     message: Message = {"role": "assistant", "content": "\n".join(texts) or None}
     if calls:
         message["tool_calls"] = calls

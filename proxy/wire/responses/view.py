@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import NativeFit, NativePrefix
-from proxy.messages import Message
+from proxy.messages import CUSTOM, Message, call_input, call_name, takes_json
 from proxy.policies.spec import Deployment
 from proxy.upstream.facts import DeploymentFacts
 from proxy.wire.responses.compaction_items import is_minted
@@ -323,7 +323,7 @@ class ResponsesView:
                     turn = {"role": "assistant", "content": None, "tool_calls": []}
                     self._add(turn, pending)
                     pending = []
-                turn["tool_calls"].append(_chat_call(item))
+                turn["tool_calls"].append(chat_call(item))
                 self._origins[id(turn)].append(index)
                 continue
             turn = None
@@ -440,8 +440,15 @@ def _chat_message(message: Message) -> Message:
     return {**message, "content": parts}
 
 
-def _chat_call(item: Item) -> dict[str, Any]:
-    arguments = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+def chat_call(item: Item) -> dict[str, Any]:
+    """A call item as chat's tool call: a function call's JSON `arguments` as a function
+    call's, a custom tool call's free-text `input` as chat's custom call's (`type: "custom"`),
+    so the stages know which to read as JSON."""
+    if item.get("type") == "custom_tool_call":
+        text = item.get("input")
+        custom = {"name": item.get("name"), "input": text if isinstance(text, str) else ""}
+        return {"id": item.get("call_id"), "type": CUSTOM, CUSTOM: custom}
+    arguments = item.get("arguments")
     return {
         "id": item.get("call_id"),
         "type": "function",
@@ -453,18 +460,22 @@ def _chat_call(item: Item) -> dict[str, Any]:
 
 
 def _with_arguments(item: Item, call: dict[str, Any]) -> Item:
-    arguments = (call.get("function") or {}).get("arguments", "")
+    arguments = call_input(call)
+    arguments = arguments if isinstance(arguments, str) else ""
     key = "arguments" if item.get("type") == "function_call" else "input"
     return item if item.get(key) == arguments else {**item, key: arguments}
 
 
 def _new_call(call: dict[str, Any]) -> Item:
-    function = call.get("function") or {}
+    text = call_input(call)
+    if not takes_json(call):
+        name, text = call_name(call), text if isinstance(text, str) else ""
+        return {"type": "custom_tool_call", "call_id": call.get("id"), "name": name, "input": text}
     return {
         "type": "function_call",
         "call_id": call.get("id"),
-        "name": function.get("name"),
-        "arguments": function.get("arguments") or "{}",
+        "name": call_name(call),
+        "arguments": text or "{}",
     }
 
 
