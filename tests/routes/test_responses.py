@@ -334,6 +334,44 @@ async def test_a_deployment_without_responses_is_answered_by_translation(
     ]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_custom_tool_goes_to_a_chat_deployment_as_a_function_of_its_text(
+    proxy: TestServer, sim: Simulator, stream: bool
+) -> None:
+    """Translated to chat, a custom tool is a function taking its free text as `input`: the
+    history's custom call goes as its JSON, and the model's call of it comes back as a custom
+    tool call whose input is that text."""
+    history: list[Any] = [
+        {"role": "user", "content": "add hello.txt"},
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success."},
+        {"role": "user", "content": "again: use apply_patch"},
+    ]
+    sdk = client(proxy)
+    if stream:
+        async with sdk.responses.stream(
+            model="local", input=history, tools=[APPLY_PATCH]
+        ) as events:
+            seen = [event.type async for event in events]
+            reply = await events.get_final_response()
+        assert "response.custom_tool_call_input.done" in seen
+    else:
+        reply = await sdk.responses.create(model="local", input=history, tools=[APPLY_PATCH])
+    [call] = [item for item in reply.output if item.type == "custom_tool_call"]
+    assert call.name == "apply_patch" and isinstance(call.input, str) and call.input
+    assert not call.input.startswith("{")  # the text itself, not the function's JSON
+    sent = sim.requests[-1]
+    assert sent.path == "/v1/chat/completions"
+    [tool] = sent.body["tools"]
+    assert tool["function"]["name"] == "apply_patch"
+    assert tool["function"]["parameters"]["required"] == ["input"]
+    assert "lark grammar" in tool["function"]["parameters"]["properties"]["input"]["description"]
+    [old] = sent.body["messages"][1]["tool_calls"]
+    assert old["type"] == "function" and orjson.loads(old["function"]["arguments"]) == {
+        "input": PATCH
+    }
+
+
 HI = [{"role": "user", "content": "x"}]
 
 

@@ -110,6 +110,8 @@ def response_events(response: dict[str, Any]) -> bytes:
             opened["content"] = []
         elif item["type"] == "function_call":
             opened["arguments"] = ""
+        elif item["type"] == "custom_tool_call":
+            opened["input"] = ""
         events.append(("response.output_item.added", {"output_index": index, "item": opened}))
         if item["type"] == "message":
             part = item["content"][0]
@@ -126,6 +128,10 @@ def response_events(response: dict[str, Any]) -> bytes:
             events.append(
                 ("response.function_call_arguments.done", {**at, "arguments": item["arguments"]})
             )
+        elif item["type"] == "custom_tool_call":
+            at = {"item_id": item["id"], "output_index": index}
+            events.append(("response.custom_tool_call_input.delta", {**at, "delta": item["input"]}))
+            events.append(("response.custom_tool_call_input.done", {**at, "input": item["input"]}))
         events.append(("response.output_item.done", {"output_index": index, "item": item}))
     events.append(("response.completed", {"response": response}))
     return b"".join(
