@@ -39,6 +39,46 @@ def tool_call_ids(message: Message) -> list[str]:
     return [c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)]
 
 
+CUSTOM = "custom"  # a chat tool call of a custom tool: free text `input`, not JSON arguments
+
+
+def call_body(call: Any) -> tuple[dict[str, Any] | None, str]:
+    """The dict holding a tool call's name and input, and the key of its input. Chat has two
+    kinds: a function call's `function.arguments` is JSON text; a custom tool's call
+    (`type: "custom"`, as Codex's apply_patch and code-mode exec) has `custom.input`, free
+    text (a patch, a script) that no one should parse as JSON."""
+    if not isinstance(call, dict):
+        return None, "arguments"
+    if call.get("type") == CUSTOM:
+        body = call.get(CUSTOM)
+        return (body if isinstance(body, dict) else None), "input"
+    body = call.get("function")
+    return (body if isinstance(body, dict) else None), "arguments"
+
+
+def takes_json(call: Any) -> bool:
+    """Whether a tool call's input is meant as JSON (a function's), not free text."""
+    return not (isinstance(call, dict) and call.get("type") == CUSTOM)
+
+
+def call_name(call: Any) -> Any:
+    body, _ = call_body(call)
+    return body.get("name") if body is not None else None
+
+
+def call_input(call: Any) -> Any:
+    """A function call's arguments or a custom call's input, as the call carries it."""
+    body, key = call_body(call)
+    return body.get(key) if body is not None else None
+
+
+def with_call_input(call: dict[str, Any], text: str) -> dict[str, Any]:
+    """A copy of the call with its arguments (or custom input) now `text`."""
+    body, key = call_body(call)
+    kind = CUSTOM if call.get("type") == CUSTOM else "function"
+    return {**call, kind: {**(body or {}), key: text}}
+
+
 def pairing_problems(messages: Sequence[Message]) -> list[PairingProblem]:
     """OpenAI's rule: an assistant message with tool_calls is followed immediately by one tool
     message per id (any order); a tool message answers a call of that preceding block."""
@@ -101,10 +141,10 @@ def text_of(message: Message) -> str:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
     for call in message.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            parts.append(str(function.get("name", "")))
-            parts.append(str(function.get("arguments", "")))
+        body, key = call_body(call)
+        if body is not None:
+            parts.append(str(body.get("name", "")))
+            parts.append(str(body.get(key, "")))
     return "\n".join(parts)
 
 

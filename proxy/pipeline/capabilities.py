@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange, NativeFit
-from proxy.messages import Message, text_of
+from proxy.messages import Message, call_body, text_of
 from proxy.model_catalog import ModelFacts
 from proxy.pipeline.archive import entry
 from proxy.pipeline.base import StageContext, record
@@ -283,21 +283,21 @@ def _call_names(messages: list[Message]) -> dict[str, str]:
     names: dict[str, str] = {}
     for message in messages:
         for call in message.get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(call.get("id"), str):
-                names[call["id"]] = str(function.get("name"))
+            body, _ = call_body(call)
+            if body is not None and isinstance(call.get("id"), str):
+                names[call["id"]] = str(body.get("name"))
     return names
 
 
 def _calls_as_text(message: Message) -> Message:
     lines = [text_of(message)] if text_of(message) else []
     for call in message.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
+        body, key = call_body(call)
+        if body is None:
             continue
         lines.append(
-            f"[agentproxy] called tool {function.get('name')} (call {call.get('id')}) with "
-            f"{function.get('arguments') or '{}'}"
+            f"[agentproxy] called tool {body.get('name')} (call {call.get('id')}) with "
+            f"{body.get(key) or '{}'}"
         )
     return {"role": "assistant", "content": "\n".join(lines)}
 

@@ -26,7 +26,15 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.exchange import AppliedEdit, ClearToolUses, Compact, Exchange
-from proxy.messages import CHARS_PER_TOKEN, Message, estimate_tokens
+from proxy.messages import (
+    CHARS_PER_TOKEN,
+    Message,
+    call_input,
+    call_name,
+    estimate_tokens,
+    takes_json,
+    with_call_input,
+)
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, forget_sessions, record
 from proxy.pipeline.compaction.artifacts import EMPTY
@@ -227,8 +235,7 @@ def _tool_uses(messages: list[Message]) -> list[_Use]:
             if not isinstance(call, dict):
                 continue
             call_id = str(call.get("id") or "")
-            function = call.get("function") or {}
-            name = function.get("name") if isinstance(function, dict) else None
+            name = call_name(call)
             uses.append(_Use(index, position, results.get(call_id), call_id, str(name or "")))
     return uses
 
@@ -249,9 +256,7 @@ def _cleared(content: Any) -> bool:
 
 
 def _arguments(message: Message, position: int) -> str | None:
-    call = (message.get("tool_calls") or [])[position]
-    function = call.get("function") if isinstance(call, dict) else None
-    arguments = function.get("arguments") if isinstance(function, dict) else None
+    arguments = call_input((message.get("tool_calls") or [])[position])
     return arguments if isinstance(arguments, str) and arguments not in ("", "{}") else None
 
 
@@ -278,9 +283,9 @@ def _without_input(message: Message, position: int, ref: str) -> Message:
     calls = list(message.get("tool_calls") or [])
     call = calls[position]
     note = f"{REPLACEMENT_MARK}input cleared from the context (context editing); reference {ref}"
-    arguments = orjson.dumps({"cleared": note}).decode()
-    function = {**(call.get("function") or {}), "arguments": arguments}
-    calls[position] = {**call, "function": function}
+    # A custom tool's input is free text: the note as it is; a function's stays JSON.
+    arguments = orjson.dumps({"cleared": note}).decode() if takes_json(call) else note
+    calls[position] = with_call_input(call, arguments)
     return {**message, "tool_calls": calls}
 
 

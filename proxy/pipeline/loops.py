@@ -28,7 +28,7 @@ from cachetools import LRUCache
 
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
-from proxy.messages import Message
+from proxy.messages import CUSTOM, Message
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.text_memo import TextMemo
 from proxy.policies.spec import LoopAction, LoopSpec, Policy
@@ -315,6 +315,12 @@ def find_loop(calls: list[Call], spec: LoopSpec) -> Loop | None:
 
 def _call(raw: Any, index: int) -> Call | None:
     try:
+        if raw.get("type") == CUSTOM:  # a custom tool's free text: hashed as written
+            custom = raw[CUSTOM]
+            name, text = custom["name"], custom.get("input")
+            if type(name) is not str or type(text) is not str:
+                return None
+            return Call(name, text, _free_text_hash(name, text), raw.get("id"), index)
         function = raw["function"]
         name = function["name"]
         arguments = function.get("arguments")
@@ -325,6 +331,13 @@ def _call(raw: Any, index: int) -> Call | None:
     if type(arguments) is not str:
         arguments = "" if arguments is None else orjson.dumps(arguments).decode()
     return Call(name, arguments, call_hash(name, arguments), raw.get("id"), index)
+
+
+def _free_text_hash(name: str, text: str) -> int:
+    """A custom call's identity: its name and input exactly (a patch or a script is not JSON
+    whose key order could vary), apart from a function call's of the same name."""
+    data = name.encode("utf-8", "surrogatepass") + b"\x01" + text.encode("utf-8", "surrogatepass")
+    return xxhash.xxh3_64_intdigest(data)
 
 
 def _call_hash(name: str, arguments: str) -> int:

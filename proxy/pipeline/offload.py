@@ -14,7 +14,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
-from proxy.messages import Message, estimate_tokens
+from proxy.messages import Message, call_name, estimate_tokens
 from proxy.pipeline.archive import Entry, ref_of
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import OffloadSpec, Policy
@@ -250,10 +250,9 @@ def _tool_name(messages: list[Message], index: int, call_id: str) -> str:
         i -= 1
     if i >= 0 and messages[i].get("role") == "assistant":
         for call in messages[i].get("tool_calls") or []:
-            if isinstance(call, dict) and call.get("id") == call_id:
-                function = call.get("function")
-                if isinstance(function, dict) and isinstance(function.get("name"), str):
-                    return str(function["name"])
+            matches = isinstance(call, dict) and call.get("id") == call_id
+            if matches and isinstance(name := call_name(call), str):
+                return name
     name = messages[index].get("name")
     return name if isinstance(name, str) and name else "unknown"
 

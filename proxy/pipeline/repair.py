@@ -20,7 +20,7 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
-from proxy.messages import Message, text_of, tool_call_ids
+from proxy.messages import CUSTOM, Message, call_name, takes_json, text_of, tool_call_ids
 from proxy.pipeline.archive import Entry, entry
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.pipeline.text_memo import TextMemo
@@ -138,6 +138,8 @@ def _is_clean(messages: list[Message], start: int = 0) -> bool:
             elif role == "assistant" and (calls := message.get("tool_calls")):
                 pending = {call["id"] for call in calls}
                 for call in calls:
+                    if call.get("type") == CUSTOM:
+                        continue  # free text (a patch, a script): nothing to parse
                     if (arguments := call["function"].get("arguments")) and not _parses(arguments):
                         return False
     except (KeyError, TypeError, AttributeError):
@@ -259,8 +261,7 @@ def _answer_block(assistant: Message, results: list[Message], fixes: Fixes) -> l
 
 
 def _synthetic_result(call_id: str, call: dict[str, Any]) -> Message:
-    function = call.get("function")
-    name = function.get("name") if isinstance(function, dict) else None
+    name = call_name(call)
     text = DANGLING.format(name=name or "unknown", id=call_id)
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
@@ -290,7 +291,10 @@ def _flag_bad_arguments(call: dict[str, Any], result: Message, fixes: Fixes) -> 
 
 def _bad_arguments(call: dict[str, Any]) -> str | None:
     """The raw arguments when they are a string that does not parse as JSON. Empty arguments
-    are fine: clients send "" for tools without parameters, and frameworks read it as {}."""
+    are fine: clients send "" for tools without parameters, and frameworks read it as {}. A
+    custom tool's input is free text, never checked."""
+    if not takes_json(call):
+        return None
     function = call.get("function")
     arguments = function.get("arguments") if isinstance(function, dict) else None
     if not isinstance(arguments, str) or not arguments or arguments.isspace():

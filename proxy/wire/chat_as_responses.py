@@ -7,7 +7,8 @@ imports nothing of the Responses wire's but through these shared modules (the ex
 speaks chat gets chat).
 
 What goes: messages (system and developer as input messages of that role, text and image
-parts, assistant text and tool calls, tool results), function tools and tool_choice, the output
+parts, assistant text and tool calls, tool results), function and custom tools (a custom
+tool's calls and results as Responses' custom tool calls and outputs) and tool_choice, the output
 limit, temperature, top_p, parallel_tool_calls, reasoning_effort, response_format, user,
 metadata; `store: false`. Other chat fields (n, logprobs, stop, seed, ...) are not sent.
 """
@@ -71,15 +72,17 @@ def responses_request(chat: dict[str, Any]) -> dict[str, Any]:
 
 def _input(messages: Any) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    custom: set[Any] = set()  # ids of custom tool calls: their results are custom outputs
     for message in messages or ():
         if not isinstance(message, dict):
             continue
         role = message.get("role")
         if role == "tool":
             output = message.get("content")
+            custom_output = message.get("tool_call_id") in custom
             items.append(
                 {
-                    "type": "function_call_output",
+                    "type": "custom_tool_call_output" if custom_output else "function_call_output",
                     "call_id": message.get("tool_call_id"),
                     "output": output if isinstance(output, str) else _text(output),
                 }
@@ -92,6 +95,19 @@ def _input(messages: Any) -> list[dict[str, Any]]:
             calls = message.get("tool_calls")
             for call in calls if isinstance(calls, list) else ():
                 if not isinstance(call, dict):
+                    continue
+                if call.get("type") == "custom":  # free text, not JSON arguments
+                    custom.add(call.get("id"))
+                    body = as_dict(call.get("custom"))
+                    text = body.get("input")
+                    items.append(
+                        {
+                            "type": "custom_tool_call",
+                            "call_id": call.get("id"),
+                            "name": body.get("name"),
+                            "input": text if isinstance(text, str) else "",
+                        }
+                    )
                     continue
                 function = as_dict(call.get("function"))
                 items.append(
@@ -132,13 +148,17 @@ def _parts(content: Any) -> Any:
 
 
 FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
+CUSTOM_FIELDS = ("name", "description", "format")
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any] | None:
-    """A chat function tool as a Responses one, from the function's own fields only. Chat has
+    """A chat function or custom tool as a Responses one, from its own fields only. Chat has
     no other kind: one naming a provider-side kind (file_search, code_interpreter) would reach
     objects stored in the shared provider account, so it is not sent (nor a function's own
     `type` or extra keys)."""
+    custom = tool.get("custom")
+    if tool.get("type") == "custom" and isinstance(custom, dict):
+        return {"type": "custom"} | {k: custom[k] for k in CUSTOM_FIELDS if k in custom}
     function = tool.get("function")
     if tool.get("type") != "function" or not isinstance(function, dict):
         return None
@@ -148,6 +168,8 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any] | None:
 def _tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         return {"type": "function", "name": choice["function"].get("name")}
+    if isinstance(choice, dict) and isinstance(choice.get("custom"), dict):
+        return {"type": "custom", "name": choice["custom"].get("name")}
     return choice
 
 
@@ -184,15 +206,7 @@ def chat_completion(response: dict[str, Any], alias: str) -> dict[str, Any]:
         for part in item.get("content") or ()
         if isinstance(part, dict) and part.get("type") == "output_text"
     ]
-    calls = [
-        {
-            "id": item.get("call_id"),
-            "type": "function",
-            "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
-        }
-        for item in output
-        if item.get("type") == "function_call"
-    ]
+    calls = [chat_call(item) for item in output if item.get("type") in CALLS]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if calls:
         message["tool_calls"] = calls
@@ -246,6 +260,18 @@ class ChatReplies:
     def without_recall(self, reply: UpstreamReply, theirs: list[dict[str, Any]]) -> UpstreamReply:
         answer: UpstreamReply = self.chat.without_recall(as_chat(reply, self.ex.alias), theirs)
         return answer
+
+
+CALLS = ("function_call", "custom_tool_call")
+
+
+def chat_call(item: dict[str, Any]) -> dict[str, Any]:
+    """A Responses call item as chat's tool call: a custom tool's as chat's custom call."""
+    if item.get("type") == "custom_tool_call":
+        custom = {"name": item.get("name"), "input": item.get("input") or ""}
+        return {"id": item.get("call_id"), "type": "custom", "custom": custom}
+    function = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
+    return {"id": item.get("call_id"), "type": "function", "function": function}
 
 
 def as_dict(value: Any) -> dict[str, Any]:

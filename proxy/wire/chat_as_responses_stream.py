@@ -13,7 +13,7 @@ from proxy.errors import UpstreamBadResponse
 from proxy.exchange import Exchange
 from proxy.upstream.base import UpstreamStream
 from proxy.upstream.priming import data_of
-from proxy.wire.chat_as_responses import as_dict, chat_usage, finish_reason
+from proxy.wire.chat_as_responses import CALLS, as_dict, chat_usage, finish_reason
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -68,21 +68,29 @@ class ChunksFromEvents:
             return [self._chunk({"content": data.get("delta") or ""})]
         if kind == "response.output_item.added":
             item = as_dict(data.get("item"))
-            if item.get("type") != "function_call":
+            if item.get("type") not in CALLS:
                 return []
             index = self.calls[item.get("id") or ""] = len(self.calls)
-            call = {
-                "index": index,
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": ""},
-            }
+            call: dict[str, Any] = {"index": index, "id": item.get("call_id")}
+            if item.get("type") == "custom_tool_call":  # its text comes in deltas
+                call |= {"type": "custom", "custom": {"name": item.get("name"), "input": ""}}
+            else:
+                call |= {
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": ""},
+                }
             return [self._chunk({"tool_calls": [call]})]
         if kind == "response.function_call_arguments.delta":
             at = self.calls.get(data.get("item_id") or "")
             if at is None:
                 return []
             call = {"index": at, "function": {"arguments": data.get("delta") or ""}}
+            return [self._chunk({"tool_calls": [call]})]
+        if kind == "response.custom_tool_call_input.delta":
+            at = self.calls.get(data.get("item_id") or "")
+            if at is None:
+                return []
+            call = {"index": at, "custom": {"input": data.get("delta") or ""}}
             return [self._chunk({"tool_calls": [call]})]
         if kind == "error" or kind == "response.failed":
             error = as_dict(data.get("error") or as_dict(data.get("response")).get("error"))

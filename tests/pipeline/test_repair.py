@@ -193,6 +193,24 @@ async def test_malformed_arguments_are_reported_in_the_result() -> None:
     ]
 
 
+def custom(call_id: str, text: str, name: str = "apply_patch") -> Message:
+    """A custom tool's call, as chat has it (and the Responses view shows Codex's)."""
+    call = {"id": call_id, "type": "custom", "custom": {"name": name, "input": text}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+async def test_a_custom_tools_free_text_is_never_flagged_as_json() -> None:
+    script = "const r = await tools.exec_command({cmd: 'ls'});\ntext(r.output);"
+    history = [USER, custom("p", "*** Begin Patch\n*** End Patch"), result("p")]
+    history += [custom("x", script, name="exec"), result("x"), LATER]
+    out, ex = await repair(history)
+    assert out is None and notes(ex) == []  # nothing to do: the clean pass says so
+    dangling_one = [USER, custom("x", script, name="exec"), LATER]
+    out, ex = await repair(dangling_one)
+    assert out is not None and out[2] == dangling("x", name="exec")
+    assert notes(ex) == [("patched_dangling", {"count": 1, "tool_call_ids": ["x"]})]
+
+
 async def test_the_input_is_never_mutated_and_unchanged_dicts_are_reused() -> None:
     history = [USER, call("a", "b", arguments="{"), result("a"), LATER, result("z"), result("b")]
     before = copy.deepcopy(history)

@@ -191,6 +191,60 @@ async def test_tool_calls_round_trip_as_responses(
     assert app[REFUSED] == ["/v1/chat/completions"]
 
 
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
+APPLY_PATCH: Any = {
+    "type": "custom",
+    "custom": {"name": "apply_patch", "description": "Edit files with a patch."},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_custom_tool_calls_round_trip_as_responses_custom_calls(
+    start_proxy: ProxyFactory, tmp_path: Path, stream: bool
+) -> None:
+    """Chat's custom tools (free-text `custom.input`) go as Responses' custom tools, their
+    calls and results as custom tool calls and outputs, and a custom call the model makes
+    comes back as chat's custom call."""
+    sim = Simulator()
+    app = serving_only(sim, "/v1/responses")
+    sdk = await proxy_sdk(start_proxy, tmp_path, codex=await served(app))
+    old = {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": PATCH}}
+    messages: list[Any] = [
+        {"role": "user", "content": "add hello.txt"},
+        {"role": "assistant", "content": None, "tool_calls": [old]},
+        {"role": "tool", "tool_call_id": "call_p", "content": "Success."},
+        {"role": "user", "content": "again: use apply_patch"},
+    ]
+    if stream:
+        made: dict[str, str] = {"type": "", "name": "", "input": ""}
+        async for chunk in await sdk.chat.completions.create(
+            model="codex", messages=messages, tools=[APPLY_PATCH], stream=True
+        ):
+            for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                raw = delta.model_dump()
+                made["type"] = raw.get("type") or made["type"]
+                custom = raw.get("custom") or {}
+                made["name"] += custom.get("name") or ""
+                made["input"] += custom.get("input") or ""
+    else:
+        completion = await sdk.chat.completions.create(
+            model="codex", messages=messages, tools=[APPLY_PATCH]
+        )
+        (call,) = completion.choices[0].message.tool_calls or []
+        assert call.type == "custom"
+        made = {"type": call.type, "name": call.custom.name, "input": call.custom.input}
+    assert made["type"] == "custom" and made["name"] == "apply_patch" and made["input"]
+    sent = sim.requests[-1].body
+    assert sent["input"][1] == {
+        "type": "custom_tool_call",
+        "call_id": "call_p",
+        "name": "apply_patch",
+        "input": PATCH,
+    }
+    assert sent["input"][2]["type"] == "custom_tool_call_output"
+    assert sent["tools"] == [{"type": "custom", **APPLY_PATCH["custom"]}]
+
+
 class OpenAIResponsesOnly:
     """OpenAI's own answer for a Responses-only model on chat; /v1/responses by the simulator."""
 

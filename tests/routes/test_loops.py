@@ -230,3 +230,43 @@ async def test_allowed_polling_is_never_a_loop(
     for _ in range(8):
         await agent.turn(sdk)
     assert not any("loops." in applied for applied in agent.applied)
+
+
+EXEC = {"type": "custom", "custom": {"name": "exec", "format": {"type": "text"}}}
+SCRIPT = "const r = await tools.shell({cmd: 'cat missing.txt'});\ntext(r);"
+
+
+async def test_custom_tool_calls_in_chat_are_free_text_and_their_repeats_are_loops(
+    aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """Chat Completions' custom tool calls (`type: "custom"`, free-text `custom.input`): the
+    same script three times is a loop, and its text is never flagged as bad JSON (a function
+    call's broken arguments still are)."""
+    sim = Simulator()
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()))
+    bad = {"id": "bad", "type": "function", "function": {"name": "read_file", "arguments": "{pa"}}
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Summarize notes."},
+        {"role": "assistant", "content": None, "tool_calls": [bad]},
+        {"role": "tool", "tool_call_id": "bad", "content": "error"},
+    ]
+    for turn in range(3):
+        call = {"id": f"x{turn}", "type": "custom", "custom": {"name": "exec", "input": SCRIPT}}
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"x{turn}", "content": "ENOENT"},
+        ]
+    raw = await client(proxy).chat.completions.with_raw_response.create(
+        model="sim",
+        messages=history,  # type: ignore[arg-type]
+        tools=[*TOOLS, EXEC],  # type: ignore[list-item]
+        extra_headers=SESSION,
+    )
+    applied = raw.headers["x-agentproxy-applied"]
+    assert "repair.flagged_bad_arguments;count=1" in applied
+    assert "loops.warn" in applied
+    sent = sim.requests[-1].body["messages"]
+    assert sent[3:-1] == history[3:]  # the custom calls and their results as sent
+    assert sent[-1]["content"].startswith(
+        "[agentproxy] You have called exec with the same arguments 3 times in your last 4 calls"
+    )

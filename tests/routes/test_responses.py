@@ -150,6 +150,83 @@ async def test_a_call_without_its_output_is_repaired(
     assert "did not complete" in sent[2]["output"]
 
 
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
+APPLY_PATCH: dict[str, Any] = {  # Codex's freeform tool: a grammar, no JSON schema
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files with a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_custom_tool_input_is_free_text_and_only_bad_json_is_flagged(
+    proxy: TestServer, sim: Simulator, stream: bool
+) -> None:
+    """A custom tool call carries free text (a patch, code), not JSON arguments: repair leaves
+    it alone, while a function call whose arguments do not parse is still flagged."""
+    history: list[Any] = [
+        *ASK,
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success."},
+        {"type": "function_call", "call_id": "call_w", "name": "get_weather", "arguments": "{ci"},
+        {"type": "function_call_output", "call_id": "call_w", "output": "sunny"},
+    ]
+    sdk = client(proxy)
+    tools: Any = [WEATHER, APPLY_PATCH]
+    if stream:
+        async with sdk.responses.with_streaming_response.create(
+            model="gpt", input=history, tools=tools, stream=True
+        ) as raw:
+            applied = raw.headers["x-agentproxy-applied"]
+            await raw.read()
+    else:
+        raw = await sdk.responses.with_raw_response.create(model="gpt", input=history, tools=tools)
+        applied = raw.headers["x-agentproxy-applied"]
+        assert raw.parse().output_text
+    assert "repair.flagged_bad_arguments;count=1" in applied
+    sent = sim.requests[-1].body
+    assert sent["input"][:3] == history[:3]  # the patch and its output as the client sent them
+    assert "not valid JSON" in sent["input"][4]["output"]
+    assert sent["tools"] == tools
+
+
+async def test_old_patches_of_a_custom_tool_are_truncated_near_the_window(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator
+) -> None:
+    """Codex's apply_patch carries each file body in a custom call's free-text input: near the
+    window, old ones become their head and a reference, still custom calls, stored whole."""
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()), window=10_000)
+    patches = [PATCH + "+" + "x" * 6_000 for _ in range(6)]
+    history: list[Any] = [{"role": "user", "content": "write the six files"}]
+    for i, patch in enumerate(patches):
+        call = {"type": "custom_tool_call", "call_id": f"p{i}", "name": "apply_patch"}
+        history += [
+            {**call, "input": f"{i}{patch}"},
+            {"type": "custom_tool_call_output", "call_id": f"p{i}", "output": "Success."},
+        ]
+    raw = await client(proxy).responses.with_raw_response.create(
+        model="gpt", input=history, tools=[APPLY_PATCH]
+    )
+    assert raw.http_response.status_code == 200
+    applied = raw.headers["x-agentproxy-applied"]
+    assert "compaction.truncated_arguments" in applied and "flagged" not in applied
+    sent = sim.requests[-1].body["input"]
+    calls = [item for item in sent if item.get("type") == "custom_tool_call"]
+    assert [c["call_id"] for c in calls] == [f"p{i}" for i in range(6)]
+    short = [c for c in calls if "chars truncated" in c["input"]]
+    assert short and calls[-1] not in short  # the newest stays whole
+    async with aiohttp.ClientSession() as http:
+        for item in short:
+            original = history[1 + 2 * int(item["call_id"][1:])]["input"]
+            head, _, marker = item["input"].partition("… [agentproxy] ")
+            assert original.startswith(head) and len(head) == 200
+            ref = marker.split("archived as ")[1].split(" ")[0]
+            url = str(proxy.make_url(f"/v1/agentproxy/archive/{ref}"))
+            async with http.get(url, headers={"Authorization": f"Bearer {KEY}"}) as r:
+                assert r.status == 200 and (await r.json())["content"] == original
+
+
 async def test_a_huge_output_is_offloaded_and_readable(
     start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator
 ) -> None:
@@ -255,6 +332,44 @@ async def test_a_deployment_without_responses_is_answered_by_translation(
             "function": {k: WEATHER[k] for k in ("name", "description", "parameters")},
         }
     ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_custom_tool_goes_to_a_chat_deployment_as_a_function_of_its_text(
+    proxy: TestServer, sim: Simulator, stream: bool
+) -> None:
+    """Translated to chat, a custom tool is a function taking its free text as `input`: the
+    history's custom call goes as its JSON, and the model's call of it comes back as a custom
+    tool call whose input is that text."""
+    history: list[Any] = [
+        {"role": "user", "content": "add hello.txt"},
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success."},
+        {"role": "user", "content": "again: use apply_patch"},
+    ]
+    sdk = client(proxy)
+    if stream:
+        async with sdk.responses.stream(
+            model="local", input=history, tools=[APPLY_PATCH]
+        ) as events:
+            seen = [event.type async for event in events]
+            reply = await events.get_final_response()
+        assert "response.custom_tool_call_input.done" in seen
+    else:
+        reply = await sdk.responses.create(model="local", input=history, tools=[APPLY_PATCH])
+    [call] = [item for item in reply.output if item.type == "custom_tool_call"]
+    assert call.name == "apply_patch" and isinstance(call.input, str) and call.input
+    assert not call.input.startswith("{")  # the text itself, not the function's JSON
+    sent = sim.requests[-1]
+    assert sent.path == "/v1/chat/completions"
+    [tool] = sent.body["tools"]
+    assert tool["function"]["name"] == "apply_patch"
+    assert tool["function"]["parameters"]["required"] == ["input"]
+    assert "lark grammar" in tool["function"]["parameters"]["properties"]["input"]["description"]
+    [old] = sent.body["messages"][1]["tool_calls"]
+    assert old["type"] == "function" and orjson.loads(old["function"]["arguments"]) == {
+        "input": PATCH
+    }
 
 
 HI = [{"role": "user", "content": "x"}]

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from proxy.messages import Message
+from proxy.messages import Message, call_body
 from proxy.pipeline.compaction.sections import section_span
 
 READ, WRITTEN, EDITED, DELETED = "read", "written", "edited", "deleted"
@@ -330,9 +330,9 @@ def _tool_calls(messages: Iterable[Message]) -> Iterator[tuple[str, Any]]:
         if message.get("role") != "assistant":
             continue
         for call in message.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("name"), str):
-                yield function["name"], function.get("arguments")
+            body, key = call_body(call)
+            if body is not None and isinstance(body.get("name"), str):
+                yield body["name"], body.get(key)
 
 
 def _parsed(arguments: Any) -> dict[str, Any] | str:

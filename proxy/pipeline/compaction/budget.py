@@ -38,10 +38,10 @@ def message_tokens(message: Message) -> int:
             elif isinstance(part, dict):
                 other += part_tokens(part)  # images, documents, audio
     for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
+        body, key = msgs.call_body(call)
+        if body is not None:
             parts += 2
-            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+            chars += len(str(body.get("name", ""))) + len(str(body.get(key, "")))
     if parts:
         chars += parts - 1  # text_of joins its parts with one newline each
     return msgs.TOKENS_PER_MESSAGE + int(chars / msgs.CHARS_PER_TOKEN + 0.999) + other

@@ -27,7 +27,7 @@ import orjson
 
 from proxy import messages as msgs
 from proxy.exchange import ClientRequest, Exchange, Timing
-from proxy.messages import Message, text_of
+from proxy.messages import Message, call_body, text_of
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import Summarizer
@@ -294,12 +294,12 @@ def _block(number: int, message: Message, chars: int) -> str:
     if content:
         lines.append(_cap(text_of({"content": content}), chars))
     for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            arguments = function.get("arguments", "")
+        body, key = call_body(call)
+        if body is not None:
+            arguments = body.get(key, "")
             if not isinstance(arguments, str):
                 arguments = orjson.dumps(arguments).decode()
-            name = function.get("name", "?")
+            name = body.get("name", "?")
             lines.append(f"→ calls {name} ({call.get('id', '?')}): {_cap(arguments, chars)}")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from cachetools import LRUCache
 
 from proxy.exchange import Exchange
 from proxy.json_values import nested_too_deep
-from proxy.messages import Message, message_hash
+from proxy.messages import Message, call_body, message_hash, takes_json, with_call_input
 from proxy.pipeline.archive import Archive, Entry, entry
 from proxy.pipeline.compaction.budget import message_tokens
 from proxy.pipeline.compaction.summarize import STAGE
@@ -53,10 +53,10 @@ def truncatable(message: Message, spec: CompactionSpec) -> bool:
     if message.get("role") != "assistant" or not message.get("tool_calls"):
         return False
     for call in message["tool_calls"]:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or function.get("name") not in spec.truncate_tools:
+        body, key = call_body(call)
+        if body is None or body.get("name") not in spec.truncate_tools:
             continue
-        arguments = function.get("arguments")
+        arguments = body.get(key)
         if isinstance(arguments, str) and len(arguments) > spec.truncate_min_chars:
             return True
     return False
@@ -119,7 +119,7 @@ class _Long:
     """One long string argument: where it is, and its archive entry."""
 
     call: int  # index in the message's tool_calls
-    path: str  # inside the call's parsed arguments, e.g. "edits[0].new_string"
+    path: str  # inside the call's parsed arguments, e.g. "edits[0].new_string" ("": all of it)
     value: str
     entry: Entry
 
@@ -127,7 +127,9 @@ class _Long:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     message: Message
-    parsed: dict[int, Any]  # call index → its parsed arguments (calls with long values only)
+    # call index → its parsed arguments (calls with long values only; a custom call's input
+    # is one free-text value, its own whole)
+    parsed: dict[int, Any]
     longs: list[_Long]
 
 
@@ -136,14 +138,19 @@ def _plan(ex: Exchange, message: Message, spec: CompactionSpec) -> _Plan:
     parsed_calls: dict[int, Any] = {}
     longs: list[_Long] = []
     for index, call in enumerate(message["tool_calls"]):
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
+        body, key = call_body(call)
+        arguments = body.get(key) if body is not None else None
         if (
-            not isinstance(function, dict)
-            or function.get("name") not in spec.truncate_tools
+            body is None
+            or body.get("name") not in spec.truncate_tools
             or not isinstance(arguments, str)
             or len(arguments) <= spec.truncate_min_chars
         ):
+            continue
+        meta = {"tool": body["name"], "call_id": call.get("id"), "argument": key}
+        if not takes_json(call):  # a custom tool's input (apply_patch's patch): free text
+            parsed_calls[index] = arguments
+            longs.append(_Long(index, "", arguments, entry(ex, KIND, arguments.encode(), **meta)))
             continue
         try:
             parsed = orjson.loads(arguments)
@@ -157,7 +164,7 @@ def _plan(ex: Exchange, message: Message, spec: CompactionSpec) -> _Plan:
             continue
         parsed_calls[index] = parsed
         for path, value in found:
-            meta = {"tool": function["name"], "call_id": call.get("id"), "argument": path}
+            meta = {"tool": body["name"], "call_id": call.get("id"), "argument": path}
             longs.append(_Long(index, path, value, entry(ex, KIND, value.encode(), **meta)))
     return _Plan(message, parsed_calls, longs)
 
@@ -184,8 +191,11 @@ def _shortened(
             calls.append(call)
             continue
         count += len(paths)
+        if not takes_json(call):  # free text: its head and the marker
+            calls.append(with_call_input(call, paths[""]))
+            continue
         shortened = orjson.dumps(_replace(plan.parsed[index], "", paths)).decode()
-        calls.append({**call, "function": {**call["function"], "arguments": shortened}})
+        calls.append(with_call_input(call, shortened))
     return {**plan.message, "tool_calls": calls}, count
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.messages import call_input, call_name
 from proxy.recording import conversation as shape
 from proxy.recording.conversation import Message
 
@@ -54,11 +55,8 @@ def _message(item: dict[str, Any]) -> Message:
     if isinstance(item.get("refusal"), str):
         parts.append(shape.text(item["refusal"]))
     for call in item.get("tool_calls") or ():
-        if isinstance(call, dict):
-            function = call.get("function")
-            function = function if isinstance(function, dict) else {}
-            parts.append(shape.tool_call(call.get("id"), function.get("name"),
-                                         function.get("arguments")))  # fmt: skip
+        if isinstance(call, dict):  # a function's JSON arguments or a custom call's text
+            parts.append(shape.tool_call(call.get("id"), call_name(call), call_input(call)))
     if isinstance(item.get("function_call"), dict):
         call = item["function_call"]
         parts.append(shape.tool_call(None, call.get("name"), call.get("arguments")))

@@ -12,7 +12,7 @@ from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamReply
 from proxy.wire import translate
 from proxy.wire.chat import replies as chat
-from proxy.wire.responses.view import CALLS, ResponsesView
+from proxy.wire.responses.view import CALLS, ResponsesView, chat_call
 
 
 def reply_message(output: list[dict[str, Any]]) -> Message:
@@ -24,20 +24,7 @@ def reply_message(output: list[dict[str, Any]]) -> Message:
         for part in item.get("content") or []
         if isinstance(part, dict) and part.get("type") == "output_text"
     ]
-    calls = [
-        {
-            "id": item.get("call_id"),
-            "type": "function",
-            "function": {
-                "name": item.get("name"),
-                "arguments": item.get("arguments")
-                if item.get("type") == "function_call"
-                else item.get("input"),
-            },
-        }
-        for item in output
-        if item.get("type") in CALLS
-    ]
+    calls = [chat_call(item) for item in output if item.get("type") in CALLS]
     message: Message = {"role": "assistant", "content": "\n".join(texts) or None}
     if calls:
         message["tool_calls"] = calls
@@ -123,6 +110,8 @@ def response_events(response: dict[str, Any]) -> bytes:
             opened["content"] = []
         elif item["type"] == "function_call":
             opened["arguments"] = ""
+        elif item["type"] == "custom_tool_call":
+            opened["input"] = ""
         events.append(("response.output_item.added", {"output_index": index, "item": opened}))
         if item["type"] == "message":
             part = item["content"][0]
@@ -139,6 +128,10 @@ def response_events(response: dict[str, Any]) -> bytes:
             events.append(
                 ("response.function_call_arguments.done", {**at, "arguments": item["arguments"]})
             )
+        elif item["type"] == "custom_tool_call":
+            at = {"item_id": item["id"], "output_index": index}
+            events.append(("response.custom_tool_call_input.delta", {**at, "delta": item["input"]}))
+            events.append(("response.custom_tool_call_input.done", {**at, "input": item["input"]}))
         events.append(("response.output_item.done", {"output_index": index, "item": item}))
     events.append(("response.completed", {"response": response}))
     return b"".join(

@@ -294,6 +294,7 @@ class ResponsesWire:
             ex.body["messages"] = [*kept, {"role": "user", "content": summary}]
         reply = await flow.complete(ex, self.replies)
         message = responses.client_message(reply, ex.alias, request_id)
+        message["output"] = self.view.custom_calls(message["output"])
         if item is not None:
             message["output"] = [item, *message["output"]]
         return message, reply.headers

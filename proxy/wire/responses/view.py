@@ -25,8 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from proxy.exchange import NativeFit, NativePrefix
-from proxy.messages import Message
+from proxy.messages import CUSTOM, Message, call_input, call_name, takes_json
 from proxy.policies.spec import Deployment
 from proxy.upstream.facts import DeploymentFacts
 from proxy.wire.responses.compaction_items import is_minted
@@ -235,12 +237,13 @@ class ResponsesView:
     def translated(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The stages' output as a plain Chat Completions request, for a deployment that lacks
         Responses (what this loses: reasoning items and their encrypted content, tools other
-        than functions, `include`, `store`, `previous_response_id`)."""
+        than functions and custom tools, `include`, `store`, `previous_response_id`). A custom
+        tool goes as a function taking its free text as one string, `input` (what few chat
+        providers take natively); the reply's calls of it come back as custom tool calls
+        (custom_calls)."""
         out = dict(chat)
         out["messages"] = [_chat_message(m) for m in chat["messages"]]
-        tools = [
-            t for t in chat.get("tools") or [] if t.get("type") == "function" and "function" in t
-        ]
+        tools = [t for t in map(_function_tool, chat.get("tools") or []) if t is not None]
         if tools:
             out["tools"] = tools
         else:
@@ -253,6 +256,17 @@ class ResponsesView:
         if limit is not None and isinstance(asked, int) and asked > limit:
             out["max_tokens"] = limit
         return out  # never streamed: a translated reply comes back whole (routes/responses.py)
+
+    def custom_calls(self, output: list[Item]) -> list[Item]:
+        """A translated reply's output with the calls of the client's custom tools as custom
+        tool calls again, their `input` the free text the function was given."""
+        custom = {t.get("name") for t in self.body.get("tools") or () if _is_custom_tool(t)}
+        return [
+            _custom_call(item)
+            if item.get("type") == "function_call" and item.get("name") in custom
+            else item
+            for item in output
+        ]
 
     def reasoning(self) -> list[Item]:
         """The reasoning items of the input, as sent."""
@@ -323,7 +337,7 @@ class ResponsesView:
                     turn = {"role": "assistant", "content": None, "tool_calls": []}
                     self._add(turn, pending)
                     pending = []
-                turn["tool_calls"].append(_chat_call(item))
+                turn["tool_calls"].append(chat_call(item))
                 self._origins[id(turn)].append(index)
                 continue
             turn = None
@@ -425,7 +439,11 @@ class ResponsesView:
 
 
 def _chat_message(message: Message) -> Message:
-    """A view message as Chat Completions takes it: parts as text or image_url parts."""
+    """A view message as Chat Completions takes it: parts as text or image_url parts, custom
+    calls as calls of their function twin (_function_tool)."""
+    calls = message.get("tool_calls")
+    if calls and any(not takes_json(c) for c in calls):
+        message = {**message, "tool_calls": [_function_call(c) for c in calls]}
     content = message.get("content")
     if not isinstance(content, list):
         return message
@@ -440,8 +458,15 @@ def _chat_message(message: Message) -> Message:
     return {**message, "content": parts}
 
 
-def _chat_call(item: Item) -> dict[str, Any]:
-    arguments = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+def chat_call(item: Item) -> dict[str, Any]:
+    """A call item as chat's tool call: a function call's JSON `arguments` as a function
+    call's, a custom tool call's free-text `input` as chat's custom call's (`type: "custom"`),
+    so the stages know which to read as JSON."""
+    if item.get("type") == "custom_tool_call":
+        text = item.get("input")
+        custom = {"name": item.get("name"), "input": text if isinstance(text, str) else ""}
+        return {"id": item.get("call_id"), "type": CUSTOM, CUSTOM: custom}
+    arguments = item.get("arguments")
     return {
         "id": item.get("call_id"),
         "type": "function",
@@ -453,18 +478,22 @@ def _chat_call(item: Item) -> dict[str, Any]:
 
 
 def _with_arguments(item: Item, call: dict[str, Any]) -> Item:
-    arguments = (call.get("function") or {}).get("arguments", "")
+    arguments = call_input(call)
+    arguments = arguments if isinstance(arguments, str) else ""
     key = "arguments" if item.get("type") == "function_call" else "input"
     return item if item.get(key) == arguments else {**item, key: arguments}
 
 
 def _new_call(call: dict[str, Any]) -> Item:
-    function = call.get("function") or {}
+    text = call_input(call)
+    if not takes_json(call):
+        name, text = call_name(call), text if isinstance(text, str) else ""
+        return {"type": "custom_tool_call", "call_id": call.get("id"), "name": name, "input": text}
     return {
         "type": "function_call",
         "call_id": call.get("id"),
-        "name": function.get("name"),
-        "arguments": function.get("arguments") or "{}",
+        "name": call_name(call),
+        "arguments": text or "{}",
     }
 
 
@@ -496,6 +525,63 @@ def _native_parts(content: Any) -> list[Item]:
         for p in content
         if isinstance(p, dict)
     ]
+
+
+FREE_TEXT = "The tool's whole input, as free text"
+
+
+def _is_custom_tool(tool: Any) -> bool:
+    return (
+        isinstance(tool, dict) and tool.get("type") == CUSTOM and isinstance(tool.get("name"), str)
+    )
+
+
+def _function_tool(tool: dict[str, Any]) -> dict[str, Any] | None:
+    """A chat function tool as it is; a custom tool as a function of one string, `input`
+    (its grammar, if any, said in words); any other kind None (not sent)."""
+    if tool.get("type") == "function" and "function" in tool:
+        return tool
+    if not _is_custom_tool(tool):
+        return None
+    said = FREE_TEXT
+    format_ = tool.get("format")
+    if isinstance(format_, dict) and isinstance(format_.get("definition"), str):
+        said += f", in this {format_.get('syntax') or ''} grammar:\n{format_['definition']}"
+    parameters = {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": said}},
+        "required": ["input"],
+    }
+    function = {"name": tool["name"], "parameters": parameters}
+    if isinstance(tool.get("description"), str):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _function_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A custom call as a call of its function twin: its free text as `{"input": ...}`."""
+    if takes_json(call):
+        return call
+    text = call_input(call)
+    arguments = orjson.dumps({"input": text if isinstance(text, str) else ""}).decode()
+    function = {"name": call_name(call), "arguments": arguments}
+    return {"id": call.get("id"), "type": "function", "function": function}
+
+
+def _custom_call(item: Item) -> Item:
+    """A function call of a custom tool's twin as the custom tool call the client expects."""
+    arguments = item.get("arguments")
+    try:
+        parsed = orjson.loads(arguments) if isinstance(arguments, str) else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    text = parsed.get("input") if isinstance(parsed, dict) else None
+    call: Item = {k: item[k] for k in ("id", "call_id", "name", "status") if k in item}
+    return {
+        "type": "custom_tool_call",
+        **call,
+        "input": text if isinstance(text, str) else arguments or "",
+    }
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
