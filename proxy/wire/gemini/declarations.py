@@ -42,6 +42,8 @@ class ConversionMemo:
     def chat_tools(self, tools: Any, declarations: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """New chat tools for `declarations` (all those of `tools`, the body's raw value, in
         order): one for each, in the same order."""
+        if not declarations:
+            return []
         try:
             key = xxhash.xxh3_128_intdigest(orjson.dumps(tools), _SEED)
         except orjson.JSONEncodeError:  # nothing orjson read; converted, not remembered
