@@ -1,11 +1,15 @@
 """The history memo shared by the chain and the lineage: running digests equal to the
-lineage's own, one `==` for both on a continued branch, and tenants kept apart."""
+lineage's own, one `==` for both on a continued branch, and tenants kept apart; a Gemini
+session pays for its new messages only."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
 
 from proxy.exchange import Exchange
 from proxy.pipeline.chain import Chain
@@ -14,7 +18,11 @@ from proxy.sessions.history_memo import Digest, HistoryMemo
 from proxy.sessions.identity import scoped
 from proxy.sessions.lineage import Lineage, digest
 from proxy.store.state import MemoryState
+from tests.conftest import ProxyFactory
 from tests.pipeline.factories import context, exchange
+from tests.wire.test_gemini import KEY, start, upstream
+
+__all__ = ["upstream"]  # a fixture (and the simulator's, `sim`, which it takes)
 
 FAMILY = "fp-00000000000000aa"
 START: list[dict[str, Any]] = [
@@ -139,3 +147,47 @@ def test_the_memo_is_bounded_by_request_bytes() -> None:
     assert memo.get("key:a/s1") is None and memo.get("key:a/s2") is not None
     memo.remember("key:a/s3", Seen(101, list(START)))  # larger than the whole memo: not kept
     assert memo.get("key:a/s3") is None
+
+
+async def test_a_gemini_session_serializes_only_each_turns_new_messages(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same memo under the Gemini wire: a session named by its opening (Gemini CLI sends
+    no id) is hashed by its new view messages only, whatever its length."""
+    hashed: list[int] = []
+    real_of, real_extended, real_digest = Digest.of.__func__, Digest.extended, lineage_module.digest
+
+    def of(cls: type[Digest], messages: list[dict[str, Any]]) -> Digest:
+        hashed[-1] += len(messages)
+        return real_of(cls, messages)
+
+    def extended(self: Digest, more: list[dict[str, Any]]) -> Digest:
+        hashed[-1] += len(more)
+        return real_extended(self, more)
+
+    def whole(messages: list[dict[str, Any]]) -> int:
+        hashed[-1] += len(messages)
+        return real_digest(messages)
+
+    monkeypatch.setattr(Digest, "of", classmethod(of))
+    monkeypatch.setattr(Digest, "extended", extended)
+    monkeypatch.setattr(lineage_module, "digest", whole)
+    proxy = await start(start_proxy, tmp_path, upstream)
+    url = proxy.make_url("/v1beta/models/gemini-native:generateContent")
+    system = {"parts": [{"text": "be brief"}]}
+    contents: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as http:
+        for step in range(12):
+            contents.append({"role": "user", "parts": [{"text": f"step {step}"}]})
+            hashed.append(0)
+            body = {"systemInstruction": system, "contents": contents}
+            async with http.post(url, json=body, headers={"x-goog-api-key": KEY}) as response:
+                assert response.status == 200, await response.text()
+                answer = await response.json()
+            contents.append(answer["candidates"][0]["content"])
+    # the first turn hashes its system message and question; each later one its two new
+    # messages (the answer, the question), never the history before them
+    assert hashed == [2] * 12

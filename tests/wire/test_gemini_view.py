@@ -21,6 +21,8 @@ from proxy.recording.sessions import recorded_turns
 from proxy.sessions.identity import scoped
 from proxy.state import RECORDINGS, STORE
 from proxy.store.base import RECORDING_KINDS
+from proxy.wire.gemini import declarations as declarations_module
+from proxy.wire.gemini import request as request_module
 from proxy.wire.gemini.view import GeminiView
 from tests.conftest import ProxyFactory
 from tests.pipeline.factories import context, exchange
@@ -210,3 +212,167 @@ async def test_a_recorded_session_stores_each_content_once(
             break
         await asyncio.sleep(0.01)
     assert len(turns) == 30 and turns[-1]["request"]["contents"] == contents[:-1]
+
+
+def _declarations(tag: str, *, extra: str = "") -> list[dict[str, Any]]:
+    """Function declarations in Google's schema (upper-case types), unique to `tag`: the memo
+    of their conversion is the process's, whatever test filled it."""
+    schema = {
+        "type": "OBJECT",
+        "properties": {"path": {"type": "STRING", "description": f"{tag}{extra}"}},
+        "required": ["path"],
+    }
+    return [
+        {"name": "read_file", "description": f"Read a file ({tag})", "parameters": schema},
+        {"name": "list_dir", "description": f"List ({tag})", "parametersJsonSchema": schema},
+    ]
+
+
+async def _post(
+    http: aiohttp.ClientSession,
+    proxy: TestServer,
+    key: str,
+    body: dict[str, Any],
+    model: str = "gemini-native",
+) -> tuple[int, dict[str, Any]]:
+    url = proxy.make_url(f"/v1beta/models/{model}:generateContent")
+    headers = {"x-goog-api-key": key, "x-agentproxy-session": "long"}
+    async with http.post(url, json=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_each_turn_checks_only_its_new_contents_and_converts_declarations_once(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    upstream: TestServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Law 7 for the request's reading: the contents the last turn checked are not checked
+    again, and a tools list converted once is not converted again."""
+    checked: list[int] = []
+    converted: list[int] = []
+    real_check, real_tool = request_module._check_parts, declarations_module.chat_tool
+
+    def counted_check(parts: Any, where: str) -> None:
+        if where.startswith("contents["):
+            checked[-1] += 1
+        real_check(parts, where)
+
+    def counted_tool(declaration: dict[str, Any]) -> dict[str, Any]:
+        converted[-1] += 1
+        return real_tool(declaration)
+
+    monkeypatch.setattr(request_module, "_check_parts", counted_check)
+    monkeypatch.setattr(declarations_module, "chat_tool", counted_tool)
+    proxy = await start(start_proxy, tmp_path, upstream)
+    tools = [{"functionDeclarations": _declarations(f"incremental-{random.random()}")}]
+    contents: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as http:
+        for turn in range(20):
+            contents.append({"role": "user", "parts": [{"text": f"step {turn}"}]})
+            checked.append(0)
+            converted.append(0)
+            status, answer = await _post(http, proxy, KEY, {"contents": contents, "tools": tools})
+            assert status == 200, answer
+            contents.append(answer["candidates"][0]["content"])
+        # the first turn checks its one content; each later one the answer and the question
+        assert checked == [1] + [2] * 19
+        assert converted == [2] + [0] * 19  # the two declarations, once
+        checked.append(0)
+        converted.append(0)  # another key, the same session id and history: nothing lent...
+        status, answer = await _post(http, proxy, OTHER, {"contents": contents, "tools": tools})
+        assert status == 200, answer
+        assert checked[-1] == len(contents)
+        assert converted[-1] == 0  # ...but the same tools convert to the same bytes
+        converted.append(0)
+        grown = [tools[0], {"functionDeclarations": _declarations("grown")[:1]}]
+        status, answer = await _post(http, proxy, KEY, {"contents": contents, "tools": grown})
+        assert status == 200, answer
+        assert converted[-1] == 3  # another list: converted whole, once
+
+
+async def test_a_bad_content_past_a_checked_prefix_is_refused_in_googles_shape(
+    start_proxy: ProxyFactory, tmp_path: Path, upstream: TestServer
+) -> None:
+    proxy = await start(start_proxy, tmp_path, upstream)
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "start"}]}]
+    async with aiohttp.ClientSession() as http:
+        status, answer = await _post(http, proxy, KEY, {"contents": contents})
+        assert status == 200, answer
+        contents.append(answer["candidates"][0]["content"])
+        for bad, message in (
+            ({"role": "user", "parts": []}, "contents[2].parts: must not be empty"),
+            ({"role": 5, "parts": [{"text": "x"}]}, "contents[2].role: must be a string"),
+            ({"parts": [{"text": 7}]}, "contents[2].parts[0].text: must be a string"),
+            ("text", "contents[2]: must be a Content object"),
+        ):
+            status, answer = await _post(http, proxy, KEY, {"contents": [*contents, bad]})
+            assert status == 400 and answer["error"]["status"] == "INVALID_ARGUMENT", answer
+            assert message in answer["error"]["message"]
+        # a session named by its opening (no id): the opening is read before anything is lent
+        url = proxy.make_url("/v1beta/models/gemini-native:generateContent")
+        for bad in ("text", {"role": "user", "parts": [{"functionCall": {"args": {}}}]}):
+            body = {"contents": [bad, {"role": "user", "parts": [{"text": "x"}]}]}
+            async with http.post(url, json=body, headers={"x-goog-api-key": KEY}) as response:
+                assert response.status == 400, await response.text()
+                assert "contents[0]" in (await response.json())["error"]["message"]
+
+
+async def test_declarations_convert_to_chat_tools_per_list_and_each_tenant_gets_its_own(
+    start_proxy: ProxyFactory, tmp_path: Path, upstream: TestServer, sim: Any
+) -> None:
+    """The memo is content-addressed: a tools list converts to the same chat tools whoever
+    sends it; another tenant's list (the same names, other schemas) is its own."""
+    proxy = await start(start_proxy, tmp_path, upstream)
+    tag = f"tenant-{random.random()}"
+    mine = [{"functionDeclarations": _declarations(tag)}]
+    theirs = [{"functionDeclarations": _declarations(tag, extra=" of the other tenant")}]
+    contents = [{"role": "user", "parts": [{"text": "hello"}]}]
+    sent: list[Any] = []
+    async with aiohttp.ClientSession() as http:
+        for key, tools in ((KEY, mine), (OTHER, theirs), (OTHER, mine), (KEY, theirs)):
+            status, answer = await _post(
+                http, proxy, key, {"contents": contents, "tools": tools}, model="chat-model"
+            )
+            assert status == 200, answer
+            sent.append(sim.requests[-1].body["tools"])
+    expected = [declarations_module.chat_tool(d) for d in mine[0]["functionDeclarations"]]
+    assert sent[0] == sent[2] == expected
+    assert (
+        sent[1]
+        == sent[3]
+        == [declarations_module.chat_tool(d) for d in theirs[0]["functionDeclarations"]]
+    )
+    assert sent[0] != sent[1]
+
+
+def test_a_stage_changing_a_chat_tool_in_place_never_changes_the_next_turns() -> None:
+    tools = [{"functionDeclarations": _declarations(f"in-place-{random.random()}")}]
+    body = {"model": "m", "contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    first = GeminiView.of({**body, "tools": tools}).chat_body()["tools"]
+    pristine = copy.deepcopy(first)
+    first[0]["function"]["parameters"]["properties"]["path"]["type"] = "changed"
+    first[1]["function"]["name"] = "changed"
+    again = GeminiView.of({**body, "tools": tools})
+    chat = again.chat_body()
+    assert chat["tools"] == pristine
+    # each twin still names the client's own declaration: it goes back as sent
+    out = again.render({**chat, "tools": chat["tools"][:1]})
+    assert out["tools"] == [{"functionDeclarations": tools[0]["functionDeclarations"][:1]}]
+
+
+def test_the_conversion_memo_is_bounded_by_bytes() -> None:
+    lists = [[{"functionDeclarations": _declarations(f"bound-{n}")}] for n in range(3)]
+    converted = [
+        [declarations_module.chat_tool(d) for d in tools[0]["functionDeclarations"]]
+        for tools in lists
+    ]
+    one = len(orjson.dumps(converted[0]))
+    memo = declarations_module.ConversionMemo(max_bytes=one + one // 2)  # room for one list
+    for tools, expected in zip(lists, converted, strict=True):
+        assert memo.chat_tools(tools, tools[0]["functionDeclarations"]) == expected
+        assert len(memo) == 1 and memo.bytes <= one + one // 2
+    big = [{"functionDeclarations": _declarations("x" * one)}]
+    out = memo.chat_tools(big, big[0]["functionDeclarations"])  # larger than all: not kept
+    assert out == [declarations_module.chat_tool(d) for d in big[0]["functionDeclarations"]]
+    assert len(memo) == 1 and memo.bytes <= one + one // 2

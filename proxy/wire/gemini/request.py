@@ -59,7 +59,8 @@ def field_name(obj: dict[str, Any], name: str) -> str:
 def parse_generate_request(raw: bytes, alias: str, *, counting: bool = False) -> dict[str, Any]:
     """The client's body with the model named by the path added (`model`: what the stages,
     the recording and the replay read; never sent on). `counting`: a countTokens request,
-    whose body may wrap a whole request in `generateContentRequest`."""
+    whose body may wrap a whole request in `generateContentRequest`. Each content is checked
+    by the view that reads it (check_contents): past what the session's last turn checked."""
     body = parse_json_object(raw)
     if counting:
         wrapped = field(body, "generateContentRequest")
@@ -69,7 +70,9 @@ def parse_generate_request(raw: bytes, alias: str, *, counting: bool = False) ->
             body = {**body, "contents": []}
     if not alias:
         raise BadRequest("model: the path names no model", param="model")
-    check_contents(body.get("contents"), allow_empty=counting)
+    contents = body.get("contents")
+    if not isinstance(contents, list) or (not contents and not counting):
+        raise BadRequest("contents is not specified", param="contents")
     system = field(body, "systemInstruction")
     if system is not None:
         if isinstance(system, str):
@@ -86,17 +89,22 @@ def parse_generate_request(raw: bytes, alias: str, *, counting: bool = False) ->
     return {**body, "model": alias}
 
 
-def check_contents(contents: Any, *, allow_empty: bool = False) -> None:
-    if not isinstance(contents, list) or (not contents and not allow_empty):
-        raise BadRequest("contents is not specified", param="contents")
-    for i, content in enumerate(contents):
-        where = f"contents[{i}]"
-        if not isinstance(content, dict):
-            raise BadRequest(f"{where}: must be a Content object, not {kind(content)}")
-        role = content.get("role")
-        if role is not None and not isinstance(role, str):
-            raise BadRequest(f"{where}.role: must be a string, not {kind(role)}")
-        _check_parts(content.get("parts"), where)
+def check_contents(contents: list[Any], start: int = 0) -> None:
+    """Check `contents[start:]`: the view (view.py) checks only what no earlier turn of the
+    session did. A content equal to a checked one passes too: `==` holds between JSON values
+    only when their types (dict, list, str) and the lengths of their lists do."""
+    for i in range(start, len(contents)):
+        check_content(i, contents[i])
+
+
+def check_content(i: int, content: Any) -> None:
+    where = f"contents[{i}]"
+    if not isinstance(content, dict):
+        raise BadRequest(f"{where}: must be a Content object, not {kind(content)}")
+    role = content.get("role")
+    if role is not None and not isinstance(role, str):
+        raise BadRequest(f"{where}.role: must be a string, not {kind(role)}")
+    _check_parts(content.get("parts"), where)
 
 
 def _check_parts(parts: Any, where: str) -> None:

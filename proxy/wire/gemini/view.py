@@ -16,9 +16,10 @@ object built here goes back as the client's own content, parts and `thoughtSigna
 byte. Only what a stage changed or added is built anew, each untouched part of its content kept.
 
 Incremental: the memory of a session's previous turn (memory.py) lends this one its view
-messages for the leading contents both turns share (one `==` each); only the rest is mapped.
-View messages name their contents by position, so what goes back upstream is always this turn's
-own contents.
+messages for the leading contents both turns share (one `==` each); only the rest is checked
+(request.py: check_contents) and mapped. View messages name their contents by position, so what
+goes back upstream is always this turn's own contents. Function declarations convert to chat
+tools once per distinct tools list (declarations.py).
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from proxy.exchange import NativeFit, NativePrefix
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
+from proxy.wire.gemini.declarations import CONVERSIONS
 from proxy.wire.gemini.memory import GeminiMemory
 from proxy.wire.gemini.memory import Origin as _Origin
+from proxy.wire.gemini.request import check_content, check_contents, field_name
 from proxy.wire.gemini.request import field as read
-from proxy.wire.gemini.request import field_name
 from proxy.wire.gemini.upstream import speaks_gemini
-from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
+from proxy.wire.translate import shared_prefix, text_of_content
 
 Part = dict[str, Any]
 Content = dict[str, Any]
@@ -80,6 +82,7 @@ class GeminiView:
             view._add({"role": "system", "content": _text_of(system)}, -1, ())
         contents = body["contents"]
         view.fresh = view._reuse(previous) if previous is not None else 0
+        check_contents(contents, view.fresh)  # those before: equal to the ones last turn checked
         for index in range(view.fresh, len(contents)):
             view._map(index, contents[index])
             view._ends.append(len(view.messages))
@@ -132,6 +135,7 @@ class GeminiView:
         if system:
             view._add({"role": "system", "content": _text_of(system)}, -1, ())
         for index, content in enumerate(body["contents"]):
+            check_content(index, content)  # read before any turn is lent: checked here
             view._map(index, content)
             if view.messages and view.messages[-1].get("role") == "user":
                 break
@@ -146,7 +150,9 @@ class GeminiView:
             for tool in self.body.get("tools") or []
             for declaration in read(tool, "functionDeclarations") or []
         ]
-        tools = chat_tools(declarations, _chat_tool, self._tools)
+        tools = CONVERSIONS.chat_tools(self.body.get("tools"), declarations)
+        for twin, declaration in zip(tools, declarations, strict=True):
+            self._tools[id(twin)] = declaration  # goes back as the client sent it
         if tools:
             chat["tools"] = tools
         choice = _chat_tool_choice(read(self.body, "toolConfig"))
@@ -539,28 +545,6 @@ def _arguments(function: dict[str, Any]) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {"arguments": function.get("arguments")}  # a rewrite left no JSON: its text
     return value if isinstance(value, dict) else {"arguments": value}
-
-
-def _chat_tool(declaration: dict[str, Any]) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": declaration.get("name")}
-    if "description" in declaration:
-        function["description"] = declaration["description"]
-    parameters = read(declaration, "parametersJsonSchema") or declaration.get("parameters")
-    if parameters is not None:
-        function["parameters"] = _lower_types(parameters)
-    return {"type": "function", "function": function}
-
-
-def _lower_types(schema: Any) -> Any:
-    """Google's OpenAPI schema as JSON Schema: its types are upper case (OBJECT, STRING)."""
-    if isinstance(schema, dict):
-        out = {k: _lower_types(v) for k, v in schema.items()}
-        if isinstance(out.get("type"), str):
-            out["type"] = out["type"].lower()
-        return out
-    if isinstance(schema, list):
-        return [_lower_types(v) for v in schema]
-    return schema
 
 
 def _declaration(tool: dict[str, Any]) -> dict[str, Any]:
