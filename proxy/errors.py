@@ -162,6 +162,12 @@ class ServiceUnavailable(ProxyError):
     code = "not_ready"
 
 
+class StoreUnavailable(ServiceUnavailable):
+    """What was asked is kept in the store, which did not answer."""
+
+    code = "store_unavailable"
+
+
 class Overloaded(ServiceUnavailable):
     code = "overloaded"
 

@@ -36,6 +36,7 @@ class RuntimeKeys:
         self.records = records
         self._holder = holder
         self._version = -1  # none read yet
+        self._stored: dict[str, ApiKey] = {}  # as last read, and as changed here since
         self._lock = asyncio.Lock()  # one read-and-apply at a time
 
     async def refresh(self) -> None:
@@ -50,8 +51,18 @@ class RuntimeKeys:
                     stored.append(key_of(record))
                 except (KeyError, TypeError, ValueError) as exc:  # written by another version
                     warn_limited(log, "keys.record", "stored key not used: %r", exc)
+            self._stored = {key.name: key for key in stored}
             self._holder.use_stored_keys(stored)
             self._version = version
+
+    def _apply(self, name: str, key: ApiKey | None) -> None:
+        """A change this process wrote, applied here at once (the next poll reads the version
+        it bumped, and every key again)."""
+        if key is None:
+            self._stored.pop(name, None)
+        else:
+            self._stored[name] = key
+        self._holder.use_stored_keys(self._stored.values())
 
     async def follow(self, interval_s: float = FOLLOW_INTERVAL_S) -> None:
         """Keep up with the other replicas' changes (runs for the app's life)."""
@@ -68,7 +79,7 @@ class RuntimeKeys:
         )
         if not await self.records.add_key(key_record(made)):
             raise KeyTaken(key.name)
-        await self.refresh()
+        self._apply(made.name, made)
         return made, secret
 
     async def rotate(self, name: str) -> tuple[ApiKey, str] | None:
@@ -81,12 +92,12 @@ class RuntimeKeys:
         rotated = dataclasses.replace(current, digest=key_digest(secret), rotated_at=time.time())
         if not await self.records.replace_key(key_record(rotated)):
             return None
-        await self.refresh()
+        self._apply(name, rotated)
         return rotated, secret
 
     async def revoke(self, name: str) -> bool:
         gone = await self.records.delete_key(name)
-        await self.refresh()
+        self._apply(name, None)
         return gone
 
     async def stored(self, name: str) -> ApiKey | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +16,18 @@ def config_diff(old: Config, new: Config) -> dict[str, Any]:
     now_configured = [key for key in new.keys.api_keys if key.source == "yaml"]
     return {
         "policies": _named({p.name: p for p in old.policies}, {p.name: p for p in new.policies}),
-        "aliases": _named(old.deployments, new.deployments),
+        "aliases": _named(_placeless(old), _placeless(new)),
         "keys": _named({k.name: k for k in configured}, {k.name: k for k in now_configured}),
         "admin_key_changed": old.keys.admin_digest != new.keys.admin_digest,
         "server_changed": old.server != new.server,
+    }
+
+
+def _placeless(config: Config) -> dict[str, Any]:
+    """The deployments without where they were written: moving an entry changes nothing."""
+    return {
+        alias: tuple(dataclasses.replace(d, source="") for d in group)
+        for alias, group in config.deployments.items()
     }
 
 

@@ -9,9 +9,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.errors import BadRequest
+from proxy.errors import BadRequest, StoreUnavailable
 from proxy.routes.admin_auth import admin_caller
 from proxy.state import AUDIT
+from proxy.store.base import StoreError
 
 routes = web.RouteTableDef()
 
@@ -28,7 +29,10 @@ async def audit(request: web.Request) -> web.Response:
     after = _count(request, "after", None)
     limit = min(_count(request, "limit", DEFAULT_ENTRIES) or DEFAULT_ENTRIES, MAX_ENTRIES)
     records = request.app[AUDIT].records
-    entries = await records.audit(after, limit + 1, "newest" if order == "newest" else "oldest")
+    try:
+        entries = await records.audit(after, limit + 1, "newest" if order == "newest" else "oldest")
+    except StoreError as exc:
+        raise StoreUnavailable(f"the audit is kept in the store, which failed: {exc}") from None
     more = len(entries) > limit
     entries = entries[:limit]
     body: dict[str, Any] = {

@@ -5,12 +5,14 @@ of the configuration's files is changed only there: 409. Every change is audited
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy.errors import BadRequest, Conflict, NotFound
+from proxy.errors import BadRequest, Conflict, NotFound, StoreUnavailable
 from proxy.http.runtime_keys import KeyTaken
 from proxy.json_values import nested_too_deep
 from proxy.policies.loader import read_api_key
@@ -20,6 +22,7 @@ from proxy.routes.admin import require_json
 from proxy.routes.admin_auth import admin_caller
 from proxy.state import AUDIT, CONFIG, RUNTIME_KEYS
 from proxy.store.admin_records import MAX_STORED_KEYS
+from proxy.store.base import StoreError
 from proxy.wire.body import read_body
 
 routes = web.RouteTableDef()
@@ -31,6 +34,8 @@ MAX_NAME = 64
 @routes.get("/admin/keys")
 async def list_keys(request: web.Request) -> web.Response:
     await admin_caller(request)
+    with contextlib.suppress(StoreError):  # the store down: the keys this process follows
+        await request.app[RUNTIME_KEYS].refresh()  # what another replica changed a moment ago
     keys = request.app[CONFIG].current.keys.api_keys
     return _json({"keys": [describe_key(key) for key in keys]})
 
@@ -46,7 +51,8 @@ async def create_key(request: web.Request) -> web.Response:
     if holder.loaded.keys.named(key.name) is not None:
         raise _configured(key.name)
     try:
-        made, secret = await request.app[RUNTIME_KEYS].create(key)
+        with _store_answers():
+            made, secret = await request.app[RUNTIME_KEYS].create(key)
     except KeyTaken:
         raise Conflict(
             f"a key named {key.name!r} exists already (or {MAX_STORED_KEYS} keys are stored): "
@@ -63,7 +69,9 @@ async def revoke_key(request: web.Request) -> web.Response:
     who = await admin_caller(request)
     name = request.match_info["name"]
     _not_configured(request, name)
-    if not await request.app[RUNTIME_KEYS].revoke(name):
+    with _store_answers():
+        gone = await request.app[RUNTIME_KEYS].revoke(name)
+    if not gone:
         raise _missing(name)
     await request.app[AUDIT].record("key.revoke", who, request.remote, key={"name": name})
     return _json({"name": name, "revoked": True})
@@ -75,13 +83,23 @@ async def rotate_key(request: web.Request) -> web.Response:
     require_json(request)
     name = request.match_info["name"]
     _not_configured(request, name)
-    rotated = await request.app[RUNTIME_KEYS].rotate(name)
+    with _store_answers():
+        rotated = await request.app[RUNTIME_KEYS].rotate(name)
     if rotated is None:
         raise _missing(name)
     key, secret = rotated
     described = describe_key(key)
     await request.app[AUDIT].record("key.rotate", who, request.remote, key=_audited(described))
     return _json({**described, "key": secret})
+
+
+@contextlib.contextmanager
+def _store_answers() -> Iterator[None]:
+    """A change needs the store: without it, 503 with the reason (nothing was changed)."""
+    try:
+        yield
+    except StoreError as exc:
+        raise StoreUnavailable(f"keys are kept in the store, which failed: {exc}") from None
 
 
 def _checked(raw: bytes, aliases: set[str]) -> ApiKey:
