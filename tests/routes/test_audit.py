@@ -14,8 +14,11 @@ import orjson
 import pytest
 
 from proxy.sim.simulator import Simulator
-from proxy.store.admin_records import LocalAdminRecords
-from tests.conftest import ProxyFactory
+from proxy.policies.spec import StoreSettings
+from proxy.store import admin_records, redis_admin
+from proxy.store.admin_records import AdminRecords
+from proxy.store.redis import RedisConnection
+from tests.conftest import REDIS_URL, ProxyFactory
 from tests.routes.test_runtime_keys import ADMIN_KEY, ALICE, call, keys_config, start
 
 WRONG = "sk-wrong-admin-guess-1234"
@@ -117,12 +120,33 @@ async def test_the_file_watchers_reload_is_audited_as_the_watchers(
     assert entry["changes"]["aliases"] == {"added": ["sim-two"], "removed": [], "changed": []}
 
 
-async def test_the_audit_is_kept_under_the_stores_retention(tmp_path: Path) -> None:
-    records = LocalAdminRecords(str(tmp_path))
+@pytest.mark.parametrize("backend", ["local", "redis"])
+async def test_the_audit_is_kept_under_the_stores_retention_and_bounded(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_records, "AUDIT_MAX_ENTRIES", 3)
+    monkeypatch.setattr(redis_admin, "AUDIT_MAX_ENTRIES", 3)
+    records: AdminRecords
+    connection = None
+    if backend == "redis":
+        prefix = request.getfixturevalue("redis_prefix")
+        settings = StoreSettings(backend="redis", url=REDIS_URL, prefix=prefix)
+        connection = RedisConnection(settings)
+        records = redis_admin.RedisAdminRecords(connection)
+    else:
+        records = admin_records.LocalAdminRecords(str(tmp_path))
     now = time.time()
     await records.append_audit({"at": now - 100, "action": "key.create"}, keep_s=3600)
     await records.append_audit({"at": now - 50, "action": "key.rotate"}, keep_s=3600)
     await records.append_audit({"at": now, "action": "key.revoke"}, keep_s=60)
     left = await records.audit(None, 10, "newest")
-    assert [e["action"] for e in left] == ["key.revoke", "key.rotate"]
+    assert [(e["id"], e["action"]) for e in left] == [(3, "key.revoke"), (2, "key.rotate")]
+    for n in range(3):
+        await records.append_audit({"at": time.time(), "action": f"a{n}"}, keep_s=3600)
+    newest = await records.audit(None, 10, "newest")
+    assert [e["action"] for e in newest] == ["a2", "a1", "a0"]  # at most AUDIT_MAX_ENTRIES
+    assert [e["id"] for e in await records.audit(5, 10, "oldest")] == [6]
+    assert [e["id"] for e in await records.audit(5, 10, "newest")] == [4]
     await records.close()
+    if connection is not None:
+        await connection.close()
