@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.sim.simulator import Simulator
 from proxy.policies.spec import StoreSettings
+from proxy.sim.simulator import Simulator
 from proxy.store import admin_records, redis_admin
 from proxy.store.admin_records import AdminRecords
 from proxy.store.redis import RedisConnection
