@@ -136,7 +136,7 @@ def _configured(name: str) -> Conflict:
 
 
 def _missing(name: str) -> NotFound:
-    return NotFound(f"no key named {name!r} was made at run time", param="name")
+    return NotFound(f"no key named {name[:100]!r} was made at run time", param="name")
 
 
 def _audited(described: dict[str, Any]) -> dict[str, Any]:
