@@ -111,8 +111,8 @@ class ConfigHolder:
 
     async def reload(self, trigger: str, actor: Mapping[str, str] | None = None) -> ReloadOutcome:
         """`actor`: who asked (an admin request's caller), for the reload's listeners."""
-        before = self.current
         async with self._lock:
+            before = self.current
             if self.path is None:
                 errors = ["started with --model: there is no file to load"]
                 return self._rejected(trigger, errors, before, actor)
