@@ -20,6 +20,7 @@ from proxy.http.auth import HOST_NAMES, KEY_PLACES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.keys import ERROR_BODY, ErrorBody
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
+from proxy.http.runtime_keys import RuntimeKeys
 from proxy.logs.lines import log_lines, shorten_protocol_errors
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
@@ -32,10 +33,11 @@ from proxy.policies.exposure import exposure_warnings
 from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
+from proxy.recording.audit import Audit
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
-from proxy.routes import admin, archive, health, sessions, ui
+from proxy.routes import admin, archive, audit, health, keys, sessions, ui
 from proxy.runtime import heap
 from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
@@ -43,6 +45,7 @@ from proxy.sessions.lineage import Lineage
 from proxy.sessions.turn_memory import TurnMemory
 from proxy.sim import measure as context_measure
 from proxy.state import (
+    AUDIT,
     BOARD,
     CATALOG,
     CONFIG,
@@ -53,6 +56,7 @@ from proxy.state import (
     IDENTITY,
     METRICS,
     RECORDINGS,
+    RUNTIME_KEYS,
     STORE,
     STORE_HEALTH,
     TIMELINE_READS,
@@ -60,7 +64,8 @@ from proxy.state import (
     UPSTREAMS,
 )
 from proxy.store.activity import Activity
-from proxy.store.backends import open_backends, open_windows
+from proxy.store.backends import open_admin_records, open_backends, open_windows
+from proxy.store.base import StoreError
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
@@ -136,6 +141,11 @@ def build_app(
     if store.shared:  # replicas: what one learns of a deployment, the others know too
         facts.share(state)
     app[STORE] = store
+    # Keys made at run time and the audit of admin actions, where the rest is kept.
+    admin_records = open_admin_records(settings, backend_state)
+    runtime_keys = app[RUNTIME_KEYS] = RuntimeKeys(admin_records, holder)
+    auditing = app[AUDIT] = Audit(admin_records, lambda: settings.session_ttl_s)
+    holder.on_reload(auditing.reloads)
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = app[EVENTS] = EventLog(
         settings.event_log_path, settings.event_log_max_mb, settings.event_log_keep
@@ -219,6 +229,8 @@ def build_app(
         app.add_routes(wire.routes)
     app.add_routes(model_list_routes(REGISTRY))  # lists some wires share (GET /v1/models)
     app.add_routes(admin.routes)
+    app.add_routes(keys.routes)
+    app.add_routes(audit.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)
     app.add_routes(sessions.routes)
@@ -240,6 +252,11 @@ def build_app(
             if taken := leaving.attach(settings.path):
                 log.info("took over %d guard state entries from the previous worker", taken)
             tending = asyncio.create_task(leaving.tend())
+        try:
+            await runtime_keys.refresh()  # the keys made at run time, before the first request
+        except StoreError as exc:
+            log.warning("keys made at run time not read yet (tried again each second): %s", exc)
+        following = asyncio.create_task(runtime_keys.follow())
         holder.on_change(upstreams.prepare)
         upstreams.prepare(holder.current)
         catalog.load_in_background()
@@ -272,6 +289,11 @@ def build_app(
         collecting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collecting
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await auditing.settled()
+        await admin_records.close()
         await turns.close()  # the last turns recorded, before the store closes
         await activity.flush()  # the last requests' activity, before the store closes
         await rewriter.close()  # summaries written ahead: cancelled before their upstreams

@@ -92,6 +92,15 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class Conflict(ProxyError):
+    """What was asked clashes with what exists (a key of that name; a key only the
+    configuration's files can change)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class MethodNotAllowed(ProxyError):
     status = 405
     type = "invalid_request_error"
@@ -151,6 +160,12 @@ class ServiceUnavailable(ProxyError):
     status = 503
     type = "service_unavailable"
     code = "not_ready"
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """What was asked is kept in the store, which did not answer."""
+
+    code = "store_unavailable"
 
 
 class Overloaded(ServiceUnavailable):

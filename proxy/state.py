@@ -8,9 +8,11 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.flow import Flow
+from proxy.http.runtime_keys import RuntimeKeys
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
+from proxy.recording.audit import Audit
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import TurnWriter
 from proxy.sessions.board import SessionBoard
@@ -38,3 +40,6 @@ TIMELINE_READS = web.AppKey("timeline_reads", asyncio.Semaphore)  # pages built 
 RECORDINGS = web.AppKey("recordings", TurnWriter)
 # The secret `serve` keeps in its runtime file, for `run` (proxy/runtime/identity.py).
 IDENTITY = web.AppKey("identity", str)
+# Keys made at run time (proxy/http/runtime_keys.py) and the audit of admin actions.
+RUNTIME_KEYS = web.AppKey("runtime_keys", RuntimeKeys)
+AUDIT = web.AppKey("audit", Audit)

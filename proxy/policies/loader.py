@@ -139,6 +139,45 @@ def load_document(name: str, data: dict[str, Any]) -> Config:
     return _config_of([source])
 
 
+# A key made at run time is never given its secret: the schema's `key` is filled with this
+# stand-in while the body is checked, then replaced by the digest of the one minted.
+_MINTED = "minted-at-run-time"
+
+
+def read_api_key(
+    data: Any, aliases: Iterable[str], where: str = "body"
+) -> tuple[ApiKey | None, list[ConfigIssue]]:
+    """A key made at run time (POST /admin/keys), checked as a YAML key is: the schema's
+    `$defs/apiKey` and the same semantic checks (its models are aliases, its limits have one
+    limit at least). Its digest is left empty: the caller mints the secret. Errors name the
+    field; the key itself may not be given."""
+    if not isinstance(data, dict):
+        return None, [ConfigIssue(where, "", f"expected an object, not {type(data).__name__}")]
+    source = _Source(where, data, {})
+    if "key" in data:
+        message = "is minted by the proxy and returned once; it cannot be chosen"
+        return None, [source.issue(("key",), message)]
+    checked = {**data, "key": _MINTED}
+    issues = [
+        issue
+        for error in _key_validator().iter_errors(checked)
+        for issue in _schema_issues(source, error)
+    ]
+    if issues:
+        return None, issues
+    report = _Report()
+    key = _api_key(_Entry(source, (), checked), set(aliases), report)
+    if report.errors:
+        return None, report.errors
+    return dataclasses.replace(key, digest=b"", source="store"), []
+
+
+@cache
+def _key_validator() -> Any:
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return Draft202012Validator({"$ref": "#/$defs/apiKey", "$defs": schema["$defs"]})
+
+
 def _config_of(sources: list[_Source]) -> Config:
     merged = _merge(sources)
     report = _Report()

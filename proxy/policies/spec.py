@@ -130,6 +130,9 @@ class PolicyLimits:
         object.__setattr__(self, "scopes", given)
 
 
+KeySource = Literal["yaml", "store"]
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKey:
     name: str
@@ -137,6 +140,11 @@ class ApiKey:
     team: str | None = None
     models: frozenset[str] | None = None  # aliases this key may use; None = all
     limits: RateLimits | None = None  # the key's own, over every policy's
+    # Where it was made: the configuration's files, or POST /admin/keys (the store's, with
+    # when it was made and last rotated).
+    source: KeySource = "yaml"
+    created_at: float | None = None
+    rotated_at: float | None = None
 
 
 SessionScope = Literal["key", "team"]
@@ -148,20 +156,25 @@ class Keys:
     admin_digest: bytes | None = field(default=None, repr=False)
     # Whose sessions a session id names: the key's own (default), or its team's.
     session_scope: SessionScope = "key"
+    # The keys by digest: one lookup a request, however many keys (built once per Keys).
+    by_digest: Mapping[bytes, ApiKey] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        table = {key.digest: key for key in self.api_keys if key.digest}
+        object.__setattr__(self, "by_digest", table)
 
     def find(self, secret: str) -> ApiKey | None:
-        """Constant-time lookup: every configured digest is compared, match or not."""
-        presented = key_digest(secret)
-        found: ApiKey | None = None
-        for key in self.api_keys:
-            if hmac.compare_digest(presented, key.digest):
-                found = key
-        return found
+        """One dict lookup by the presented key's SHA-256. Its time tells nothing of a stored
+        key: what is hashed into the table is a digest the caller cannot steer toward one."""
+        return self.by_digest.get(key_digest(secret))
 
     def is_admin(self, secret: str) -> bool:
         if self.admin_digest is None:
             return False
         return hmac.compare_digest(key_digest(secret), self.admin_digest)
+
+    def named(self, name: str) -> ApiKey | None:
+        return next((key for key in self.api_keys if key.name == name), None)
 
 
 @dataclass(frozen=True, slots=True)

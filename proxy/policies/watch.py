@@ -11,11 +11,12 @@ takes a restart, never a half-written file or a slip in an edit).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,8 @@ from proxy.policies.loader import (
     load_config,
     sources_fingerprint,
 )
-from proxy.policies.spec import Config
+from proxy.policies.spec import ApiKey, Config
+from proxy.policies.stored_keys import merged_keys
 
 log = logging.getLogger("agentproxy.config")
 
@@ -55,7 +57,15 @@ class ReloadOutcome:
         }
 
 
+# Told of every reload, applied or refused: the outcome, the configuration before, the one
+# applied (None when refused) and who asked (an admin request's caller, or None).
+ReloadListener = Callable[[ReloadOutcome, Config, Config | None, Mapping[str, str] | None], None]
+
+
 class ConfigHolder:
+    """`current` is the configuration the files make with the keys made at run time added
+    (`use_stored_keys`); `loaded`, the files' alone."""
+
     def __init__(
         self,
         path: str | os.PathLike[str] | None,  # None: given on the command line, no file
@@ -63,7 +73,11 @@ class ConfigHolder:
         metrics: Metrics,
     ) -> None:
         self.path = path
+        self.loaded = config
         self.current = config
+        self._stored: tuple[ApiKey, ...] = ()
+        self._clashes: set[str] = set()  # stored keys a YAML key's name hides, said once
+        self._reload_listeners: list[ReloadListener] = []
         self.last_reload: ReloadOutcome | None = None
         self._metrics = metrics
         self._listeners: list[Callable[[Config], None]] = []
@@ -75,22 +89,49 @@ class ConfigHolder:
     def on_change(self, listener: Callable[[Config], None]) -> None:
         self._listeners.append(listener)
 
-    async def reload(self, trigger: str) -> ReloadOutcome:
+    def on_reload(self, listener: ReloadListener) -> None:
+        self._reload_listeners.append(listener)
+
+    def use_stored_keys(self, stored: Iterable[ApiKey]) -> None:
+        """The keys made at run time, as the store holds them now: merged into `current`
+        (one reference swap; the YAML's keys win a name)."""
+        self._stored = tuple(stored)
+        self.current = self._with_stored(self.loaded)
+
+    def _with_stored(self, config: Config) -> Config:
+        keys, clashes = merged_keys(config.keys, self._stored)
+        for name in sorted(set(clashes) - self._clashes):
+            log.warning(
+                "key %r is both in the configuration and made at run time: the configuration's "
+                "is used; revoke the run-time one or rename it",
+                name,
+            )
+        self._clashes = set(clashes)
+        return config if keys is config.keys else dataclasses.replace(config, keys=keys)
+
+    async def reload(self, trigger: str, actor: Mapping[str, str] | None = None) -> ReloadOutcome:
+        """`actor`: who asked (an admin request's caller), for the reload's listeners."""
         async with self._lock:
+            before = self.current
             if self.path is None:
-                return self._rejected(trigger, ["started with --model: there is no file to load"])
+                errors = ["started with --model: there is no file to load"]
+                return self._rejected(trigger, errors, before, actor)
             try:
-                config = await self._load_settled(self.path)
+                loaded = await self._load_settled(self.path)
             except ConfigError as exc:
-                return self._rejected(trigger, [str(issue) for issue in exc.issues])
+                return self._rejected(trigger, [str(i) for i in exc.issues], before, actor)
             except Exception as exc:  # an unreadable file must not take the watcher down
-                return self._rejected(trigger, [f"{type(exc).__name__}: {exc}"])
+                return self._rejected(trigger, [f"{type(exc).__name__}: {exc}"], before, actor)
+            config = self._with_stored(loaded)
             if refusal := _drops_authentication(self.current, config):
-                return self._rejected(trigger, [refusal])
+                return self._rejected(trigger, [refusal], before, actor)
+            self.loaded = loaded
             self.current = config
             for listener in self._listeners:
                 listener(config)
             outcome = ReloadOutcome(True, trigger, time.time(), config.version)
+            for told in self._reload_listeners:
+                told(outcome, before, config, actor)
             self.last_reload = outcome
             self._metrics.config_reloads.labels("success").inc()
             self._metrics.config_last_reload_ok.set(1)
@@ -123,8 +164,16 @@ class ConfigHolder:
         )
         raise ConfigError([ConfigIssue(os.fspath(path), "", message)])
 
-    def _rejected(self, trigger: str, errors: list[str]) -> ReloadOutcome:
+    def _rejected(
+        self,
+        trigger: str,
+        errors: list[str],
+        before: Config,
+        actor: Mapping[str, str] | None,
+    ) -> ReloadOutcome:
         outcome = ReloadOutcome(False, trigger, time.time(), self.current.version, tuple(errors))
+        for told in self._reload_listeners:
+            told(outcome, before, None, actor)
         self.last_reload = outcome
         self._metrics.config_reloads.labels("failure").inc()
         self._metrics.config_last_reload_ok.set(0)

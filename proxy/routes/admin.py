@@ -1,5 +1,6 @@
 """Admin surface, behind the admin key: the active configuration and reloading it (a JSON
-POST: proxy/http/auth.py says who else is let in)."""
+POST: proxy/http/auth.py says who else is let in; every reload, applied or refused, is
+audited: proxy/recording/audit.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ import orjson
 from aiohttp import web
 
 from proxy.errors import UnsupportedMediaType
-from proxy.http.auth import authenticate_admin
 from proxy.policies.spec import Config, Policy
 from proxy.redaction import redact_url
-from proxy.state import CONFIG, CONTROL
+from proxy.routes.admin_auth import actor, admin_caller
+from proxy.state import AUDIT, CONFIG, CONTROL
 
 routes = web.RouteTableDef()
 
 
 @routes.get("/admin/policies")
 async def show_policies(request: web.Request) -> web.Response:
+    await admin_caller(request)
     holder = request.app[CONFIG]
     config = holder.current
-    authenticate_admin(request, config.keys)
     return _json(
         {
             "version": config.version,
@@ -39,10 +40,11 @@ async def show_policies(request: web.Request) -> web.Response:
 
 @routes.post("/admin/reload")
 async def reload(request: web.Request) -> web.Response:
+    who = await admin_caller(request)
     holder = request.app[CONFIG]
-    authenticate_admin(request, holder.current.keys)
-    _require_json(request)
-    outcome = await holder.reload("admin")
+    require_json(request)
+    outcome = await holder.reload("admin", actor(request, who))
+    await request.app[AUDIT].settled()  # its entry readable when the answer is
     if outcome.ok:
         return _json(outcome.describe())
     error = {
@@ -56,7 +58,7 @@ async def reload(request: web.Request) -> web.Response:
     return _json({"error": error}, status=422)
 
 
-def _require_json(request: web.Request) -> None:
+def require_json(request: web.Request) -> None:
     """A route that changes state takes JSON only: a page of another site can send a
     text/plain or form POST without asking the browser's leave (CORS), never a JSON one."""
     if request.content_type != "application/json":

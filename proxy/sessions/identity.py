@@ -87,28 +87,33 @@ def _in_user_id(user_id: Any) -> str | None:
     return _usable(value.get("session_id")) if isinstance(value, dict) else None
 
 
-# Per configuration version: the digests of its client keys, its deployments' secrets.
-_keys_of: LRUCache[str, tuple[frozenset[bytes], frozenset[str]]] = LRUCache(8)
+# Per configuration version: its deployments' secrets.
+_secrets_of: LRUCache[str, frozenset[str]] = LRUCache(8)
 
 
 def key_free(name: str, presented: str | None, config: Config) -> str:
     """`name`, a session id the client sent, unless it is a key: the one the client presented,
-    a configured API or admin key, a deployment's secret. A key is never a session's name (it
-    would be kept in the store's blobs, the board, the event log and the recording): its
-    name is then `key-` and 16 hex digits of its SHA-256, the same for every request."""
-    known = _keys_of.get(config.version)
-    if known is None:
-        keys = config.keys
-        admin = () if keys.admin_digest is None else (keys.admin_digest,)
+    a configured API or admin key (or one made at run time), a deployment's secret. A key is
+    never a session's name (it would be kept in the store's blobs, the board, the event log
+    and the recording): its name is then `key-` and 16 hex digits of its SHA-256, the same for
+    every request."""
+    secrets = _secrets_of.get(config.version)
+    if secrets is None:
         deployments = config.deployments.values()
-        known = _keys_of[config.version] = (
-            frozenset((*admin, *(key.digest for key in keys.api_keys))),
-            frozenset(s for group in deployments for d in group for s in d.secrets()),
+        secrets = _secrets_of[config.version] = frozenset(
+            s for group in deployments for d in group for s in d.secrets()
         )
-    clients, secrets = known
-    if name == presented or name in secrets or (clients and key_digest(name) in clients):
+    keys = config.keys
+    if name == presented or name in secrets or _is_client_key(name, keys):
         return "key-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return name
+
+
+def _is_client_key(name: str, keys: Keys) -> bool:
+    if not keys.by_digest and keys.admin_digest is None:
+        return False
+    digest = key_digest(name)
+    return digest in keys.by_digest or digest == keys.admin_digest
 
 
 def parent_session_id(headers: Mapping[str, str]) -> str | None:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from proxy.metrics import Metrics
 from proxy.policies.spec import Keys, StoreSettings
+from proxy.store.admin_records import AdminRecords, LocalAdminRecords
 from proxy.store.base import Store
 from proxy.store.instrumented import InstrumentedState, InstrumentedStore
 from proxy.store.local import LocalStore
@@ -60,3 +61,16 @@ def open_windows(state: StateStore, lease_s: float) -> Windows:
         assert isinstance(inner, RedisState)
         return RedisWindows(inner.redis, lease_s)
     return MemoryWindows()
+
+
+def open_admin_records(settings: StoreSettings, state: StateStore) -> AdminRecords:
+    """The keys made at run time and the audit, where the rest is: in Redis beside the guard
+    state (its connection shared), else in a SQLite file under store.path."""
+    inner = getattr(state, "inner", state)
+    if inner.backend == "redis":
+        from proxy.store.redis import RedisState
+        from proxy.store.redis_admin import RedisAdminRecords
+
+        assert isinstance(inner, RedisState)
+        return RedisAdminRecords(inner.redis)
+    return LocalAdminRecords(settings.path)
