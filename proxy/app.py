@@ -256,7 +256,7 @@ def build_app(
             await runtime_keys.refresh()  # the keys made at run time, before the first request
         except StoreError as exc:
             log.warning("keys made at run time not read yet (tried again each second): %s", exc)
-        following = asyncio.create_task(runtime_keys.follow())
+        keys_following = asyncio.create_task(runtime_keys.follow())
         holder.on_change(upstreams.prepare)
         upstreams.prepare(holder.current)
         catalog.load_in_background()
@@ -264,7 +264,7 @@ def build_app(
         watching = watch and config_path is not None
         watcher = asyncio.create_task(holder.watch()) if watching else None
         circuits = asyncio.create_task(control.circuits.follow()) if store.shared else None
-        following = asyncio.create_task(facts.follow()) if store.shared else None
+        facts_following = asyncio.create_task(facts.follow()) if store.shared else None
         collecting = asyncio.create_task(collector.run())
         if handle_sighup:
             loop = asyncio.get_running_loop()
@@ -282,16 +282,16 @@ def build_app(
             circuits.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await circuits
-        if following is not None:
-            following.cancel()
+        if facts_following is not None:
+            facts_following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await following
+                await facts_following
         collecting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collecting
-        following.cancel()
+        keys_following.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await following
+            await keys_following
         await auditing.settled()
         await admin_records.close()
         await turns.close()  # the last turns recorded, before the store closes
