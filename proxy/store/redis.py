@@ -59,6 +59,7 @@ from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.listing import Listed, fair
+from proxy.store.redis_pipe import ScriptPipe
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -255,6 +256,8 @@ class RedisConnection:
         self.touch: Any = self.client.register_script(_TOUCH)
         self.drop: Any = self.client.register_script(_DROP)
         self.add: Any = self.client.register_script(_ADD)
+        # The rate limits' scripts, one round trip a batch on a connection of their own.
+        self.pipe = ScriptPipe(self.client, settings.timeout_s)
         self._paused_until = 0.0
         self._down_since: float | None = None
 
@@ -289,6 +292,7 @@ class RedisConnection:
         return result
 
     async def close(self) -> None:
+        await self.pipe.close()
         await self.client.aclose()
 
 

@@ -1,6 +1,8 @@
 """Rate-limit windows in Redis, shared by every replica on the same prefix: the arithmetic of
-proxy/store/windows.py, one Lua script per admission and one per release (one round trip
-each), on Redis' own clock (TIME), so replicas whose clocks differ still agree.
+proxy/store/windows.py, one Lua script per admission and one per release, on Redis' own clock
+(TIME), so replicas whose clocks differ still agree. The scripts go through the connection's
+script pipe (proxy/store/redis_pipe.py): the calls of requests arriving together share one
+round trip.
 
     <p>rate:<subject>     hash {at, r, t}           last refill time, requests and tokens left
     <p>lease:<subject>    sorted set {lease: expiry} requests in flight (max_concurrent)
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.store.redis import RedisConnection
+from proxy.store.redis_pipe import PipedScript
 from proxy.store.windows import CONCURRENCY_RETRY_S, Refusal, Subject
 
 LIMITS = ("rpm", "tpm", "max_concurrent")
@@ -108,8 +111,8 @@ class RedisWindows:
     def __init__(self, redis: RedisConnection, lease_s: float) -> None:
         self.redis = redis
         self.lease_ms = max(1000, int(lease_s * 1000))
-        self._take: Any = redis.client.register_script(_TAKE)
-        self._give_back: Any = redis.client.register_script(_GIVE_BACK)
+        self._take = PipedScript(_TAKE)
+        self._give_back = PipedScript(_GIVE_BACK)
 
     def _keys(self, subjects: Sequence[Subject]) -> list[str]:
         key = self.redis.key
@@ -121,7 +124,7 @@ class RedisWindows:
         for _, limits in subjects:
             args += [limits.rpm or 0, limits.tpm or 0, limits.max_concurrent or 0]
         keys = self._keys(subjects)
-        found = await r.run("rate_take", lambda: self._take(keys=keys, args=args))
+        found = await r.run("rate_take", lambda: r.pipe.call(self._take, keys, args))
         if int(found[0]) == 0:
             return None
         return Refusal(int(found[0]) - 1, LIMITS[int(found[1]) - 1], float(found[2]))
@@ -132,4 +135,4 @@ class RedisWindows:
         for _, limits in subjects:
             args += [limits.rpm or 0, limits.tpm or 0]
         keys = self._keys(subjects)
-        await r.run("rate_give_back", lambda: self._give_back(keys=keys, args=args))
+        await r.run("rate_give_back", lambda: r.pipe.call(self._give_back, keys, args))
