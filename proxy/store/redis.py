@@ -272,24 +272,36 @@ class RedisConnection:
         return 0 if math.isinf(ttl_s) else int(ttl_s * 1000)
 
     async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
-        now = time.monotonic()
-        if now < self._paused_until:
-            raise StoreError(f"redis {self.where}: {what} skipped, not answering")
+        self.check(what)
         try:
             # Socket timeouts bound each command; this bounds a script or pipeline as a whole
             # (asyncio.timeout, not wait_for: no task of its own, ~15 µs less per operation).
             async with asyncio.timeout(self.timeout_s * 2):
                 result = await operation()
         except (RedisError, OSError, TimeoutError) as exc:
-            self._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
-            if self._down_since is None:
-                self._down_since = now
-                log.warning("redis %s not answering (%s): going on without it", self.where, exc)
-            raise StoreError(f"redis {self.where}: {what} failed: {exc}") from exc
-        if self._down_since is not None:
-            log.warning("redis %s answering again after %.1f s", self.where, now - self._down_since)
-            self._down_since = None
+            raise self.failed(what, exc) from exc
+        self.answered()
         return result
+
+    def check(self, what: str) -> None:
+        """Raises StoreError at once while Redis is taken for down."""
+        if time.monotonic() < self._paused_until:
+            raise StoreError(f"redis {self.where}: {what} skipped, not answering")
+
+    def failed(self, what: str, exc: BaseException) -> StoreError:
+        """What an operation that failed raises; every other fails fast for a while."""
+        now = time.monotonic()
+        self._paused_until = now + PAUSE_AFTER_FAILURE_S
+        if self._down_since is None:
+            self._down_since = now
+            log.warning("redis %s not answering (%s): going on without it", self.where, exc)
+        return StoreError(f"redis {self.where}: {what} failed: {exc}")
+
+    def answered(self) -> None:
+        if self._down_since is not None:
+            took = time.monotonic() - self._down_since
+            log.warning("redis %s answering again after %.1f s", self.where, took)
+            self._down_since = None
 
     async def close(self) -> None:
         await self.pipe.close()

@@ -14,9 +14,11 @@ a request that runs longer stops holding its slot then.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.store.base import StoreError
 from proxy.store.redis import RedisConnection
 from proxy.store.redis_pipe import PipedScript
 from proxy.store.windows import CONCURRENCY_RETRY_S, Refusal, Subject
@@ -119,15 +121,41 @@ class RedisWindows:
         return [k for s in subjects for k in (key("rate", s.id), key("lease", s.id))]
 
     async def take(self, subjects: Sequence[Subject], lease: str, tokens: int) -> Refusal | None:
+        return await self.taking(subjects, lease, tokens)
+
+    def taking(
+        self, subjects: Sequence[Subject], lease: str, tokens: int
+    ) -> asyncio.Future[Refusal | None]:
+        """No task of its own: the pipe sends the script whatever becomes of its caller, and its
+        reply settles the future this returns (a StoreError when Redis failed)."""
         r = self.redis
+        outcome: asyncio.Future[Refusal | None] = asyncio.get_running_loop().create_future()
+        try:
+            r.check("rate_take")
+        except StoreError as exc:
+            outcome.set_exception(exc)
+            return outcome
         args: list[Any] = [lease, tokens, self.lease_ms, CONCURRENCY_RETRY_S]
         for _, limits in subjects:
             args += [limits.rpm or 0, limits.tpm or 0, limits.max_concurrent or 0]
-        keys = self._keys(subjects)
-        found = await r.run("rate_take", lambda: r.pipe.call(self._take, keys, args))
+        sent = r.pipe.call(self._take, self._keys(subjects), args)
+        sent.add_done_callback(lambda done: self._took(done, outcome))
+        return outcome
+
+    def _took(self, sent: asyncio.Future[Any], outcome: asyncio.Future[Refusal | None]) -> None:
+        r = self.redis
+        exc = asyncio.CancelledError() if sent.cancelled() else sent.exception()
+        if exc is not None:
+            outcome.set_exception(r.failed("rate_take", exc))
+            return
+        r.answered()
+        found = sent.result()
         if int(found[0]) == 0:
-            return None
-        return Refusal(int(found[0]) - 1, LIMITS[int(found[1]) - 1], float(found[2]))
+            outcome.set_result(None)
+        else:
+            outcome.set_result(
+                Refusal(int(found[0]) - 1, LIMITS[int(found[1]) - 1], float(found[2]))
+            )
 
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         r = self.redis
