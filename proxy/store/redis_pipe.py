@@ -12,7 +12,11 @@ The connection is made as the client's pool makes its own (address, TLS, passwor
 without socket timeouts: a batch as a whole is bounded by `timeout_s` instead. A batch that
 fails or times out fails every call in it (a RedisError or a TimeoutError) and the connection
 is dropped; the next batch connects again. A script Redis does not know (restarted, flushed) is
-sent whole once (EVAL: Redis keeps it), its call answered from that. Calls queued past
+sent whole once (EVAL: Redis keeps it), its call answered from that. A script is sent whole
+the first time on each connection too, so that calls run in the order they were made even
+after a Redis restart (a call re-sent after NOSCRIPT would run after the ones behind it; only a
+SCRIPT FLUSH on a live connection can still do that, to the calls of that one batch). Calls
+queued past
 MAX_WAITING fail at once: Redis is not keeping up and waiting longer would not help.
 """
 
@@ -84,6 +88,7 @@ class ScriptPipe:
         self._waiting: list[_Call] = []
         self._pumping: asyncio.Task[None] | None = None
         self._closed = False
+        self._known: set[bytes] = set()  # scripts this connection has sent whole
         self.batches = 0  # round trips made (the tests read it)
 
     def call(
@@ -116,31 +121,43 @@ class ScriptPipe:
         connection = self._connection
         try:
             async with asyncio.timeout(self.timeout_s):
-                packed = b"".join(c.script.command(c.keys, c.args, whole=c.whole) for c in batch)
+                packed = b"".join(self._command(call) for call in batch)
                 await connection.send_packed_command(packed, check_health=False)
+                again: list[_Call] = []
                 for call in batch:
                     try:
                         reply = await connection.read_response()
                     except NoScriptError as exc:
+                        self._known.clear()  # flushed: every script is sent whole again
                         if call.whole:
                             _fail(call, exc)
                         else:
-                            call.whole = True  # sent whole in the next batch
-                            self._waiting.append(call)
+                            call.whole = True  # sent whole first in the next batch
+                            again.append(call)
                     except ResponseError as exc:  # the script's own error: this call's alone
                         _fail(call, exc)
                     else:
                         if not call.future.done():
                             call.future.set_result(reply)
+                self._waiting[:0] = again
         except Exception as exc:  # every call of the batch learns of it
+            self._known.clear()  # the next connection may be to a Redis that restarted
             await connection.disconnect(nowait=True)
             for call in batch:
                 _fail(call, exc)
         except asyncio.CancelledError:
+            self._known.clear()
             await connection.disconnect(nowait=True)
             for call in batch:
                 _fail(call, RedisConnectionError("the script pipe was closed"))
             raise
+
+    def _command(self, call: _Call) -> bytes:
+        sha = call.script.sha
+        if sha not in self._known:
+            call.whole = True
+            self._known.add(sha)  # the calls behind it in the batch find it loaded
+        return call.script.command(call.keys, call.args, whole=call.whole)
 
     async def close(self) -> None:
         self._closed = True

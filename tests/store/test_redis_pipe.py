@@ -17,6 +17,8 @@ from proxy.store.redis_pipe import PipedScript, ScriptPipe
 from tests.conftest import REDIS_URL, OwnRedis, start_redis
 
 ADD = PipedScript("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+WRITE = PipedScript("redis.call('SET', KEYS[1], ARGV[1]) return 1")
+READ = PipedScript("return redis.call('GET', KEYS[1])")
 FAILS = PipedScript("return redis.error_reply('ERR refused by the script')")
 
 
@@ -44,6 +46,21 @@ async def test_a_script_redis_forgot_is_sent_whole(client: Any, redis_prefix: st
     await client.script_flush()  # as a restarted Redis without persistence would have it
     assert await asyncio.gather(pipe.call(ADD, [key], [1]), pipe.call(ADD, [key], [1])) == [6, 7]
     assert await pipe.call(ADD, [key], [1]) == 8
+    await pipe.close()
+
+
+async def test_calls_keep_their_order_when_redis_knows_one_script_only(
+    client: Any, redis_prefix: str
+) -> None:
+    """A script sent first on a connection goes whole: re-sent after a NOSCRIPT, the write would
+    run after the read made behind it."""
+    key = redis_prefix + "v"
+    await client.set(key, "old")
+    await client.script_flush()
+    await client.eval(READ.text.decode(), 1, key)  # Redis knows the read, not the write
+    pipe = ScriptPipe(client, timeout_s=2)
+    found = await asyncio.gather(pipe.call(WRITE, [key], ["new"]), pipe.call(READ, [key], []))
+    assert found == [1, b"new"]
     await pipe.close()
 
 
