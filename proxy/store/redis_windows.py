@@ -15,14 +15,17 @@ a request that runs longer stops holding its slot then.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.logs.limit import warn_limited
 from proxy.store.base import StoreError
 from proxy.store.redis import RedisConnection
 from proxy.store.redis_pipe import PipedScript
 from proxy.store.windows import CONCURRENCY_RETRY_S, Refusal, Subject
 
+log = logging.getLogger("agentproxy.guards")
 LIMITS = ("rpm", "tpm", "max_concurrent")
 
 # KEYS: per subject, its hash and its leases. ARGV: lease, tokens, lease ms, retry s for a
@@ -162,5 +165,17 @@ class RedisWindows:
         args: list[Any] = [lease, repr(float(tokens))]
         for _, limits in subjects:
             args += [limits.rpm or 0, limits.tpm or 0]
-        keys = self._keys(subjects)
-        await r.run("rate_give_back", lambda: r.pipe.call(self._give_back, keys, args))
+        r.check("rate_give_back")
+        # Sent, not waited for: the pipe sends it before any later admission of this replica
+        # (one connection, in order), and the request's answer need not wait for Redis' reply.
+        sent = r.pipe.call(self._give_back, self._keys(subjects), args)
+        sent.add_done_callback(lambda done: self._given_back(done, lease))
+
+    def _given_back(self, sent: asyncio.Future[Any], lease: str) -> None:
+        r = self.redis
+        exc = asyncio.CancelledError() if sent.cancelled() else sent.exception()
+        if exc is None:
+            r.answered()
+            return
+        what = "rate limit slots of lease %s not given back: %s (they expire on their own)"
+        warn_limited(log, "rate_limit.release", what, lease, r.failed("rate_give_back", exc))
