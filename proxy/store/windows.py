@@ -63,7 +63,9 @@ class Windows(Protocol):
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         """The request is over: its slots free, and `tokens` returned to the tokens buckets
         (negative: more taken, what it used past its estimate). Once per admitted lease (the
-        guard's Lease says whether it was). May raise StoreError."""
+        guard's Lease says whether it was). May raise StoreError; Redis' is sent without
+        waiting for its reply (before any later admission of this process), its failure
+        logged."""
         ...
 
 
