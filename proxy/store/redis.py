@@ -61,6 +61,7 @@ from proxy.policies.spec import StoreSettings
 from proxy.redaction import redact_url
 from proxy.store.base import RECORDING_KINDS, BlobInfo, StoreError, snippet
 from proxy.store.listing import Listed, fair
+from proxy.store.redis_pipe import ScriptPipe
 from proxy.store.retention import KICK_AT, LOW_WATER, Collected, Pressure, StoreStats
 from proxy.store.shares import OwnerFull, owner_full_message, session_owner
 
@@ -257,6 +258,8 @@ class RedisConnection:
         self.touch: Any = self.client.register_script(_TOUCH)
         self.drop: Any = self.client.register_script(_DROP)
         self.add: Any = self.client.register_script(_ADD)
+        # The rate limits' scripts, one round trip a batch on a connection of their own.
+        self.pipe = ScriptPipe(self.client, settings.timeout_s)
         self._paused_until = 0.0
         self._down_since: float | None = None
 
@@ -271,26 +274,39 @@ class RedisConnection:
         return 0 if math.isinf(ttl_s) else int(ttl_s * 1000)
 
     async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
-        now = time.monotonic()
-        if now < self._paused_until:
-            raise StoreError(f"redis {self.where}: {what} skipped, not answering")
+        self.check(what)
         try:
             # Socket timeouts bound each command; this bounds a script or pipeline as a whole
             # (asyncio.timeout, not wait_for: no task of its own, ~15 µs less per operation).
             async with asyncio.timeout(self.timeout_s * 2):
                 result = await operation()
         except (RedisError, OSError, TimeoutError) as exc:
-            self._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
-            if self._down_since is None:
-                self._down_since = now
-                log.warning("redis %s not answering (%s): going on without it", self.where, exc)
-            raise StoreError(f"redis {self.where}: {what} failed: {exc}") from exc
-        if self._down_since is not None:
-            log.warning("redis %s answering again after %.1f s", self.where, now - self._down_since)
-            self._down_since = None
+            raise self.failed(what, exc) from exc
+        self.answered()
         return result
 
+    def check(self, what: str) -> None:
+        """Raises StoreError at once while Redis is taken for down."""
+        if time.monotonic() < self._paused_until:
+            raise StoreError(f"redis {self.where}: {what} skipped, not answering")
+
+    def failed(self, what: str, exc: BaseException) -> StoreError:
+        """What an operation that failed raises; every other fails fast for a while."""
+        now = time.monotonic()
+        self._paused_until = now + PAUSE_AFTER_FAILURE_S
+        if self._down_since is None:
+            self._down_since = now
+            log.warning("redis %s not answering (%s): going on without it", self.where, exc)
+        return StoreError(f"redis {self.where}: {what} failed: {exc}")
+
+    def answered(self) -> None:
+        if self._down_since is not None:
+            took = time.monotonic() - self._down_since
+            log.warning("redis %s answering again after %.1f s", self.where, took)
+            self._down_since = None
+
     async def close(self) -> None:
+        await self.pipe.close()
         await self.client.aclose()
 
 

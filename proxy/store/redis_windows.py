@@ -1,6 +1,8 @@
 """Rate-limit windows in Redis, shared by every replica on the same prefix: the arithmetic of
-proxy/store/windows.py, one Lua script per admission and one per release (one round trip
-each), on Redis' own clock (TIME), so replicas whose clocks differ still agree.
+proxy/store/windows.py, one Lua script per admission and one per release, on Redis' own clock
+(TIME), so replicas whose clocks differ still agree. The scripts go through the connection's
+script pipe (proxy/store/redis_pipe.py): the calls of requests arriving together share one
+round trip.
 
     <p>rate:<subject>     hash {at, r, t}           last refill time, requests and tokens left
     <p>lease:<subject>    sorted set {lease: expiry} requests in flight (max_concurrent)
@@ -12,12 +14,18 @@ a request that runs longer stops holding its slot then.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.logs.limit import warn_limited
+from proxy.store.base import StoreError
 from proxy.store.redis import RedisConnection
+from proxy.store.redis_pipe import PipedScript
 from proxy.store.windows import CONCURRENCY_RETRY_S, Refusal, Subject
 
+log = logging.getLogger("agentproxy.guards")
 LIMITS = ("rpm", "tpm", "max_concurrent")
 
 # KEYS: per subject, its hash and its leases. ARGV: lease, tokens, lease ms, retry s for a
@@ -108,28 +116,66 @@ class RedisWindows:
     def __init__(self, redis: RedisConnection, lease_s: float) -> None:
         self.redis = redis
         self.lease_ms = max(1000, int(lease_s * 1000))
-        self._take: Any = redis.client.register_script(_TAKE)
-        self._give_back: Any = redis.client.register_script(_GIVE_BACK)
+        self._take = PipedScript(_TAKE)
+        self._give_back = PipedScript(_GIVE_BACK)
 
     def _keys(self, subjects: Sequence[Subject]) -> list[str]:
         key = self.redis.key
         return [k for s in subjects for k in (key("rate", s.id), key("lease", s.id))]
 
     async def take(self, subjects: Sequence[Subject], lease: str, tokens: int) -> Refusal | None:
+        return await self.taking(subjects, lease, tokens)
+
+    def taking(
+        self, subjects: Sequence[Subject], lease: str, tokens: int
+    ) -> asyncio.Future[Refusal | None]:
+        """No task of its own: the pipe sends the script whatever becomes of its caller, and its
+        reply settles the future this returns (a StoreError when Redis failed)."""
         r = self.redis
+        outcome: asyncio.Future[Refusal | None] = asyncio.get_running_loop().create_future()
+        try:
+            r.check("rate_take")
+        except StoreError as exc:
+            outcome.set_exception(exc)
+            return outcome
         args: list[Any] = [lease, tokens, self.lease_ms, CONCURRENCY_RETRY_S]
         for _, limits in subjects:
             args += [limits.rpm or 0, limits.tpm or 0, limits.max_concurrent or 0]
-        keys = self._keys(subjects)
-        found = await r.run("rate_take", lambda: self._take(keys=keys, args=args))
+        sent = r.pipe.call(self._take, self._keys(subjects), args)
+        sent.add_done_callback(lambda done: self._took(done, outcome))
+        return outcome
+
+    def _took(self, sent: asyncio.Future[Any], outcome: asyncio.Future[Refusal | None]) -> None:
+        r = self.redis
+        exc = asyncio.CancelledError() if sent.cancelled() else sent.exception()
+        if exc is not None:
+            outcome.set_exception(r.failed("rate_take", exc))
+            return
+        r.answered()
+        found = sent.result()
         if int(found[0]) == 0:
-            return None
-        return Refusal(int(found[0]) - 1, LIMITS[int(found[1]) - 1], float(found[2]))
+            outcome.set_result(None)
+        else:
+            outcome.set_result(
+                Refusal(int(found[0]) - 1, LIMITS[int(found[1]) - 1], float(found[2]))
+            )
 
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         r = self.redis
         args: list[Any] = [lease, repr(float(tokens))]
         for _, limits in subjects:
             args += [limits.rpm or 0, limits.tpm or 0]
-        keys = self._keys(subjects)
-        await r.run("rate_give_back", lambda: self._give_back(keys=keys, args=args))
+        r.check("rate_give_back")
+        # Sent, not waited for: the pipe sends it before any later admission of this replica
+        # (one connection, in order), and the request's answer need not wait for Redis' reply.
+        sent = r.pipe.call(self._give_back, self._keys(subjects), args)
+        sent.add_done_callback(lambda done: self._given_back(done, lease))
+
+    def _given_back(self, sent: asyncio.Future[Any], lease: str) -> None:
+        r = self.redis
+        exc = asyncio.CancelledError() if sent.cancelled() else sent.exception()
+        if exc is None:
+            r.answered()
+            return
+        what = "rate limit slots of lease %s not given back: %s (they expire on their own)"
+        warn_limited(log, "rate_limit.release", what, lease, r.failed("rate_give_back", exc))

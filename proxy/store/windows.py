@@ -12,6 +12,7 @@ difference, or takes more), and a debt holds later requests back until it is ref
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,10 +53,19 @@ class Windows(Protocol):
         last. May raise StoreError."""
         ...
 
+    def taking(
+        self, subjects: Sequence[Subject], lease: str, tokens: int
+    ) -> asyncio.Future[Refusal | None]:
+        """`take`'s outcome, to come: the admission runs to its end whether or not the future
+        is still awaited then (its outcome is still told to whoever holds it)."""
+        ...
+
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         """The request is over: its slots free, and `tokens` returned to the tokens buckets
         (negative: more taken, what it used past its estimate). Once per admitted lease (the
-        guard's Lease says whether it was). May raise StoreError."""
+        guard's Lease says whether it was). May raise StoreError; Redis' is sent without
+        waiting for its reply (before any later admission of this process), its failure
+        logged."""
         ...
 
 
@@ -127,6 +137,13 @@ class MemoryWindows:
 
     async def take(self, subjects: Sequence[Subject], lease: str, tokens: int) -> Refusal | None:
         return self.take_now(subjects, tokens)
+
+    def taking(
+        self, subjects: Sequence[Subject], lease: str, tokens: int
+    ) -> asyncio.Future[Refusal | None]:
+        done: asyncio.Future[Refusal | None] = asyncio.get_running_loop().create_future()
+        done.set_result(self.take_now(subjects, tokens))
+        return done
 
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         self.give_back_now(subjects, tokens)

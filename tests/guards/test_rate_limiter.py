@@ -27,6 +27,11 @@ class SlowWindows:
         self.running: set[asyncio.Future[None]] = set()
 
     async def take(self, subjects: Sequence[Subject], lease: str, tokens: int) -> Refusal | None:
+        return await self.taking(subjects, lease, tokens)
+
+    def taking(
+        self, subjects: Sequence[Subject], lease: str, tokens: int
+    ) -> asyncio.Future[Refusal | None]:
         """Sent: the store carries it out when it answers, whether or not anyone still waits
         for the reply (as Redis runs a script whose client hung up)."""
         reply: asyncio.Future[Refusal | None] = asyncio.get_running_loop().create_future()
@@ -38,7 +43,7 @@ class SlowWindows:
                 reply.set_result(refused)
 
         self.running.add(asyncio.ensure_future(store_side()))
-        return await reply
+        return reply
 
     async def give_back(self, subjects: Sequence[Subject], lease: str, tokens: float) -> None:
         self.inner.give_back_now(subjects, tokens)
