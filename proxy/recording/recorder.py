@@ -5,6 +5,7 @@ session whose policy records it, to the store (proxy/recording/sessions.py)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from proxy.exchange import Exchange
@@ -40,8 +41,8 @@ class Recorder:
     def finished(self, ex: Exchange, status: int, record: Finished | None) -> None:
         """A request is done, whatever its outcome: its turn to the board, and to its
         session's recording when `record` (queued: written off the request's path)."""
-        if self.board is not None:
-            self.board.saw(ex, status)
+        if self.board is not None:  # at the recording's time: one row whichever lists it
+            self.board.saw(ex, status, record.at if record is not None else time.time())
         if record is not None and self.turns is not None:
             self.turns.submit(record)
 

@@ -80,25 +80,37 @@ async def list_sessions(request: web.Request) -> web.Response:
             listed = await store.listed(scope, LISTED_MAX)
     except StoreError:
         listed = []  # the store is down: what this process served is still listed
-    rows = {
-        entry.session: _listed(entry, board.get(entry.session))
-        for entry in listed
-        if name is None or entry.name == name
-    }
+    rows: dict[str, dict[str, Any]] = {}
+    recency: dict[str, float] = {}  # by session: its last activity, unrounded (the order)
+    for entry in listed:
+        if name is None or entry.name == name:
+            summary = board.get(entry.session)
+            rows[entry.session] = _listed(entry, summary)
+            recency[entry.session] = _last_at(entry, summary)
     for session, summary in board.items():
         if session not in rows:
             rows[session] = {**_describe(summary), "source": "board"}
-    return _json({"object": "list", "data": _shared(rows)})
+            recency[session] = summary.last_at
+    return _json({"object": "list", "data": _shared(rows, recency)})
 
 
-def _shared(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _shared(rows: dict[str, dict[str, Any]], recency: dict[str, float]) -> list[dict[str, Any]]:
     """At most LISTED_MAX rows, each owner its share (store/listing.py `fair`), most recent
-    first."""
+    first: ordered by the times themselves, not the rows' rounded ones (calls a millisecond
+    apart would tie, and the tie would fall to whichever source listed them)."""
     owners: dict[str, list[tuple[str, float]]] = {}
-    for session, row in sorted(rows.items(), key=lambda item: -(item[1]["last_at"] or 0)):
-        owners.setdefault(row["owner"], []).append((session, row["last_at"] or 0))
-    kept = [rows[session] for session in fair(list(owners.values()), LISTED_MAX)]
-    return sorted(kept, key=lambda row: row["last_at"] or 0, reverse=True)
+    for session in sorted(rows, key=lambda session: -recency[session]):
+        owners.setdefault(rows[session]["owner"], []).append((session, recency[session]))
+    kept = fair(list(owners.values()), LISTED_MAX)
+    return [rows[session] for session in sorted(kept, key=lambda s: -recency[s])]
+
+
+def _last_at(entry: Listed, summary: SessionSummary | None) -> float:
+    """A recorded session's last activity: its index entry's, or the board's when this
+    process finished a later call the writer has not put in the index yet (a session whose
+    newest call is on its way is listed as recent as it is, not where its last write left
+    it). Both are the call's one time (board.py `saw`)."""
+    return max(entry.last_at, summary.last_at if summary is not None else 0.0)
 
 
 @routes.get("/admin/sessions/{id}")
@@ -231,7 +243,7 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "errors": entry.errors,
         "statuses": entry.statuses,
         "first_at": round(entry.first_at, 3),
-        "last_at": round(entry.last_at, 3),
+        "last_at": round(_last_at(entry, summary), 3),
         "guard": summary.guard if summary is not None else {},
         "not_recorded": entry.not_recorded,
         "source": "recording",
