@@ -6,12 +6,14 @@ session whose policy records it, to the store (proxy/recording/sessions.py)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.exchange import Exchange
 from proxy.metrics import GUARDS, Metrics
+from proxy.recording.conversation import Conversation
 from proxy.recording.events import EventLog
-from proxy.recording.sessions import Finished, TurnWriter
+from proxy.recording.sessions import Finished, TurnWriter, opens_client_turn
 from proxy.sessions.board import SessionBoard
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
@@ -25,6 +27,9 @@ class Recorder:
         self.events = events
         self.board: SessionBoard | None = None  # set by the app: what /admin/sessions lists
         self.turns: TurnWriter | None = None  # set by the app: recorded sessions' writer
+        # Set by the app, by wire name: how its bodies read (whether a call opens a client
+        # turn, counted on the board as the recording counts it).
+        self.conversations: Mapping[str, Conversation] = {}
 
     def record(self, ex: Exchange, stage: str, action: str, **fields: Any) -> None:
         ex.note(stage, action, **fields)
@@ -42,7 +47,10 @@ class Recorder:
         """A request is done, whatever its outcome: its turn to the board, and to its
         session's recording when `record` (queued: written off the request's path)."""
         if self.board is not None:  # at the recording's time: one row whichever lists it
-            self.board.saw(ex, status, record.at if record is not None else time.time())
+            at = record.at if record is not None else time.time()
+            conversation = self.conversations.get(ex.client.wire)
+            opens = conversation is None or opens_client_turn(ex, conversation)
+            self.board.saw(ex, status, at, opens)
         if record is not None and self.turns is not None:
             self.turns.submit(record)
 

@@ -14,8 +14,9 @@ pages (?after=TURN&limit=N; `has_more`, `next_after`): only a page's turns are e
 page stops at PAGE_BYTES, so reading any recorded session costs about a page of memory.
 
 A timeline row is one call (the agent's request, with the recall rounds and retries inside
-it), numbered `call`; a recorded row also says which client turn it belongs to (`turn`: a
-person's prompt opens one) and reads as a conversation, in one shape for every wire
+it), numbered `call`; it also says which client turn it belongs to (`turn`: a person's
+prompt opens one, `opens`; the board reads it as the recording does), and a recorded row reads
+as a conversation, in one shape for every wire
 (proxy/recording/conversation.py): `messages_in` (the messages new in it, as the client sent
 them), `answer` and, when it failed, `error`. Its events say whether an earlier call already
 had them (`new`: a rewrite re-applied to the same old messages is carried, not new).
@@ -141,9 +142,8 @@ async def show_session(request: web.Request) -> web.Response:
         page = _board_page(summary, after, limit)
     body = await _described(request.app[STORE], session, summary, recording, last)
     body["source"] = "recording" if recording else "board"
-    # Client turns apart from the calls in them: a recording knows both; the board counts
-    # calls only.
-    body["calls"] = len(recording) if recording else body.get("turns")
+    # Client turns apart from the calls in them (the board's and the index's count both).
+    body["calls"] = len(recording) if recording else body.get("calls")
     if recording and recording.client_turns() is not None:
         body["turns"] = recording.client_turns()
     body["timeline"], body["has_more"], body["next_after"] = page
@@ -189,8 +189,8 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
         "model": summary.model,
         "policy": summary.policy,
         "recorded": summary.recorded,
-        "turns": summary.turns,  # the board counts calls only
-        "calls": summary.turns,
+        "turns": summary.turns,  # client turns, as the index counts them
+        "calls": summary.calls,
         "tokens_received": summary.tokens_received,
         "tokens_sent": summary.tokens_sent,
         "prompt_tokens": summary.prompt_tokens,
@@ -320,7 +320,7 @@ async def _recorded_page(
 
 def _board_page(summary: SessionSummary, after: int, limit: int) -> Page:
     """The board's last calls, numbered as the session counts them."""
-    first = summary.turns - len(summary.timeline) + 1
+    first = summary.calls - len(summary.timeline) + 1
     numbered = [{"call": first + i, **row} for i, row in enumerate(summary.timeline)]
     rows = [row for row in numbered if row["call"] > after]
     more = len(rows) > limit
