@@ -5,16 +5,20 @@ session whose policy records it, to the store (proxy/recording/sessions.py)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from proxy.exchange import Exchange
+from proxy.logs.limit import warn_limited
 from proxy.metrics import GUARDS, Metrics
 from proxy.recording.conversation import Conversation
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import Finished, TurnWriter, opens_client_turn
 from proxy.sessions.board import SessionBoard
+
+log = logging.getLogger("agentproxy.recording")
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
 # class, fallbacks by source and target, upstream errors by reason): not counted again here.
@@ -48,11 +52,22 @@ class Recorder:
         session's recording when `record` (queued: written off the request's path)."""
         if self.board is not None:  # at the recording's time: one row whichever lists it
             at = record.at if record is not None else time.time()
-            conversation = self.conversations.get(ex.client.wire)
-            opens = conversation is None or opens_client_turn(ex, conversation)
-            self.board.saw(ex, status, at, opens)
+            self.board.saw(ex, status, at, self._opens(ex))
         if record is not None and self.turns is not None:
             self.turns.submit(record)
+
+    def _opens(self, ex: Exchange) -> bool:
+        """Whether the call opens a client turn; a reading that fails (a body its wire's
+        Conversation cannot read) counts it as one, said, never the request's failure."""
+        conversation = self.conversations.get(ex.client.wire)
+        if conversation is None:
+            return True
+        try:
+            return opens_client_turn(ex, conversation)
+        except Exception as exc:
+            warn_limited(log, "board.opens", "sessions board: a call's client turn was not "
+                         "read: %s: %s", type(exc).__name__, exc)  # fmt: skip
+            return True
 
     def turns_unrecorded(self, session: str, outcome: str, turns: int) -> None:
         """Turns of a session that its recording lost (dropped, failed) or left out (stopped,

@@ -467,3 +467,40 @@ async def listed(proxy: TestServer) -> list[dict[str, Any]]:
         async with http.get(proxy.make_url("/admin/sessions"), headers=headers) as r:
             rows: list[dict[str, Any]] = (await r.json())["data"]
             return rows
+
+
+class Unreadable:
+    """A wire's Conversation that cannot read an entry."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def messages(self, items: list[Any]) -> Any:
+        raise ValueError("an entry this reader cannot read")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_call_the_board_cannot_read_is_answered_and_counted_as_a_turn(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """The board reads each call on the request's path: a failing reading is never the
+    request's failure."""
+    sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY)
+    upstream: TestServer = await aiohttp_server(sim.app())
+    path = tmp_path / "agentproxy.yaml"
+    url = str(upstream.make_url("")).rstrip("/")
+    path.write_text(config(url, tmp_path / "data").replace("{enabled: true,", "{enabled: false,"))
+    proxy = await start_proxy(path)
+    conversations = proxy.app[RECORDINGS].conversations
+    conversations["chat"] = Unreadable(conversations["chat"])  # type: ignore[index]
+    agent = Agent("chat", "unreadable")
+    async with aiohttp.ClientSession() as http:
+        for text in ("one", "two"):
+            agent.prompt(text)
+            status, reply = await agent.send(http, proxy)
+            assert status == 200, reply
+            agent.answered(reply)
+    (row,) = await listed(proxy)
+    assert (row["turns"], row["calls"]) == (2, 2)
