@@ -152,6 +152,7 @@ def build_app(
     )
     recorder = Recorder(metrics, events)
     recorder.board = app[BOARD] = SessionBoard()
+    recorder.conversations = {wire.name: wire.conversation for wire in REGISTRY}
     app[TIMELINE_READS] = asyncio.Semaphore(sessions.PAGES_AT_ONCE)
     turns = recorder.turns = app[RECORDINGS] = TurnWriter(
         store,
@@ -159,7 +160,7 @@ def build_app(
         recorder.recording_stopped,
         on_unrecorded=recorder.turns_unrecorded,
         assemblies={wire.name: wire.answer_assembly for wire in REGISTRY},
-        conversations={wire.name: wire.conversation for wire in REGISTRY},
+        conversations=recorder.conversations,
         measure=context_measure,  # the one measure replay reports too
     )
     # Control first: the summarizer's calls go through it; the rewriter's hooks are the

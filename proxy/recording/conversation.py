@@ -105,6 +105,17 @@ def opens_turn(messages: list[Message]) -> bool:
     return False
 
 
+def opens_in(conversation: Conversation, items: list[Any], start: int) -> bool:
+    """Whether a call's new entries, `items` past the first `start` (those it shares with
+    the call it was compared with), open a client turn (`opens_turn`). The last the client
+    wrote decides: read back to it only, so a call costs its last entries, not its history."""
+    for at in range(len(items) - 1, max(start, 0) - 1, -1):
+        read = conversation.messages([items[at]])
+        if read and read[-1].get("role") in ("user", "tool"):
+            return opens_turn(read)
+    return False
+
+
 def bounded(messages: list[Message], budget: int = MESSAGES_CHARS) -> tuple[list[Message], int]:
     """The last MESSAGES_SHOWN messages, each text at most PART_CHARS and all of them at most
     `budget` characters (the newest kept first), each cut one saying so; and how many were

@@ -5,13 +5,20 @@ session whose policy records it, to the store (proxy/recording/sessions.py)."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.exchange import Exchange
+from proxy.logs.limit import warn_limited
 from proxy.metrics import GUARDS, Metrics
+from proxy.recording.conversation import Conversation
 from proxy.recording.events import EventLog
-from proxy.recording.sessions import Finished, TurnWriter
+from proxy.recording.sessions import Finished, TurnWriter, opens_client_turn
 from proxy.sessions.board import SessionBoard
+
+log = logging.getLogger("agentproxy.recording")
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
 # class, fallbacks by source and target, upstream errors by reason): not counted again here.
@@ -24,6 +31,9 @@ class Recorder:
         self.events = events
         self.board: SessionBoard | None = None  # set by the app: what /admin/sessions lists
         self.turns: TurnWriter | None = None  # set by the app: recorded sessions' writer
+        # Set by the app, by wire name: how its bodies read (whether a call opens a client
+        # turn, counted on the board as the recording counts it).
+        self.conversations: Mapping[str, Conversation] = {}
 
     def record(self, ex: Exchange, stage: str, action: str, **fields: Any) -> None:
         ex.note(stage, action, **fields)
@@ -40,10 +50,24 @@ class Recorder:
     def finished(self, ex: Exchange, status: int, record: Finished | None) -> None:
         """A request is done, whatever its outcome: its turn to the board, and to its
         session's recording when `record` (queued: written off the request's path)."""
-        if self.board is not None:
-            self.board.saw(ex, status)
+        if self.board is not None:  # at the recording's time: one row whichever lists it
+            at = record.at if record is not None else time.time()
+            self.board.saw(ex, status, at, self._opens(ex))
         if record is not None and self.turns is not None:
             self.turns.submit(record)
+
+    def _opens(self, ex: Exchange) -> bool:
+        """Whether the call opens a client turn; a reading that fails (a body its wire's
+        Conversation cannot read) counts it as one, said, never the request's failure."""
+        conversation = self.conversations.get(ex.client.wire)
+        if conversation is None:
+            return True
+        try:
+            return opens_client_turn(ex, conversation)
+        except Exception as exc:
+            warn_limited(log, "board.opens", "sessions board: a call's client turn was not "
+                         "read: %s: %s", type(exc).__name__, exc)  # fmt: skip
+            return True
 
     def turns_unrecorded(self, session: str, outcome: str, turns: int) -> None:
         """Turns of a session that its recording lost (dropped, failed) or left out (stopped,

@@ -49,7 +49,7 @@ from proxy.messages import CHAT
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
 from proxy.recording.answers import Assemble, answer_in_slices, answer_of, assembled_size
-from proxy.recording.conversation import ERROR_CHARS, Conversation, cut, opens_turn
+from proxy.recording.conversation import ERROR_CHARS, Conversation, cut, opens_in
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
@@ -634,12 +634,26 @@ def _opens(conversation: Conversation, body: Any, request: dict[str, Any] | None
     compared with) open a client turn; a body without a list is a prompt of its own."""
     if not isinstance(body, dict) or request is None or request.get("key") is None:
         return True
-    items = body[request["key"]][request["keep"] :]
-    for item in reversed(items):  # the last the client wrote decides: read back to it only
-        read = conversation.messages([item])
-        if read and read[-1].get("role") in ("user", "tool"):
-            return opens_turn(read)
-    return False
+    return opens_in(conversation, body[request["key"]], request["keep"])
+
+
+def opens_client_turn(ex: Exchange, conversation: Conversation) -> bool:
+    """Whether a call opens a client turn, as its recording would count it, without the
+    recording: its native entries past the prefix its view (or, for chat, the chain) found
+    equal to the session's last call's (`_lineage`), read by the wire's Conversation from the
+    last back; a body without a list is a prompt of its own. What the sessions board counts
+    (every session, recorded or not), on the request's path: the new entries only."""
+    _, _, shared, key = _lineage(ex)
+    native = ex.client.native
+    if native is None:  # the client's chat messages, as received (the stages replace them)
+        original = ex.client.original_messages
+        items = original if original is not None else ex.body.get(key)
+    else:
+        body = getattr(native, "body", None)
+        items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return True
+    return opens_in(conversation, items, shared)
 
 
 def _error(turn: Finished, conversation: Conversation, redaction: Redaction) -> Any:

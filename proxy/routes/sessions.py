@@ -14,8 +14,9 @@ pages (?after=TURN&limit=N; `has_more`, `next_after`): only a page's turns are e
 page stops at PAGE_BYTES, so reading any recorded session costs about a page of memory.
 
 A timeline row is one call (the agent's request, with the recall rounds and retries inside
-it), numbered `call`; a recorded row also says which client turn it belongs to (`turn`: a
-person's prompt opens one) and reads as a conversation, in one shape for every wire
+it), numbered `call`; it also says which client turn it belongs to (`turn`: a person's
+prompt opens one, `opens`; the board reads it as the recording does), and a recorded row reads
+as a conversation, in one shape for every wire
 (proxy/recording/conversation.py): `messages_in` (the messages new in it, as the client sent
 them), `answer` and, when it failed, `error`. Its events say whether an earlier call already
 had them (`new`: a rewrite re-applied to the same old messages is carried, not new).
@@ -86,25 +87,37 @@ async def list_sessions(request: web.Request) -> web.Response:
             listed = await store.listed(scope, LISTED_MAX)
     except StoreError:
         listed = []  # the store is down: what this process served is still listed
-    rows = {
-        entry.session: _listed(entry, board.get(entry.session))
-        for entry in listed
-        if name is None or entry.name == name
-    }
+    rows: dict[str, dict[str, Any]] = {}
+    recency: dict[str, float] = {}  # by session: its last activity, unrounded (the order)
+    for entry in listed:
+        if name is None or entry.name == name:
+            summary = board.get(entry.session)
+            rows[entry.session] = _listed(entry, summary)
+            recency[entry.session] = _last_at(entry, summary)
     for session, summary in board.items():
         if session not in rows:
             rows[session] = {**_describe(summary), "source": "board"}
-    return _json({"object": "list", "data": _shared(rows)})
+            recency[session] = summary.last_at
+    return _json({"object": "list", "data": _shared(rows, recency)})
 
 
-def _shared(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _shared(rows: dict[str, dict[str, Any]], recency: dict[str, float]) -> list[dict[str, Any]]:
     """At most LISTED_MAX rows, each owner its share (store/listing.py `fair`), most recent
-    first."""
+    first: ordered by the times themselves, not the rows' rounded ones (calls a millisecond
+    apart would tie, and the tie would fall to whichever source listed them)."""
     owners: dict[str, list[tuple[str, float]]] = {}
-    for session, row in sorted(rows.items(), key=lambda item: -(item[1]["last_at"] or 0)):
-        owners.setdefault(row["owner"], []).append((session, row["last_at"] or 0))
-    kept = [rows[session] for session in fair(list(owners.values()), LISTED_MAX)]
-    return sorted(kept, key=lambda row: row["last_at"] or 0, reverse=True)
+    for session in sorted(rows, key=lambda session: -recency[session]):
+        owners.setdefault(rows[session]["owner"], []).append((session, recency[session]))
+    kept = fair(list(owners.values()), LISTED_MAX)
+    return [rows[session] for session in sorted(kept, key=lambda s: -recency[s])]
+
+
+def _last_at(entry: Listed, summary: SessionSummary | None) -> float:
+    """A recorded session's last activity: its index entry's, or the board's when this
+    process finished a later call the writer has not put in the index yet (a session whose
+    newest call is on its way is listed as recent as it is, not where its last write left
+    it). Both are the call's one time (board.py `saw`)."""
+    return max(entry.last_at, summary.last_at if summary is not None else 0.0)
 
 
 @routes.get("/admin/sessions/{id}")
@@ -135,9 +148,8 @@ async def show_session(request: web.Request) -> web.Response:
         page = _board_page(summary, after, limit)
     body = await _described(request.app[STORE], session, summary, recording, last)
     body["source"] = "recording" if recording else "board"
-    # Client turns apart from the calls in them: a recording knows both; the board counts
-    # calls only.
-    body["calls"] = len(recording) if recording else body.get("turns")
+    # Client turns apart from the calls in them (the board's and the index's count both).
+    body["calls"] = len(recording) if recording else body.get("calls")
     if recording and recording.client_turns() is not None:
         body["turns"] = recording.client_turns()
     body["timeline"], body["has_more"], body["next_after"] = page
@@ -183,8 +195,8 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
         "model": summary.model,
         "policy": summary.policy,
         "recorded": summary.recorded,
-        "turns": summary.turns,  # the board counts calls only
-        "calls": summary.turns,
+        "turns": summary.turns,  # client turns, as the index counts them
+        "calls": summary.calls,
         "tokens_received": summary.tokens_received,
         "tokens_sent": summary.tokens_sent,
         "prompt_tokens": summary.prompt_tokens,
@@ -237,7 +249,7 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "errors": entry.errors,
         "statuses": entry.statuses,
         "first_at": round(entry.first_at, 3),
-        "last_at": round(entry.last_at, 3),
+        "last_at": round(_last_at(entry, summary), 3),
         "guard": summary.guard if summary is not None else {},
         "not_recorded": entry.not_recorded,
         "source": "recording",
@@ -314,7 +326,7 @@ async def _recorded_page(
 
 def _board_page(summary: SessionSummary, after: int, limit: int) -> Page:
     """The board's last calls, numbered as the session counts them."""
-    first = summary.turns - len(summary.timeline) + 1
+    first = summary.calls - len(summary.timeline) + 1
     numbered = [{"call": first + i, **row} for i, row in enumerate(summary.timeline)]
     rows = [row for row in numbered if row["call"] > after]
     more = len(rows) > limit

@@ -84,8 +84,8 @@ async def _events(http: aiohttp.ClientSession, url: str, row: dict[str, Any]) ->
     """Every event of the session's timeline, once it holds the calls the list counts."""
     expected = 0  # the board's last calls: there at once
     if row.get("recorded"):
-        calls = int(row.get("calls") or row.get("turns") or 0)
-        expected = calls - sum((row.get("not_recorded") or {}).values())
+        calls = row.get("calls", row.get("turns"))  # the timeline's rows are calls
+        expected = int(calls or 0) - sum((row.get("not_recorded") or {}).values())
     deadline = time.monotonic() + RECORDED_WAIT_S
     while True:
         timeline = await _timeline(http, url)

@@ -38,7 +38,9 @@ class SessionSummary:
     model: str = ""
     policy: str = ""
     recorded: bool = False
-    turns: int = 0
+    turns: int = 0  # client turns: the calls that open one (a person's prompt), as the
+    # index counts them (proxy/store/listing.py)
+    calls: int = 0  # the agent's requests
     # Context tokens as received, estimated (four bytes a token): O(1) on the request's path.
     # A recorded session's are counted off it, by the recording's writer, for the index.
     tokens_received: int = 0
@@ -63,8 +65,12 @@ class SessionBoard:
         self._owners: dict[str, OrderedDict[str, SessionSummary]] = {}
         self._count = 0
 
-    def saw(self, ex: Exchange, status: int) -> None:
-        """A request of the session finished (answered, refused or failed)."""
+    def saw(self, ex: Exchange, status: int, at: float, opens: bool) -> None:
+        """A request of the session finished (answered, refused or failed) at `at`: the time
+        its recording has too (the index's `first_at` and `last_at`), so a recorded session's
+        row is the same, and sorts the same, whether the board or the index lists it.
+        `opens`: whether it opens a client turn (the recorder reads it as the recording
+        does; a session's first call opens one whatever it holds)."""
         identity = ex.identity
         mine = self._owners.setdefault(identity.owner, OrderedDict())
         summary = mine.get(identity.session)
@@ -72,20 +78,23 @@ class SessionBoard:
             if self._count >= self.limit:
                 self._evict(identity.owner)
             key = identity.key.name if identity.key is not None else None
-            summary = SessionSummary(identity.session, identity.session_name, identity.owner, key)
+            summary = SessionSummary(
+                identity.session, identity.session_name, identity.owner, key, first_at=at
+            )
             mine[identity.session] = summary
             self._count += 1
         else:
             mine.move_to_end(identity.session)
         received = ex.client.body_bytes // 4
         sent = received if ex.dry_run else max(0, received - ex.rewrite.tokens_saved)
-        now = time.time()
         summary.model, summary.policy = ex.alias, ex.policy.name
         summary.recorded = ex.policy.record.enabled
-        summary.turns += 1
+        opens = opens or not summary.calls
+        summary.turns += opens
+        summary.calls += 1
         summary.tokens_received += received
         summary.tokens_sent += sent
-        summary.last_at = now
+        summary.last_at = at
         summary.errors += status >= 400
         usage = ex.accounting.usage
         if usage is not None:
@@ -97,7 +106,9 @@ class SessionBoard:
             summary.guard = dict(ex.guard_record)
         summary.timeline.append(
             {
-                "at": round(now, 3),
+                "turn": summary.turns,
+                "opens": opens,
+                "at": round(at, 3),
                 "status": status,
                 "model": ex.alias,
                 "context": {"received": received, "sent": sent},

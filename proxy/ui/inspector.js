@@ -221,12 +221,16 @@ function renderList(sessions) {
 // ---- one session ---------------------------------------------------------------------------
 
 // `#session=` names a session by its id, or by the name its client gave it (what
-// `agentproxy run` prints): the list says which id that is, the most recent one first.
+// `agentproxy run` prints): the list's `?session=NAME` says which id that is (a key's own
+// session of that name, however long ago it was active), the most recent one first.
 async function resolve(wanted) {
-  const rows = (await api("/admin/sessions")).data || [];
-  if (rows.some((s) => s.id === wanted)) return { id: wanted, note: "" };
-  const named = rows.filter((s) => s.session === wanted);
-  if (!named.length) return { id: wanted, note: "" };  // a recorded session not listed here
+  let named = [];
+  try {
+    named = (await api("/admin/sessions?session=" + encodeURIComponent(wanted))).data || [];
+  } catch (error) {
+    if (error.status !== 400) throw error;  // 400: longer than a name can be, so an id
+  }
+  if (!named.length) return { id: wanted, note: "" };  // an id (or no session of that name)
   history.replaceState(null, "", "#session=" + encodeURIComponent(named[0].id));
   const note = named.length > 1
     ? `${named.length} sessions are named “${wanted}”: the most recent one is shown.`

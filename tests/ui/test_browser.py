@@ -239,7 +239,7 @@ async def test_a_person_finds_the_session_and_reads_what_was_offloaded(
     url = str(proxy.make_url("")).rstrip("/")
     seen = await asyncio.to_thread(inspect, driver, url, ref, shot)
 
-    assert seen["row"][1:4] == ["alice", "sim", "3 · 4 calls"]
+    assert seen["row"][1:4] == ["alice", "sim", "3 · 4 calls"]  # client turns, calls
     assert seen["evil"] == [EVIL] and seen["images"] == []  # shown as text, never as HTML
     for series in ("received_path", "sent_path"):  # four points each, drawn
         assert seen[series].startswith("M") and seen[series].count("L") == 3, seen[series]
@@ -441,3 +441,53 @@ async def test_a_gemini_sessions_tool_call_and_result_read_as_a_conversation(
     assert second[2] == "ANSWER · STOP: STOP\nread_file returned: 42 lines"
     assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []
     assert shot.stat().st_size > 10_000
+
+
+def open_by_name(browser: Any, url: str, name: str) -> dict[str, Any]:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(f"{url}/ui")
+    browser.execute_script(f"sessionStorage.setItem('agentproxy.inspector.key', '{ALICE}')")
+    browser.get(f"{url}/ui#session={name}")
+    wait.until(ready.text_to_be_present_in_element((By.ID, "session-title"), f"Session {name}"))
+    wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "#turns > li.turn")))
+    return {
+        "hash": browser.execute_script("return location.hash"),
+        "status": browser.find_element(By.ID, "status").text,
+        "console": browser.get_log("browser"),
+    }
+
+
+async def test_a_keys_old_session_opens_by_name_though_the_list_no_longer_shows_it(
+    driver: Any, aiohttp_server: Any, start_proxy: ProxyFactory, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """After a restart, with newer sessions filling the list: the name its client gave (what
+    `agentproxy run` prints) still opens it, read from the index by name."""
+    from proxy.routes import sessions as route
+
+    monkeypatch.setattr(route, "LISTED_MAX", 2)
+    upstream: TestServer = await aiohttp_server(Simulator(context_window=WINDOW).app())
+    path = tmp_path / "agentproxy.yaml"
+    path.write_text(config(str(upstream.make_url("")).rstrip("/"), tmp_path / "data"))
+    first = await start_proxy(path)
+    async with aiohttp.ClientSession() as http:
+        for name in ("old-one", "newer", "newest"):
+            headers = {"Authorization": f"Bearer {ALICE}", "x-agentproxy-session": name}
+            body = {"model": "sim", "messages": histories()[0]}
+            async with http.post(first.make_url("/v1/chat/completions"), json=body,
+                                 headers=headers) as r:  # fmt: skip
+                assert r.status == 200
+    await first.app[RECORDINGS].flush()
+    proxy = await start_proxy(path)  # a restart: nothing on the board, all in the index
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {ALICE}"}
+        async with http.get(proxy.make_url("/admin/sessions"), headers=headers) as r:
+            assert [s["session"] for s in (await r.json())["data"]] == ["newest", "newer"]
+    url = str(proxy.make_url("")).rstrip("/")
+    seen = await asyncio.to_thread(open_by_name, driver, url, "old-one")
+    assert seen["hash"].startswith("#session=") and seen["hash"] != "#session=old-one"
+    assert seen["status"] == ""
+    assert [e for e in seen["console"] if e["level"] in ("SEVERE", "WARNING")] == []

@@ -377,3 +377,130 @@ async def test_client_turns_count_on_in_another_process_on_the_same_store(
     session = await timeline(second, "lasting")
     assert (session["turns"], session["calls"]) == (2, 3)
     assert [r["turn"] for r in session["timeline"]] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("wire", ["chat", "anthropic", "responses", "gemini"])
+async def test_the_board_counts_client_turns_and_calls_as_the_index_does(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, wire: str
+) -> None:
+    """The same conversation through a proxy that records it (listed from the store's
+    index) and one that does not (from the board): the same turns and calls, the same
+    client turn on every call."""
+    recorded, sim = await start(start_proxy, aiohttp_server, tmp_path)
+    await converse(recorded, sim, Agent(wire, "counted"))
+    upstream: TestServer = await aiohttp_server(sim.app())
+    path = tmp_path / "unrecorded.yaml"
+    url = str(upstream.make_url("")).rstrip("/")
+    text = config(url, tmp_path / "unrecorded").replace("{enabled: true,", "{enabled: false,")
+    path.write_text(text)
+    unrecorded = await start_proxy(path)
+    await converse(unrecorded, sim, Agent(wire, "counted"))
+    indexed, boarded = await timeline(recorded, "counted"), await timeline(unrecorded, "counted")
+    assert indexed["source"] == "recording" and boarded["source"] == "board"
+    assert (boarded["turns"], boarded["calls"]) == (indexed["turns"], indexed["calls"]) == (3, 4)
+    calls = [(row["call"], row["turn"], row["opens"]) for row in boarded["timeline"]]
+    assert calls == [(row["call"], row["turn"], row["opens"]) for row in indexed["timeline"]]
+    assert calls == [(1, 1, True), (2, 1, False), (3, 2, True), (4, 3, True)]
+    async with aiohttp.ClientSession() as http:
+        for proxy, source in ((recorded, "recording"), (unrecorded, "board")):
+            headers = {"Authorization": f"Bearer {ADMIN}"}
+            async with http.get(proxy.make_url("/admin/sessions"), headers=headers) as r:
+                (row,) = (await r.json())["data"]
+            assert (row["source"], row["turns"], row["calls"]) == (source, 3, 4)
+
+
+class Counting:
+    """A wire's Conversation that counts the entries read through it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.read = inner, 0
+
+    def messages(self, items: list[Any]) -> Any:
+        self.read += len(items)
+        return self.inner.messages(items)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("wire", ["chat", "anthropic"])
+async def test_the_board_reads_a_calls_last_entries_not_its_history(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, wire: str
+) -> None:
+    """On the request's path: whether a call opens a client turn costs its newest entries,
+    however long the history grows."""
+    sim = Simulator(context_window=2_000_000, api_key=UPSTREAM_KEY)
+    upstream: TestServer = await aiohttp_server(sim.app())
+    path = tmp_path / "agentproxy.yaml"
+    url = str(upstream.make_url("")).rstrip("/")
+    path.write_text(config(url, tmp_path / "data").replace("{enabled: true,", "{enabled: false,"))
+    proxy = await start_proxy(path)
+    conversations = proxy.app[RECORDINGS].conversations  # the recorder's too: one map
+    counting = Counting(conversations[wire])
+    conversations[wire] = counting  # type: ignore[index]
+    agent = Agent(wire, "long")
+    agent.prompt("Read every file.")
+    for i in range(150):  # a long history of the agent's calls, sent once
+        agent.history += [{"role": "assistant", "content": f"step {i}"},
+                          {"role": "user", "content": f"go on {i}"}]  # fmt: skip
+    reads, prompts = [], 1
+    async with aiohttp.ClientSession() as http:
+        for i in range(5):
+            before = counting.read
+            status, reply = await agent.send(http, proxy)
+            assert status == 200, reply
+            reads.append(counting.read - before)
+            call = agent.answered(reply)
+            if call is not None:
+                agent.result(call, "42 lines")  # the next call continues the turn
+            elif i < 4:
+                agent.prompt("Next.")
+                prompts += 1
+    assert max(reads) <= 2, reads  # the last entry the client wrote, and no more
+    (row,) = await listed(proxy)
+    assert (row["turns"], row["calls"]) == (prompts, 5)
+
+
+async def listed(proxy: TestServer) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        async with http.get(proxy.make_url("/admin/sessions"), headers=headers) as r:
+            rows: list[dict[str, Any]] = (await r.json())["data"]
+            return rows
+
+
+class Unreadable:
+    """A wire's Conversation that cannot read an entry."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def messages(self, items: list[Any]) -> Any:
+        raise ValueError("an entry this reader cannot read")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_call_the_board_cannot_read_is_answered_and_counted_as_a_turn(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """The board reads each call on the request's path: a failing reading is never the
+    request's failure."""
+    sim = Simulator(context_window=200_000, api_key=UPSTREAM_KEY)
+    upstream: TestServer = await aiohttp_server(sim.app())
+    path = tmp_path / "agentproxy.yaml"
+    url = str(upstream.make_url("")).rstrip("/")
+    path.write_text(config(url, tmp_path / "data").replace("{enabled: true,", "{enabled: false,"))
+    proxy = await start_proxy(path)
+    conversations = proxy.app[RECORDINGS].conversations
+    conversations["chat"] = Unreadable(conversations["chat"])  # type: ignore[index]
+    agent = Agent("chat", "unreadable")
+    async with aiohttp.ClientSession() as http:
+        for text in ("one", "two"):
+            agent.prompt(text)
+            status, reply = await agent.send(http, proxy)
+            assert status == 200, reply
+            agent.answered(reply)
+    (row,) = await listed(proxy)
+    assert (row["turns"], row["calls"]) == (2, 2)

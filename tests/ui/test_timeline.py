@@ -249,3 +249,44 @@ async def test_one_tenant_making_many_sessions_leaves_anothers_on_the_board(
     keys = [row["key"] for row in everyone["data"]]
     assert len(keys) <= 20 and "alice" in keys and keys.count("bob") >= 15
     assert everyone["data"][0]["session"] == "bob-59"  # bob's newest are the ones kept
+    # Calls a millisecond apart, some listed by the board (their turns on their way to the
+    # index) and some by the index: in the order they came whatever lists them.
+    newest = [row["session"] for row in everyone["data"] if row["key"] == "bob"][:5]
+    assert newest == [f"bob-{i}" for i in range(59, 54, -1)], newest
+    await proxy.app[RECORDINGS].flush()  # every row now the index's: the same rows
+    _, indexed = await get(proxy, "/admin/sessions", ADMIN)
+    assert {row["source"] for row in indexed["data"]} == {"recording"}
+    assert [row["session"] for row in indexed["data"]] == [
+        row["session"] for row in everyone["data"]
+    ]
+
+
+async def test_a_session_whose_newest_call_is_on_its_way_to_the_index_is_listed_as_recent(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from proxy.recording import sessions as recording
+
+    proxy = await start(start_proxy, aiohttp_server, tmp_path)
+    writer = proxy.app[RECORDINGS]
+    url = proxy.make_url("/v1/chat/completions")
+    async with aiohttp.ClientSession() as http:
+
+        async def call(name: str, text: str) -> None:
+            headers = {"Authorization": f"Bearer {BOB}", "x-agentproxy-session": name}
+            body = {"model": "sim", "messages": [{"role": "user", "content": text}]}
+            async with http.post(url, json=body, headers=headers) as r:
+                assert r.status == 200
+
+        await call("early", "first")
+        await call("late", "second")
+        await writer.flush()  # both in the index: "late" the more recent
+        monkeypatch.setattr(recording, "LINGER_S", 3.0)  # the next write waits a while
+        await call("early", "first again")  # newest now, on its way to the index
+    _, pending = await get(proxy, "/admin/sessions", BOB)
+    assert [row["session"] for row in pending["data"]] == ["early", "late"]
+    assert pending["data"][0]["calls"] == 1  # the index's figures: the call not in yet
+    await writer.flush()
+    _, indexed = await get(proxy, "/admin/sessions", BOB)
+    assert [row["session"] for row in indexed["data"]] == ["early", "late"]
+    assert indexed["data"][0]["calls"] == 2
+    assert indexed["data"][0]["last_at"] == pending["data"][0]["last_at"]  # one time, both
