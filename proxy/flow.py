@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -43,6 +43,8 @@ from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
+from proxy.pipeline.guard import tool_rules
+from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder
@@ -68,13 +70,15 @@ class Relay(Protocol):
     """Writes one streamed answer to the client, over the upstream streams of every round."""
 
     hold_tool_calls: bool
+    # Whether a call of this tool is held until complete (a guard rule could match it).
+    watch_tool: Callable[[str], bool] | None
 
     @property
     def started(self) -> bool: ...
 
     async def run(self, source: UpstreamStream) -> Any: ...  # Held | None
 
-    async def release(self, held: Any) -> None: ...
+    async def release(self, held: Any, verdict: Verdict | None) -> None: ...
 
     async def fail(self, error: ProxyError | UpstreamHTTPError) -> None: ...
 
@@ -87,6 +91,10 @@ class Replies(Protocol):
     def without_recall(
         self, reply: UpstreamReply, theirs: list[dict[str, Any]]
     ) -> UpstreamReply: ...
+
+    def refused(self, reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+        """The reply without the calls the guard denied, saying why (the wire's shape)."""
+        ...
 
 
 class Answers(Protocol):
@@ -262,11 +270,15 @@ class Flow:
             if not ours:
                 break
             if theirs or round_ == rounds:
-                return replies.without_recall(reply, theirs)
+                reply = replies.without_recall(reply, theirs)
+                break
             with trace_span("agentproxy.recall", _round(round_, ours)):
                 await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
                 reply = await self.control.call(ex, stream=False, fitter=self.rewriter)
-        return reply
+        if not ex.policy.guard.tool_calls:
+            return reply
+        verdict = tool_rules.judge(ex, theirs, self.recorder.record, self.metrics)
+        return reply if verdict is None else replies.refused(reply, verdict)
 
     async def open_stream(self, ex: Exchange) -> UpstreamStream:
         """The first round's stream, opened (its headers go into the client's response)."""
@@ -278,6 +290,7 @@ class Flow:
         out is raised (the route answers it); after, the stream ends with an error event and
         the request counts as failed."""
         relay.hold_tool_calls = recall.offered(ex.body)
+        relay.watch_tool = tool_rules.watcher(ex.policy)
         rounds = ex.policy.recall.max_rounds
         try:
             for round_ in range(rounds + 1):
@@ -290,7 +303,8 @@ class Flow:
                 message = held.message()
                 ours, theirs = recall.split_calls(message)
                 if not ours or theirs or round_ == rounds:
-                    await relay.release(held)
+                    verdict = tool_rules.judge(ex, theirs, self.recorder.record, self.metrics)
+                    await relay.release(held, verdict)
                     return
                 with trace_span("agentproxy.recall", _round(round_, ours)):
                     await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)

@@ -136,6 +136,13 @@ class Metrics:
             ["guard", "action"],
             registry=r,
         )
+        self.guard = Counter(
+            "agentproxy_guard",
+            "Guard decisions over the model's tool calls (deny, warn; would_deny in a dry "
+            "run), by action and rule (its name, else its index in guard.tool_calls).",
+            ["action", "rule"],
+            registry=r,
+        )
         self.context_tokens = Counter(
             "agentproxy_context_tokens",
             "Estimated prompt tokens of chat requests as received from clients and as sent "

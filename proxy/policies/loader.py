@@ -44,6 +44,7 @@ from proxy.policies.spec import (
     Config,
     Deployment,
     FallbackSpec,
+    GuardSpec,
     Keys,
     LoopSpec,
     OffloadSpec,
@@ -56,6 +57,7 @@ from proxy.policies.spec import (
     ServerSettings,
     SessionScope,
     StoreSettings,
+    ToolCallRule,
     TracingSettings,
     key_digest,
 )
@@ -864,6 +866,7 @@ def _policy(
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
         record=_record(entry, raw.get("record"), report),
+        guard=_guard(entry, raw.get("guard"), report),
         degraded=raw.get("degraded", False),
     )
 
@@ -882,6 +885,42 @@ def _record(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> Recor
         return spec
     joined = "|".join(f"(?:{pattern})" for pattern in spec.redact)
     return replace(spec, redact_pattern=re.compile(joined))
+
+
+def _guard(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> GuardSpec:
+    """The guard section, its tool-call rules' patterns compiled (a bad one named)."""
+    raw = raw or {}
+    rules = []
+    for index, rule in enumerate(raw.get("tool_calls", [])):
+        match = rule["match"]
+        path: YamlPath = ("guard", "tool_calls", index, "match")
+        tool, arguments = match.get("tool"), match.get("arguments")
+        tool_pattern = None
+        if tool is not None and len(tool) > 2 and tool.startswith("/") and tool.endswith("/"):
+            tool_pattern = _rule_pattern(entry, (*path, "tool"), tool[1:-1], report)
+        rules.append(
+            ToolCallRule(
+                action=rule["action"],
+                tool=tool,
+                tool_pattern=tool_pattern,
+                arguments=None
+                if arguments is None
+                else _rule_pattern(entry, (*path, "arguments"), arguments, report),
+                reason=rule.get("reason", ""),
+                label=rule.get("name", str(index)),
+            )
+        )
+    return GuardSpec(mode=raw.get("mode", "enforce"), tool_calls=tuple(rules))
+
+
+def _rule_pattern(
+    entry: _Entry, path: YamlPath, pattern: str, report: _Report
+) -> re.Pattern[str] | None:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        report.errors.append(entry.issue(path, f"not a regular expression: {exc}"))
+        return None
 
 
 def _compaction(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> CompactionSpec:

@@ -310,6 +310,37 @@ class RecordSpec:
     redact_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCallRule:
+    """One guard rule over the model's tool calls (proxy/pipeline/tool_rules.py): a call whose
+    tool and arguments match is denied (never reaches the client) or warned of (passes)."""
+
+    action: Literal["deny", "warn"]
+    # The tool: an exact name, or (written /…/) a regular expression matched against the
+    # whole name; None: any tool.
+    tool: str | None = None
+    tool_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    # Searched in the arguments as the model wrote them (their JSON text); None: any.
+    arguments: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    reason: str = ""
+    label: str = "0"  # the rule's name, else its index: the metric's `rule` label
+
+    def watches(self, tool: str) -> bool:
+        """A call of `tool` could match this rule (its arguments not yet known)."""
+        if self.tool_pattern is not None:
+            return self.tool_pattern.fullmatch(tool) is not None
+        return self.tool is None or self.tool == tool
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSpec:
+    """What may pass between the agent and the provider (proxy/pipeline/tool_rules.py)."""
+
+    # dry_run: every guard decision is computed and reported (guard.would_…), none applied.
+    mode: Literal["enforce", "dry_run"] = "enforce"
+    tool_calls: tuple[ToolCallRule, ...] = ()
+
+
 ErrorClass = Literal["transient", "overflow", "logical", "fatal"]
 
 
@@ -400,6 +431,7 @@ class Policy:
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()
     record: RecordSpec = RecordSpec()
+    guard: GuardSpec = GuardSpec()
     # When every recovery failed, answer with a normal completion that explains the outage
     # (marked x-agentproxy-degraded) so an agent loop continues instead of crashing.
     degraded: bool = False

@@ -14,8 +14,9 @@ from proxy.recording.sessions import Finished, TurnWriter
 from proxy.sessions.board import SessionBoard
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
-# class, fallbacks by source and target, upstream errors by reason): not counted again here.
-COUNTED_ELSEWHERE = frozenset({"retry", "fallback", "circuit", "stream", "usage"})
+# class, fallbacks by source and target, upstream errors by reason, the guard's by rule): not
+# counted again here.
+COUNTED_ELSEWHERE = frozenset({"retry", "fallback", "circuit", "stream", "usage", "guard"})
 
 
 class Recorder:

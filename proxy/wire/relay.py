@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -16,6 +16,7 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
+from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 
@@ -33,6 +34,9 @@ class StreamRelay:
         self.ex = ex
         self.response = response
         self.hold_tool_calls = False  # set when the recall tool was offered
+        # Whether a call of this tool is held until complete: a guard rule could match it
+        # (proxy/pipeline/guard/tool_rules.py); None: no rules, nothing watched.
+        self.watch_tool: Callable[[str], bool] | None = None
         self.usage_reported = False  # the stream being relayed carried its usage
         self.relayed = 0  # events of that stream relayed (or held) so far
         self._kept = 0  # bytes written, while they are kept for the recording
@@ -135,8 +139,10 @@ class StreamRelay:
         """The event (parsed) carries a piece of the answer."""
         return False
 
-    async def release(self, held: Any) -> None:
-        """What `run` held back, without the proxy's own calls, and the stream's end."""
+    async def release(self, held: Any, verdict: Verdict | None) -> None:
+        """What `run` held back, without the proxy's own calls and those the guard denied
+        (`verdict`: their positions among the client's calls, and the text saying why), and
+        the stream's end."""
         raise NotImplementedError
 
     async def _relay(self, source: UpstreamStream) -> Any:

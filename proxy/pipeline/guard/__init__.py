@@ -1,0 +1,1 @@
+"""The guard: what may pass between the agent and the provider (docs/policies.md, Guard)."""
