@@ -56,10 +56,10 @@ if str(REPO_ROOT) not in sys.path:  # run as `python bench/tokens.py` from anywh
 from aiohttp import web  # noqa: E402
 
 from proxy.app import SERVER_OPTIONS, build_app  # noqa: E402
+from proxy.pipeline.meter import NEAR  # noqa: E402
 from proxy.policies.spec import CompactionSpec  # noqa: E402
 from proxy.sim.model import Tokenizer  # noqa: E402
 from proxy.sim.simulator import Simulator, run_simulator  # noqa: E402
-from proxy.tokens.meter import NEAR  # noqa: E402
 from proxy.tokens.tokenizers import load  # noqa: E402
 
 TARGET = 0.03  # |acted on - reported| / reported after the first turn, median and p95

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.flow import Flow
-from proxy.http.auth import HOST_NAMES, HostNames
+from proxy.http.auth import HOST_NAMES, KEY_PLACES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.keys import ERROR_BODY, ErrorBody
 from proxy.http.middleware import HANDLING, Handling, close_when_draining, proxy_middleware
@@ -25,6 +25,7 @@ from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, forget_sessions
 from proxy.pipeline.compaction.summarizer import make_summarizer
 from proxy.pipeline.compaction.summary_wire import SummaryWire, SummaryWires
+from proxy.pipeline.meter import PromptMeter
 from proxy.pipeline.rewriter import MEMO_SHARES, Rewriter
 from proxy.policies.exposure import exposure_warnings
 from proxy.policies.loader import load_config
@@ -34,10 +35,11 @@ from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
 from proxy.routes import admin, archive, health, sessions, ui
+from proxy.runtime import heap
 from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
-from proxy.sessions.view_memo import ViewMemo
+from proxy.sessions.turn_memory import TurnMemory
 from proxy.sim import measure as context_measure
 from proxy.state import (
     BOARD,
@@ -53,20 +55,20 @@ from proxy.state import (
     STORE,
     STORE_HEALTH,
     TIMELINE_READS,
+    TURN_MEMORY,
     UPSTREAMS,
-    VIEWS,
 )
 from proxy.store.activity import Activity
 from proxy.store.backends import open_backends
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
-from proxy.tokens.meter import PromptMeter
 from proxy.tracing import open_tracing
 from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
 from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
-from proxy.wire.base import ErrorFrames
+from proxy.wire.base import ErrorFrames, key_places
+from proxy.wire.models import model_list_routes
 from proxy.wire.registry import WIRES as REGISTRY
 
 log = logging.getLogger("agentproxy")
@@ -116,6 +118,7 @@ def build_app(
     app[FACTS] = facts
     app[HANDLING] = Handling()
     app[HOST_NAMES] = HostNames(lambda: holder.current.server, host)
+    app[KEY_PLACES] = key_places(REGISTRY)  # where each wire's clients present their key
     # Never below one body of the largest size allowed: that one is always read when alone.
     app[BODY_BUDGET] = BodyBudget(
         lambda: max(
@@ -162,7 +165,7 @@ def build_app(
         memo_bytes=memo_bytes,
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
-    views = app[VIEWS] = ViewMemo(int(MEMO_SHARES["views"] * memo_bytes))
+    turns_memory = app[TURN_MEMORY] = TurnMemory(int(MEMO_SHARES["turn_memory"] * memo_bytes))
     relayed = app[RELAYED_THINKING] = RelayedThinking(
         int(MEMO_SHARES["relayed_thinking"] * memo_bytes)
     )
@@ -170,7 +173,7 @@ def build_app(
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
         turns.forget(sessions)
-        forget_sessions(sessions, named=[views.cache, relayed.cache], led=meter.by_session())
+        forget_sessions(sessions, named=[turns_memory.cache, relayed.cache], led=meter.by_session())
 
     activity = Activity(
         retention,
@@ -178,7 +181,7 @@ def build_app(
         live_s=settings.live_s,
         memo_idle_s=holder.current.server.memo_idle_s,  # read at start, as memo_mb is
     )
-    collector = Collector(retention, activity, settings, metrics)
+    collector = Collector(retention, activity, settings, metrics, trim_heap=heap.trim)
     tracing = open_tracing(holder.current.tracing)  # read at start, as the store is
     lineage = Lineage(state, rewriter.chain.histories)  # the chain's memo: one `==` for both
     app[FLOW] = Flow(
@@ -196,7 +199,7 @@ def build_app(
     metrics.watch_memos(
         {
             **rewriter.memos(),
-            "views": views.cache,
+            "turn_memory": turns_memory.cache,
             "relayed_thinking": relayed.cache,
             **meter.memos(),
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
@@ -206,6 +209,7 @@ def build_app(
     app[ERROR_BODY] = frames
     for wire in REGISTRY:
         app.add_routes(wire.routes)
+    app.add_routes(model_list_routes(REGISTRY))  # lists some wires share (GET /v1/models)
     app.add_routes(admin.routes)
     app.add_routes(health.routes)
     app.add_routes(archive.routes)

@@ -62,7 +62,7 @@ def cached_tokens(details: Any) -> int:
 
 @dataclass(slots=True)
 class PromptMeasure:
-    """The prompt size a decision was made on (proxy/tokens/meter.py): `total` in the
+    """The prompt size a decision was made on (proxy/pipeline/meter.py): `total` in the
     measure's units (estimates, or the model's tokenizer when `exact`), of which each of the
     `messages` framed takes a fixed few; the rest scaled by `ratio` (the session's calibration
     against the provider's counts) gives provider tokens."""

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from proxy import tracing
+from proxy import eager, tracing
 from proxy.control.control import Control
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
@@ -49,7 +49,6 @@ from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import Finished, secrets_of
-from proxy.runtime import eager
 from proxy.sessions.lineage import Lineage
 from proxy.store.activity import Activity
 from proxy.store.base import Store
@@ -132,7 +131,7 @@ class Flow:
     ) -> None:
         self.control = control
         # `finish` waits on nothing (the guards' and budgets' state is in-process): a route
-        # may run it in its own task, at once (proxy/runtime/eager.py).
+        # may run it in its own task, at once (proxy/eager.py).
         self.settles_inline = settles_inline
         self.tracing = tracing  # None: tracing is off
         self.lineage = lineage
@@ -236,7 +235,7 @@ class Flow:
                 request[OUTCOME_STATUS] = status_of(ex.failure)
             # A client that leaves cancels this handler, maybe in the middle of charging it:
             # the charging runs to its end regardless (what was used is always charged).
-            # Against in-process state it never waits: run at once, no task (runtime/eager.py).
+            # Against in-process state it never waits: run at once, no task (proxy/eager.py).
             finishing = self.finish(ex, ok)
             rest = eager.start(finishing) if self.settles_inline else finishing
             if rest is not None:

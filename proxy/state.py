@@ -14,7 +14,7 @@ from proxy.policies.watch import ConfigHolder
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import TurnWriter
 from proxy.sessions.board import SessionBoard
-from proxy.sessions.view_memo import ViewMemo
+from proxy.sessions.turn_memory import TurnMemory
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
 from proxy.upstream.facts import DeploymentFacts
@@ -30,7 +30,8 @@ STORE = web.AppKey("store", Store)
 STORE_HEALTH = web.AppKey("store_health", StoreHealth)
 CONTROL = web.AppKey("control", Control)
 FLOW = web.AppKey("flow", Flow)
-VIEWS = web.AppKey("views", ViewMemo)
+# Each session's memory of its last turn, per owner (proxy/sessions/turn_memory.py).
+TURN_MEMORY = web.AppKey("turn_memory", TurnMemory)
 EVENTS = web.AppKey("events", EventLog)
 BOARD = web.AppKey("board", SessionBoard)
 TIMELINE_READS = web.AppKey("timeline_reads", asyncio.Semaphore)  # pages built at once

@@ -27,9 +27,8 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from proxy.errors import ProxyError
+from proxy.errors import Failure, ProxyError
 from proxy.policies.spec import TracingSettings
-from proxy.upstream.base import UpstreamHTTPError
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -249,10 +248,10 @@ def _failed(span: Span, kind: str) -> None:
 def error_type(error: BaseException) -> str:
     """A failure as a low-cardinality name: the upstream's HTTP status, the proxy's error
     code (`upstream_timeout`), `cancelled` when the client left, else the exception's class."""
-    if isinstance(error, UpstreamHTTPError):
-        return str(error.status)
     if isinstance(error, ProxyError):
         return error.code or error.type
+    if isinstance(error, Failure):  # the other failure: the provider's (UpstreamHTTPError)
+        return str(error.status)
     if isinstance(error, asyncio.CancelledError):
         return "cancelled"
     return type(error).__qualname__

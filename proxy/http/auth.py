@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 from yarl import URL
@@ -106,19 +107,34 @@ def same_origin(origin: str, host: str | None) -> bool:
     return url.port == port if port is not None else url.is_default_port()
 
 
+@dataclass(frozen=True, slots=True)
+class KeyPlaces:
+    """Where a client may present its key beyond `Authorization: Bearer`: the headers and
+    query parameters its wire format names (each wire's `key_headers`, `key_query`, collected
+    by the registry). A key in the query is never logged: the access log writes the path
+    without its query."""
+
+    headers: tuple[str, ...] = ()
+    queries: tuple[str, ...] = ()
+
+
+KEY_PLACES = web.AppKey("key_places", KeyPlaces)
+BEARER_ONLY = KeyPlaces()  # an app that was handed no places (one built without the wires)
+
+
 def presented_key(request: web.Request) -> str | None:
     auth = request.headers.get("Authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    # Anthropic's header; Google's header, or its `?key=` (never logged: the access log
-    # writes the path without its query).
-    return (
-        request.headers.get("x-api-key")
-        or request.headers.get("x-goog-api-key")
-        or request.query.get("key")
-        or None
-    )
+    places = request.app.get(KEY_PLACES, BEARER_ONLY)
+    for header in places.headers:
+        if key := request.headers.get(header):
+            return key
+    for name in places.queries:
+        if key := request.query.get(name):
+            return key
+    return None
 
 
 def is_loopback(request: web.Request) -> bool:

@@ -17,12 +17,12 @@ from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.archive import Archive
+from proxy.pipeline.meter import PromptMeter
 from proxy.policies.spec import Policy
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.store.base import Store
 from proxy.store.state import MemoryState, StateStore
-from proxy.tokens.meter import PromptMeter
 
 # Writes a summary of `messages` for the exchange's session, of at most the given number of
 # tokens (its room in the window); raises on failure or timeout.

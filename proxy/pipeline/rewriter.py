@@ -25,13 +25,14 @@ from proxy.upstream.base import UpstreamHTTPError
 from proxy.upstream.facts import DeploymentFacts, as_chat_note
 
 MB = 1024 * 1024
-# How server.memo_mb is shared between the warm-turn memos ("views" is the routes' ViewMemo).
+# How server.memo_mb is shared between the warm-turn memos ("turn_memory": the routes'
+# TurnMemory).
 # The four that keep whole histories mostly hold the same message objects, so their sum
 # overstates what they keep alive.
 MEMO_SHARES = {
     "histories": 0.28125,
     "loop_calls": 0.015625,  # the calls of each session's recent tool-call turns
-    "views": 0.05,
+    "turn_memory": 0.05,
     "relayed_thinking": 0.0125,  # thinking blocks relayed, to put back what clients drop
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
@@ -40,7 +41,7 @@ MEMO_SHARES = {
     "offload_pointers": 0.05,
     "truncated_arguments": 0.05,
     "checkpoints": 0.05,
-    "token_ratios": 0.0125,  # per session and model: the calibration (tokens/meter.py)
+    "token_ratios": 0.0125,  # per session and model: the calibration (pipeline/meter.py)
     "token_counts": 0.009375,  # exact counts of long texts, by hash
 }
 

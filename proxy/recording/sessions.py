@@ -415,11 +415,12 @@ class TurnWriter:
             self._known[session] = known  # it grew: the memo weighs it again
         key_name = ex.identity.key.name if ex.identity.key is not None else None
         listed = Listed(
-            session, ex.identity.session_name, owner, key_name, ex.alias, ex.policy.name, turns=1,
+            session, ex.identity.session_name, owner, key_name, ex.alias, ex.policy.name,
+            turns=1 if opens else 0, calls=1,
             tokens_received=tokens_received, tokens_sent=tokens_sent,
             prompt_tokens=usage.prompt_tokens if usage is not None else 0,
             completion_tokens=usage.completion_tokens if usage is not None else 0,
-            cost_usd=ex.accounting.cost_usd or 0.0, statuses={str(turn.status): 1},
+            cost_usd=ex.accounting.cost_usd, statuses={str(turn.status): 1},
             first_at=turn.at, last_at=turn.at,
         )  # fmt: skip
         return blobs, {ref: listed}
@@ -476,7 +477,7 @@ class TurnWriter:
         now = time.time()
         owner = session_owner(session)
         name = session.partition("/")[2] or session
-        entry = Listed(session, name, owner, turns=turns, not_recorded={outcome: turns},
+        entry = Listed(session, name, owner, calls=turns, not_recorded={outcome: turns},
                        first_at=now, last_at=now)  # fmt: skip
         waiting = self._unlisted.get(session)
         if waiting is not None:

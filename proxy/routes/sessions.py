@@ -177,7 +177,8 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
         "model": summary.model,
         "policy": summary.policy,
         "recorded": summary.recorded,
-        "turns": summary.turns,
+        "turns": summary.turns,  # the board counts calls only
+        "calls": summary.turns,
         "tokens_received": summary.tokens_received,
         "tokens_sent": summary.tokens_sent,
         "prompt_tokens": summary.prompt_tokens,
@@ -221,11 +222,12 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "policy": entry.policy,
         "recorded": True,
         "turns": entry.turns,
+        "calls": entry.calls,
         "tokens_received": entry.tokens_received,
         "tokens_sent": entry.tokens_sent,
         "prompt_tokens": entry.prompt_tokens,
         "completion_tokens": entry.completion_tokens,
-        "cost_usd": round(entry.cost_usd, 6),
+        "cost_usd": None if entry.cost_usd is None else round(entry.cost_usd, 6),
         "errors": entry.errors,
         "statuses": entry.statuses,
         "first_at": round(entry.first_at, 3),
@@ -246,7 +248,8 @@ def _unlisted(session: str, recording: Recording, last: dict[str, Any] | None) -
         "owner": owner,
         "model": last.get("model"),
         "recorded": True,
-        "turns": len(recording),
+        "turns": recording.client_turns() or len(recording),
+        "calls": len(recording),
         "last_at": last.get("at"),
     }
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
-from proxy.runtime import heap
 from proxy.store.activity import Activity
 from proxy.store.base import StoreError
 from proxy.store.retention import Collected, Retention
@@ -42,12 +41,15 @@ class Collector:
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.time,
+        trim_heap: Callable[[], bool] = lambda: False,
     ) -> None:
         self.retention = retention
         self.activity = activity
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
+        # Gives the process's free heap pages back, True when it ran (the app's: runtime/heap.py).
+        self.trim_heap = trim_heap
         # Often enough that a session goes from memory within a fraction of its idle time.
         self.flush_every_s = min(MAX_FLUSH_EVERY_S, settings.live_s / 8, activity.idle_s / 4)
         self._due = asyncio.Event()
@@ -93,7 +95,7 @@ class Collector:
         memory during it; not while requests come, nor over and over for nothing."""
         if self.activity.quiet_for() < QUIET_BEFORE_TRIM_S:
             self._trimmed = False
-        elif (forgot or not self._trimmed) and heap.trim():
+        elif (forgot or not self._trimmed) and self.trim_heap():
             self._trimmed = True
 
     async def collect(self) -> Collected | None:

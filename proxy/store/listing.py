@@ -24,7 +24,7 @@ import orjson
 LISTED_MAX = 2000  # entries a listing reads, most recently active first (as the board holds);
 # every owner's share of them (`fair`) when listing every owner's
 _NAMES = ("name", "owner", "key", "model", "policy")
-_COUNTS = ("turns", "tokens_received", "tokens_sent", "prompt_tokens", "completion_tokens")
+_COUNTS = ("turns", "calls", "tokens_received", "tokens_sent", "prompt_tokens", "completion_tokens")
 
 
 @dataclass(slots=True)
@@ -37,14 +37,15 @@ class Listed:
     key: str | None = None
     model: str = ""
     policy: str = ""
-    turns: int = 0
+    turns: int = 0  # client turns: the calls that open one (a person's prompt)
+    calls: int = 0  # the agent's requests, each a turn record
     tokens_received: int = 0  # context tokens as received (proxy/sim/measure.py)
     tokens_sent: int = 0  # as sent upstream
     prompt_tokens: int = 0  # what the provider reported
     completion_tokens: int = 0
-    cost_usd: float = 0.0
-    statuses: dict[str, int] = field(default_factory=dict)  # "200" -> turns
-    not_recorded: dict[str, int] = field(default_factory=dict)  # outcome -> turns
+    cost_usd: float | None = None  # None: no call had a price (an unpriced model), not $0
+    statuses: dict[str, int] = field(default_factory=dict)  # "200" -> calls
+    not_recorded: dict[str, int] = field(default_factory=dict)  # outcome -> calls
     first_at: float = 0.0
     last_at: float = 0.0
 
@@ -57,7 +58,8 @@ class Listed:
                 setattr(self, name, value)
         for name in _COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.cost_usd += other.cost_usd
+        if other.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + other.cost_usd
         _add_counts(self.statuses, other.statuses)
         _add_counts(self.not_recorded, other.not_recorded)
         if other.first_at and (not self.first_at or other.first_at < self.first_at):
@@ -90,7 +92,7 @@ class Listed:
             counts += [f"status:{status}", n]
         for outcome, n in self.not_recorded.items():
             counts += [f"not_recorded:{outcome}", n]
-        floats = ["cost_usd", repr(self.cost_usd)] if self.cost_usd else []
+        floats = ["cost_usd", repr(self.cost_usd)] if self.cost_usd is not None else []
         return names, counts, floats
 
     @classmethod
@@ -102,7 +104,8 @@ class Listed:
                 setattr(listed, name, fields[name])
         for name in _COUNTS:
             setattr(listed, name, int(fields.get(name, 0)))
-        listed.cost_usd = float(fields.get("cost_usd", 0.0))
+        cost = fields.get("cost_usd")
+        listed.cost_usd = float(cost) if cost is not None else None
         listed.first_at = float(fields.get("first_at", 0.0))
         listed.last_at = float(fields.get("last_at", 0.0))
         for name, value in fields.items():

@@ -5,6 +5,8 @@ stream relay, native upstream) whose wire.py offers one `Wire`, listed in proxy/
 Per request, a format's route gives the flow two more small objects: a `RequestView`
 (proxy/exchange.py: its native body, rendered from the rewritten chat view or translated) and
 its `Answers` (proxy/wire/serve.py: a reply, a stream, a provider's error, a degraded answer).
+Across turns, a format whose view lends the next turn's keeps a small record of each turn
+(its memory.py), in the session's TurnMemory (proxy/sessions/turn_memory.py).
 """
 
 from __future__ import annotations
@@ -17,11 +19,24 @@ from aiohttp import web
 
 from proxy.errors import ProxyError
 from proxy.exchange import OneShot, Usage
+from proxy.http.auth import KeyPlaces
+from proxy.policies.spec import Config
 from proxy.recording.answers import AnswerAssembly, Assemble
 from proxy.recording.conversation import Conversation
 from proxy.upstream.pool import NativeFactory
 
 ErrorBody = Callable[[ProxyError, str | None], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelList:
+    """How a wire lists the models a key may use: where (GET `paths`, which other wires may
+    list at too: proxy/wire/models.py picks one per request), whether a listing request is in
+    its manner (None: it answers any request no other wire's manner claims), and the list."""
+
+    paths: tuple[str, ...]
+    render: Callable[[Config, list[str]], Mapping[str, Any]]  # the aliases, in config order
+    in_manner: Callable[[web.Request], bool] | None = None
 
 
 class Wire(Protocol):
@@ -95,6 +110,21 @@ class Wire(Protocol):
         its native upstream speaks to; None: chat, the shape they are built in."""
         ...
 
+    @property
+    def key_headers(self) -> tuple[str, ...]:
+        """Headers its clients present their key in, beyond `Authorization: Bearer`."""
+        ...
+
+    @property
+    def key_query(self) -> str | None:
+        """A query parameter its clients may present their key in (never logged)."""
+        ...
+
+    @property
+    def model_list(self) -> ModelList | None:
+        """How its clients list the models (None: it has no list of its own)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class WireFormat:
@@ -113,6 +143,9 @@ class WireFormat:
     usage_key: str = "usage"  # where a whole reply holds its usage
     one_shot: OneShot | None = None
     extra_natives: tuple[NativeFactory, ...] = ()
+    model_list: ModelList | None = None
+    key_headers: tuple[str, ...] = ()
+    key_query: str | None = None
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:
@@ -127,6 +160,15 @@ class WireFormat:
 
     def answer_assembly(self) -> AnswerAssembly:
         return self.assembly()
+
+
+def key_places(wires: tuple[Wire, ...]) -> KeyPlaces:
+    """Every place a wire's clients present their key in, for authentication (http/auth.py),
+    which names no wire: in the registry's order."""
+    return KeyPlaces(
+        headers=tuple(dict.fromkeys(h for wire in wires for h in wire.key_headers)),
+        queries=tuple(dict.fromkeys(w.key_query for w in wires if w.key_query is not None)),
+    )
 
 
 class ErrorFrames:
@@ -146,6 +188,9 @@ class ErrorFrames:
                     owned.setdefault(route.path.partition("{")[0], wire)
             for path in wire.paths:
                 owned.setdefault(path, wire)
+        for wire in wires:  # a list shared by several (models.py): the first listed frames it
+            for path in wire.model_list.paths if wire.model_list is not None else ():
+                self._by_route.setdefault(path, wire)
         # Longest first: a path under /v1/messages/ is Anthropic's before it is anyone's.
         self._prefixes = sorted(owned.items(), key=lambda item: -len(item[0]))
 

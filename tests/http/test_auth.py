@@ -5,6 +5,7 @@ keys, recorded content goes to the admin key or to the key that owns it."""
 
 from __future__ import annotations
 
+import logging
 import textwrap
 import time
 from pathlib import Path
@@ -12,11 +13,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.http.auth import KEY_PLACES, presented_key
 from proxy.sim.simulator import Simulator
 from proxy.state import CONFIG, RECORDINGS, STORE
 from proxy.store.base import BlobInfo, content_ref
+from proxy.wire.base import WireFormat, key_places
+from proxy.wire.chat.answer import ChatAnswer
+from proxy.wire.registry import WIRES
 from tests.conftest import ProxyFactory, sim_config
 
 ALICE = {"Authorization": "Bearer sk-alice"}
@@ -262,3 +268,63 @@ async def test_with_api_keys_recorded_content_needs_the_owning_key(
     assert status == 200 and 'data-key="required"' in page
     # The admin routes that hold no recorded content still serve loopback without an admin key.
     assert (await call(proxy, "GET", "/admin/policies"))[0] == 200
+
+
+# --- where a key is presented: the places the wires name ------------------------------------
+
+
+async def test_a_key_is_read_where_some_wire_says_its_clients_send_it(
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    sim_server: TestServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bearer, and each registered wire's key header and query (Anthropic's x-api-key,
+    Google's x-goog-api-key and ?key=); a header no wire names is no key. A key sent in the
+    query is never logged."""
+    proxy = await start(start_proxy, tmp_path, sim_server, KEYS)
+    caplog.set_level(logging.INFO)
+    for headers, query in [
+        ({"x-api-key": "sk-alice"}, {}),
+        ({"x-goog-api-key": "sk-alice"}, {}),
+        ({}, {"key": "sk-alice"}),
+    ]:
+        status, _ = await call(proxy, "GET", "/v1/models", headers, params=query)
+        assert status == 200, (headers, query)
+    assert (await call(proxy, "GET", "/v1/models", {"x-own-key": "sk-alice"}))[0] == 401
+    assert "sk-alice" not in caplog.text and "/v1/models" in caplog.text
+
+
+def _own_wire() -> WireFormat:
+    return WireFormat(
+        name="own",
+        routes=web.RouteTableDef(),
+        model_route=None,
+        provider="own",
+        assembly=ChatAnswer,
+        key_headers=("x-own-key",),
+        key_query="own_key",
+    )
+
+
+async def test_a_wire_added_to_the_registry_brings_its_key_places(aiohttp_server: Any) -> None:
+    """Authentication names no wire: it reads the places the registry hands it."""
+    places = key_places((*WIRES, _own_wire()))
+    assert "x-own-key" in places.headers and "own_key" in places.queries
+    app = web.Application()
+    app[KEY_PLACES] = places
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(text=presented_key(request) or "-")
+
+    app.router.add_get("/", echo)
+    server: TestServer = await aiohttp_server(app)
+    assert await call(server, "GET", "/", {"x-own-key": "k1"}) == (200, "k1")
+    assert await call(server, "GET", "/", params={"own_key": "k2"}) == (200, "k2")
+    assert await call(server, "GET", "/", {"x-goog-api-key": "k3"}) == (200, "k3")
+    assert await call(server, "GET", "/", {"x-unnamed-key": "k4"}) == (200, "-")
+    app2 = web.Application()  # no places handed: Bearer alone
+    app2.router.add_get("/", echo)
+    bare: TestServer = await aiohttp_server(app2)
+    assert await call(bare, "GET", "/", {"x-api-key": "k5"}) == (200, "-")
+    assert await call(bare, "GET", "/", {"Authorization": "Bearer k6"}) == (200, "k6")

@@ -109,13 +109,13 @@ async def listed(url: str, key: str, query: str = "", turns: int = 0) -> list[di
         assert status == 200, body
         rows: list[dict[str, Any]] = body["data"]
         written = all(row["source"] == "recording" for row in rows)
-        if written and sum(row["turns"] for row in rows) >= turns:
+        if written and sum(row["calls"] for row in rows) >= turns:
             return rows
         await asyncio.sleep(0.05)
     raise AssertionError(f"the list never held {turns} turns: {rows}")
 
 
-FIGURES = ("turns", "tokens_received", "tokens_sent", "prompt_tokens", "completion_tokens",
+FIGURES = ("turns", "calls", "tokens_received", "tokens_sent", "prompt_tokens", "completion_tokens",
            "cost_usd", "errors", "first_at", "last_at", "not_recorded", "key", "model")  # fmt: skip
 
 
@@ -145,16 +145,16 @@ async def test_recorded_sessions_are_listed_and_open_by_name_after_a_restart(
     assert {row["id"]: figures(row) for row in everyone} == {
         ident: figures(row) for ident, row in before.items()
     }
-    described = [(r["session"], r["turns"], r["key"]) for r in alices]
+    described = [(r["session"], r["calls"], r["key"]) for r in alices]
     assert described == [("s2", 1, "alice"), ("s1", 3, "alice")]
-    assert [(r["session"], r["turns"], r["key"]) for r in bobs] == [("s1", 2, "bob")]
+    assert [(r["session"], r["calls"], r["key"]) for r in bobs] == [("s1", 2, "bob")]
     alice_s1 = next(r for r in alices if r["session"] == "s1")
     assert bobs[0]["id"] != alice_s1["id"]
     for row in [*alices, *bobs]:
         assert row["recorded"] and row["errors"] == 0 and row["not_recorded"] == {}
         assert row["tokens_sent"] < row["tokens_received"]  # the offloads
         assert row["cost_usd"] > 0 and row["prompt_tokens"] > 0
-        assert row["statuses"] == {"200": row["turns"]}
+        assert row["statuses"] == {"200": row["calls"]} and row["turns"] == 1
     # By name: the caller's own session of that name, however many tenants use it.
     assert [r["id"] for r in named] == [alice_s1["id"]]
     assert status == 200 and opened["source"] == "recording"
@@ -176,8 +176,8 @@ async def test_every_replica_lists_the_sessions_on_one_redis(
         seen = [await listed(p.url, ALICE, turns=4) for p in (one, two)]
         bobs = [await listed(p.url, BOB, turns=1) for p in (one, two)]
     assert figures(seen[0][0]) == figures(seen[1][0])
-    assert [(r["session"], r["turns"]) for r in seen[0]] == [("shared", 4)]
-    assert [(r["session"], r["turns"]) for r in bobs[0]] == [("shared", 1)]
+    assert [(r["session"], r["calls"]) for r in seen[0]] == [("shared", 4)]
+    assert [(r["session"], r["calls"]) for r in bobs[0]] == [("shared", 1)]
     assert bobs[0][0]["id"] == bobs[1][0]["id"] != seen[0][0]["id"]
 
 
@@ -210,7 +210,7 @@ async def test_the_list_and_replay_count_a_recorded_session_alike(
     args = ["replay", "--session", row["session"], "--config", str(path), "--json"]
     assert await asyncio.to_thread(cli.main, args) == 0
     totals = json.loads(capsys.readouterr().out)["totals"]
-    assert row["turns"] == totals["turns"] == len(turns)
+    assert row["calls"] == totals["turns"] == len(turns)
     assert row["tokens_sent"] < row["tokens_received"]
     assert (row["tokens_received"], row["tokens_sent"]) == (
         totals["tokens_received"],
@@ -245,5 +245,5 @@ async def test_a_turn_measures_its_new_messages_only(
         await converse(url, ALICE, "long", 1, start=n)
         await proxy.app[RECORDINGS].flush()  # each turn measured by the session's memo
     (row,) = await listed(url, ALICE, turns=turns)
-    assert row["turns"] == turns and row["tokens_sent"] < row["tokens_received"]
+    assert row["calls"] == turns and row["tokens_sent"] < row["tokens_received"]
     assert len(measured) <= 5 * turns, len(measured)

@@ -15,9 +15,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.pipeline.compaction.budget import tokens_of
+from proxy.pipeline.meter import NEAR
 from proxy.sim.model import Tokenizer, chars_per_token, estimate_prompt_tokens
 from proxy.sim.simulator import Simulator
-from proxy.tokens.meter import NEAR
 from proxy.tokens.tokenizers import load
 from tests.conftest import ProxyFactory, base_url
 

@@ -19,7 +19,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.sim.simulator import Fault, Simulator
-from proxy.state import VIEWS
+from proxy.state import TURN_MEMORY
 from tests.conftest import ProxyFactory, base_url, sim_config
 
 ALICE, BOB, CAROL = "sk-alice-0001", "sk-bob-0002", "sk-carol-0003"
@@ -453,38 +453,68 @@ async def test_claude_code_and_codex_session_ids_are_walled_per_key_too(
         assert await post(path, ALICE, {header: f"{path}-s"}, body) == 200  # alice: 2 of 3
 
 
-async def test_a_session_view_lent_across_turns_stays_with_its_key(
-    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator
+def _history(wire: str, text: str, turns: int) -> tuple[str, dict[str, Any]]:
+    """A request of `turns` past turns and a new one, in `wire`: its path and body."""
+    said = [(f"{text} {n}", f"ok {n}") for n in range(turns)]
+    if wire == "responses":
+        items = [
+            {"type": "message", "role": role, "content": content}
+            for pair in said
+            for role, content in zip(("user", "assistant"), pair, strict=True)
+        ]
+        items.append({"type": "message", "role": "user", "content": f"{text} last"})
+        return "/v1/responses", {"model": "sim", "input": items}
+    if wire == "anthropic":
+        messages = [
+            {"role": role, "content": content}
+            for pair in said
+            for role, content in zip(("user", "assistant"), pair, strict=True)
+        ]
+        messages.append({"role": "user", "content": f"{text} last"})
+        return "/v1/messages", {"model": "sim", "max_tokens": 64, "messages": messages}
+    contents = [
+        {"role": role, "parts": [{"text": content}]}
+        for pair in said
+        for role, content in zip(("user", "model"), pair, strict=True)
+    ]
+    contents.append({"role": "user", "parts": [{"text": f"{text} last"}]})
+    return "/v1beta/models/sim:generateContent", {"contents": contents}
+
+
+@pytest.mark.parametrize("wire", ["responses", "anthropic", "gemini"])
+async def test_memory_across_turns_stays_with_its_key(
+    start_proxy: ProxyFactory, tmp_path: Path, sim_server: TestServer, sim: Simulator, wire: str
 ) -> None:
-    """The Responses and Anthropic routes keep each session's last view to build the next
-    turn's from what is new: bob's turn under alice's session id neither uses nor replaces
-    alice's, and each key's next turn goes upstream as that key sent it."""
+    """Each route keeps the session's memory of its last turn to build the next turn's view
+    from what is new, under the owner's key: bob's turns under alice's session id, the very
+    history she sent included, neither recall nor replace hers, and each key's next turn goes
+    upstream as that key sent it."""
     proxy = await start(start_proxy, tmp_path, sim_server)
-    views = proxy.app[VIEWS]
+    memory = proxy.app[TURN_MEMORY]
 
     async def post(key: str, text: str, turns: int) -> dict[str, Any]:
-        items: list[dict[str, Any]] = []
-        for n in range(turns):
-            items.append({"type": "message", "role": "user", "content": f"{text} {n}"})
-            items.append({"type": "message", "role": "assistant", "content": f"ok {n}"})
-        items.append({"type": "message", "role": "user", "content": f"{text} last"})
-        body = {"model": "sim", "input": items}
+        path, body = _history(wire, text, turns)
         async with aiohttp.ClientSession() as http:
-            url = str(proxy.make_url("/v1/responses"))
             headers = {"authorization": f"Bearer {key}", "session-id": "shared"}
-            async with http.post(url, json=body, headers=headers) as r:
-                assert r.status == 200
+            async with http.post(proxy.make_url(path), json=body, headers=headers) as r:
+                assert r.status == 200, await r.text()
         return sim.requests[-1].body
 
+    def kept(owner: str) -> object:
+        entry = memory.cache.get(f"{owner}/shared")
+        assert entry is not None, owner
+        return entry[1]
+
     await post(ALICE, "alice", 2)
+    alices = kept("key:alice")
+    await post(BOB, "alice", 2)  # the very same history, under the same session id
+    assert kept("key:alice") is alices and kept("key:bob") is not alices
+    assert memory.recall("key:bob", "shared", type(alices)) is kept("key:bob")
+    assert memory.recall("key:carol", "shared", type(alices)) is None  # carol sent nothing
     await post(BOB, "bob", 2)
-    assert {k.partition("/")[0] for k in views.cache} == {"key:alice", "key:bob"}
-    sent = await post(ALICE, "alice", 3)  # lent alice's own last view
-    assert [m["content"] for m in sent["input"] if m["role"] == "user"] == [
-        "alice 0",
-        "alice 1",
-        "alice 2",
-        "alice last",
-    ]
-    sent = await post(BOB, "bob", 3)
-    assert "alice" not in orjson.dumps(sent).decode()
+    assert {k.partition("/")[0] for k in memory.cache} == {"key:alice", "key:bob"}
+    sent = orjson.dumps(await post(ALICE, "alice", 3)).decode()  # lent alice's own last turn
+    assert all(f"alice {n}" in sent for n in range(3)) and "alice last" in sent
+    assert "bob" not in sent
+    sent = orjson.dumps(await post(BOB, "bob", 3)).decode()
+    assert "alice" not in sent and "bob 2" in sent

@@ -15,7 +15,6 @@ import pytest
 
 from proxy.metrics import Metrics
 from proxy.policies.spec import StoreSettings
-from proxy.runtime import heap
 from proxy.store.activity import Activity
 from proxy.store.base import BlobInfo, StoreError, content_ref
 from proxy.store.collector import Collector
@@ -111,15 +110,16 @@ async def test_over_the_cap_with_live_sessions_only_is_warned_once(
 
 
 async def test_the_heap_is_trimmed_once_a_quiet_spell_begins_and_when_sessions_leave(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     trims: list[float] = []
-    monkeypatch.setattr(heap, "trim", lambda: trims.append(now[0]) or True)
     now = [1_000_000.0]
     store = LocalStore(str(tmp_path))
     activity = Activity(store, lambda _: None, live_s=3600, clock=lambda: now[0])
     settings = StoreSettings(path=str(tmp_path))
-    collector = Collector(store, activity, settings, Metrics())
+    collector = Collector(
+        store, activity, settings, Metrics(), trim_heap=lambda: trims.append(now[0]) or True
+    )
     try:
         cold = activity.arrive("key:a/s1")
         assert cold is not None

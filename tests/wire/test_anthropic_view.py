@@ -258,7 +258,7 @@ async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> Non
     for seed in range(300):
         first, second = _turns(seed)
         previous = AnthropicView.of(first)
-        lent, fresh = AnthropicView.of(second, previous), AnthropicView.of(second)
+        lent, fresh = AnthropicView.of(second, previous.memory()), AnthropicView.of(second)
         assert lent.messages == fresh.messages, seed
         for view in (lent, fresh):  # the same bytes upstream, untouched or repaired
             chat = view.chat_body()
@@ -280,7 +280,7 @@ def test_the_native_prefix_counts_the_messages_equal_to_the_last_turns() -> None
     for seed in range(300):
         first, second = _turns(seed)
         previous = AnthropicView.of(first)
-        prefix = AnthropicView.of(second, previous).native_prefix()
+        prefix = AnthropicView.of(second, previous.memory()).native_prefix()
         old, new = first["messages"], second["messages"]
         equal = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
         shared = min(len(old), len(new)) if equal is None else equal
@@ -297,7 +297,7 @@ def test_the_shared_history_is_the_previous_views_very_messages() -> None:
         {"role": "user", "content": "go"},
     ]
     previous = AnthropicView.of(first)
-    view = AnthropicView.of(second, previous)
+    view = AnthropicView.of(second, previous.memory())
     shared = len(previous.messages)
     assert all(a is b for a, b in zip(view.messages[:shared], previous.messages, strict=True))
     assert len(view.messages) > shared
@@ -309,7 +309,7 @@ def test_an_untouched_turn_lent_a_view_sends_this_turns_own_blocks() -> None:
     second = copy.deepcopy(first)
     second["messages"][3]["content"][1]["extra"] = 1
     first["messages"][3]["content"][1]["extra"] = 1.0
-    view = AnthropicView.of(second, AnthropicView.of(first))
+    view = AnthropicView.of(second, AnthropicView.of(first).memory())
     chat = view.chat_body()
     offloaded = [
         *chat["messages"][:-2],
@@ -355,7 +355,7 @@ def test_a_compaction_block_starts_the_history_as_a_summary() -> None:
     # A later turn lends the same view messages; the summary's text is the same bytes.
     later = copy.deepcopy(body)
     later["messages"].append({"role": "assistant", "content": [{"type": "text", "text": "ok"}]})
-    again = AnthropicView.of(later, view).chat_body()
+    again = AnthropicView.of(later, view.memory()).chat_body()
     assert again["messages"][:3] == chat["messages"] and len(again["messages"]) == 4
 
 

@@ -85,7 +85,7 @@ async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> Non
     for seed in range(300):
         first, second = _turns(seed)
         previous = GeminiView.of(first)
-        lent, fresh = GeminiView.of(second, previous), GeminiView.of(second)
+        lent, fresh = GeminiView.of(second, previous.memory()), GeminiView.of(second)
         assert lent.messages == fresh.messages, seed
         sent = []
         for view in (lent, fresh):  # the same contents upstream, untouched or repaired
@@ -104,7 +104,7 @@ def test_the_native_prefix_counts_the_contents_equal_to_the_last_turns() -> None
     for seed in range(300):
         first, second = _turns(seed)
         previous = GeminiView.of(first)
-        view = GeminiView.of(second, previous)
+        view = GeminiView.of(second, previous.memory())
         prefix = view.native_prefix()
         old, new = first["contents"], second["contents"]
         equal = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
@@ -123,7 +123,7 @@ def test_the_shared_contents_are_the_previous_views_very_messages() -> None:
         {"role": "user", "parts": [{"text": "go"}]},
     ]
     previous = GeminiView.of(first)
-    view = GeminiView.of(second, previous)
+    view = GeminiView.of(second, previous.memory())
     shared = len(previous.messages)
     assert all(a is b for a, b in zip(view.messages[:shared], previous.messages, strict=True))
     assert len(view.messages) == shared + 2
@@ -135,7 +135,7 @@ def test_an_untouched_turn_lent_a_view_sends_this_turns_own_contents() -> None:
     first["contents"][0]["parts"][0]["extra"] = 1.0
     second = copy.deepcopy(first)
     second["contents"][0]["parts"][0]["extra"] = 1
-    view = GeminiView.of(second, GeminiView.of(first))
+    view = GeminiView.of(second, GeminiView.of(first).memory())
     assert view.fresh == len(second["contents"])
     out = view.render({**view.chat_body(), "messages": view.messages[:-1]})
     assert out["contents"][0] is second["contents"][0]

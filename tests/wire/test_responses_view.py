@@ -200,7 +200,7 @@ async def test_a_view_lent_the_last_turns_view_is_the_view_built_afresh() -> Non
     for seed in range(300):
         first, second = _turns(seed)
         previous = ResponsesView.of(first)
-        lent, fresh = ResponsesView.of(second, previous), ResponsesView.of(second)
+        lent, fresh = ResponsesView.of(second, previous.memory()), ResponsesView.of(second)
         assert lent.messages == fresh.messages, seed
         sent = []
         for view in (lent, fresh):  # the same items upstream, untouched or repaired
@@ -224,7 +224,7 @@ def test_the_native_prefix_counts_the_input_items_equal_to_the_last_turns() -> N
     for seed in range(300):
         first, second = _turns(seed)
         previous = ResponsesView.of(first)
-        prefix = ResponsesView.of(second, previous).native_prefix()
+        prefix = ResponsesView.of(second, previous.memory()).native_prefix()
         old, new = items(first), items(second)
         equal = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
         shared = min(len(old), len(new)) if equal is None else equal
@@ -232,7 +232,7 @@ def test_the_native_prefix_counts_the_input_items_equal_to_the_last_turns() -> N
         base = previous.native_prefix().turn if shared else None
         assert prefix.base is base and prefix.turn is not previous.native_prefix().turn, seed
     view = ResponsesView.of(codex_body())
-    again = ResponsesView.of(codex_body(), view).native_prefix()
+    again = ResponsesView.of(codex_body(), view.memory()).native_prefix()
     assert again.base is view.native_prefix().turn
 
 
@@ -241,7 +241,7 @@ def test_the_shared_input_is_the_previous_views_very_messages() -> None:
     second = copy.deepcopy(first)
     second["input"].append({"type": "message", "role": "user", "content": "go on"})
     previous = ResponsesView.of(first)
-    view = ResponsesView.of(second, previous)
+    view = ResponsesView.of(second, previous.memory())
     shared = len(previous.messages)
     assert all(a is b for a, b in zip(view.messages[:shared], previous.messages, strict=True))
     assert len(view.messages) == shared + 1

@@ -78,7 +78,7 @@ class Budget:
 
     def scaled(self, factor: float, fixed: int) -> Budget:
         """The budget in the units of a measure whose every unit is `factor` provider tokens
-        (tokens/meter.py), the tool schemas measured as `fixed`."""
+        (pipeline/meter.py), the tool schemas measured as `fixed`."""
         if factor == 1.0:
             return Budget(self.window, self.available, fixed)
         return Budget(int(self.window / factor), int(self.available / factor), fixed)

@@ -30,7 +30,7 @@ class Seen:
     messages: list[Message]  # a copy of the list: callers may append to theirs
     costs: list[int]  # token estimate of each message
     hashes: list[int] = field(default_factory=list)  # prefix hashes of the first len(hashes)
-    exact: int = 0  # the first `exact` costs are the model tokenizer's counts (tokens/meter)
+    exact: int = 0  # the first `exact` costs are the model tokenizer's counts (pipeline/meter)
     estimated: int = 0  # the estimate of those first `exact` messages: the text's density
     basis: object | None = (
         None  # the turn whose client list this is (ex.rewrite.turn), if it is one

@@ -146,7 +146,7 @@ class CompactionStage:
             known_shared=lambda basis: reusable(ex, messages, basis),
             basis=ex.rewrite.turn if aligned else None,
         )
-        # Counted exactly near the trigger, calibrated against the provider (tokens/meter.py):
+        # Counted exactly near the trigger, calibrated against the provider (pipeline/meter.py):
         # the budget is then in the measure's units.
         measure = await ctx.meter.measure(ex, seen, budget.fixed, budget.limit(spec.trigger))
         budget, tokens = budget.scaled(measure.factor, measure.fixed), measure.total

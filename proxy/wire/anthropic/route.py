@@ -19,7 +19,7 @@ from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.pipeline.context_edits import STAGE as CONTEXT_STAGE
 from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import FLOW, VIEWS
+from proxy.state import FLOW, TURN_MEMORY
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.anthropic import replies as anthropic
 from proxy.wire.anthropic.context import (
@@ -29,6 +29,7 @@ from proxy.wire.anthropic.context import (
     client_context,
     provider_edits,
 )
+from proxy.wire.anthropic.memory import AnthropicMemory
 from proxy.wire.anthropic.request import parse_messages_request
 from proxy.wire.anthropic.stream import Relay, message_stream
 from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
@@ -73,11 +74,13 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     identity = {"metadata": body.get("metadata")}
     opening = lambda: AnthropicView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, identity, key.name if key else None, opening)
-    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
-    view = AnthropicView.of(body, views.last(own))
+    owner = owner_of(key, config.keys)
+    memory = request.app[TURN_MEMORY]
+    view = AnthropicView.of(body, memory.recall(owner, session.name, AnthropicMemory))
     if key is not None:  # tenants share the provider's account: its stored objects too
         refuse_messages_objects(body, view.fresh)
-    repair = None if counting else view.thinking_repair(request.app[RELAYED_THINKING].of(own))
+    relayed = request.app[RELAYED_THINKING].of(scoped(owner, session.name))
+    repair = None if counting else view.thinking_repair(relayed)
     chat = view.chat_body()
     context = client_context(body, view.cut is not None)
     headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
@@ -105,7 +108,7 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     if repair is not None:
         _repair_thinking(request, ex, view, repair)
     if not counting:
-        views.keep(own, view, len(raw) + view.restored_bytes())
+        memory.keep(owner, session.name, view.memory(), len(raw) + view.restored_bytes())
     return ex
 
 

@@ -13,10 +13,11 @@ Only what a stage changed or added is built anew, and even then each untouched b
 message it came from is kept as it was: an offloaded `tool_result` keeps its `is_error` and
 `cache_control`, a truncated `tool_use` keeps its id and every other block of its turn.
 
-Incremental: a turn re-sends the last one's history plus new messages, so the view of a
-session's previous turn lends this one its view messages for every leading message equal to
-the previous turn's (one `==` each); only the rest is mapped. A view message names its client
-message and blocks by position, so what goes back upstream is always this turn's own bytes.
+Incremental: a turn re-sends the last one's history plus new messages, so the memory of a
+session's previous turn (memory.py) lends this one its view messages for every leading message
+equal to the previous turn's (one `==` each); only the rest is mapped. A view message names its
+client message and blocks by position, so what goes back upstream is always this turn's own
+bytes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from proxy.messages import Message
 from proxy.pipeline.context_edits import compaction_text
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
+from proxy.wire.anthropic.memory import AnthropicMemory
+from proxy.wire.anthropic.memory import Origin as _Origin
 from proxy.wire.anthropic.thinking import (
     Relayed,
     dropped,
@@ -48,16 +51,6 @@ CACHE_BREAKPOINTS = 4  # Anthropic accepts at most four cache_control breakpoint
 THINKING = ("thinking", "redacted_thinking")
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
 AS_SENT = NativeFit()
-
-
-@dataclass(slots=True, frozen=True)
-class _Origin:
-    """The client's message (its index, -1 for the system prompt) a view message stands for,
-    and which of its blocks (positions in its content): all when the view message is the whole
-    message."""
-
-    index: int
-    blocks: tuple[int, ...] | None  # None: a string content, or the system prompt as sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +108,13 @@ class AnthropicView:
     _loop_lent: tuple[int, int | None] | None = None  # (its history's length, its loop)
 
     @classmethod
-    def of(cls, body: dict[str, Any], previous: object = None) -> AnthropicView:
-        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+    def of(cls, body: dict[str, Any], previous: AnthropicMemory | None = None) -> AnthropicView:
+        """The view of `body`; `previous`, the memory of the session's last turn, lends it the
         view messages of the history the two share."""
         view = cls(body)
-        if not isinstance(previous, AnthropicView):
-            previous = None
         system = body.get("system")
-        if previous is not None and system and system == previous.body.get("system"):
-            view._add(previous._built[0], -1, None)  # the same prompt: the same view message
+        if previous is not None and system and system == previous.system:
+            view._add(previous.built[0], -1, None)  # the same prompt: the same view message
         elif system:
             view._add({"role": "system", "content": text_of_content(system)}, -1, None)
         messages = body["messages"]
@@ -156,32 +147,45 @@ class AnthropicView:
                 break
         return view.messages
 
-    def _reuse(self, previous: AnthropicView) -> int:
-        """Take the previous view's messages for the leading client messages both turns share;
-        how many those are."""
-        shared = shared_prefix(self.body["messages"], previous.body["messages"])
+    def _reuse(self, previous: AnthropicMemory) -> int:
+        """Take the last turn's view messages for the leading client messages both turns
+        share; how many those are."""
+        shared = shared_prefix(self.body["messages"], previous.messages)
         if not shared:
             return 0
-        self._prefix = NativePrefix("messages", self._prefix.turn, previous._prefix.turn, shared)
-        before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
-        lent = previous._built[before : previous._ends[shared - 1]]
+        self._prefix = NativePrefix("messages", self._prefix.turn, previous.turn, shared)
+        built = previous.built
+        before = 1 if built and previous.origins[id(built[0])].index < 0 else 0
+        lent = built[before : previous.ends[shared - 1]]
         offset = len(self.messages) - before  # a system prompt gained or lost shifts the ends
         # The usual turn lends all of it, system prompt included: its origins copied in C.
-        same_system = len(self.messages) == before and (
-            not before or self.messages[0] is previous._built[0]
-        )
-        if same_system and len(lent) == len(previous._built) - before:
-            self._origins = dict(previous._origins)
+        same_system = len(self.messages) == before and (not before or self.messages[0] is built[0])
+        if same_system and len(lent) == len(built) - before:
+            self._origins = dict(previous.origins)
         else:
-            self._origins.update((id(m), previous._origins[id(m)]) for m in lent)
+            self._origins.update((id(m), previous.origins[id(m)]) for m in lent)
         self.messages += lent
-        if previous._restored:
-            self._lent_restored = {i: b for i, b in previous._restored.items() if i < shared}
-        if previous._loop_seen and shared == len(previous.body["messages"]):
-            self._loop_lent = (shared, previous._loop)
-        ends = previous._ends[:shared]
+        if previous.restored:
+            self._lent_restored = {i: b for i, b in previous.restored.items() if i < shared}
+        if previous.loop is not None and shared == previous.loop[0]:
+            self._loop_lent = previous.loop
+        ends = previous.ends[:shared]
         self._ends = ends if not offset else [end + offset for end in ends]
         return shared
+
+    def memory(self) -> AnthropicMemory:
+        """What this turn leaves the session's next (its thinking repaired, if it was)."""
+        return AnthropicMemory(
+            system=self.body.get("system"),
+            messages=self.body["messages"],
+            built=self._built,
+            ends=self._ends,
+            origins=self._origins,
+            turn=self._prefix.turn,
+            cut=self.cut,
+            restored=self._restored,
+            loop=(len(self.body["messages"]), self._loop) if self._loop_seen else None,
+        )
 
     def thinking_repair(self, answers: Mapping[str, Relayed]) -> ThinkingRepair | None:
         """What putting back the thinking the client dropped would do (`answers`: what the

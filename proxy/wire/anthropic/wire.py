@@ -17,4 +17,5 @@ ANTHROPIC = WireFormat(
     error_shape=replies.error_body,
     usage_of=anthropic_usage,
     one_shot=one_shot.ONE_SHOT,
+    key_headers=("x-api-key",),
 )

@@ -1,18 +1,17 @@
-"""OpenAI surface: POST /v1/chat/completions (JSON and SSE) and GET /v1/models."""
+"""OpenAI surface: POST /v1/chat/completions (JSON and SSE), and its list of models."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy.exchange import ClientRequest, Exchange
 from proxy.flow import Flow
-from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
+from proxy.policies.spec import Config
 from proxy.sessions.identity import session_id
-from proxy.state import CONFIG, FACTS
+from proxy.state import FACTS
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.wire.chat import degraded as chat_degraded
 from proxy.wire.chat import replies as chat
@@ -20,7 +19,6 @@ from proxy.wire.chat.request import parse_chat_request
 from proxy.wire.chat.stream import Relay
 from proxy.wire.chat_as_responses import ChatAsResponses, ChatReplies, as_chat
 from proxy.wire.chat_as_responses_stream import chat_stream
-from proxy.wire.gemini import route as gemini_route
 from proxy.wire.provider_objects import refuse_chat_objects
 from proxy.wire.serve import (
     json_answer,
@@ -92,21 +90,10 @@ class ChatRelay(Relay):
         return await super()._relay(chat_stream(self.ex, source))
 
 
-@routes.get("/v1/models")
-async def list_models(request: web.Request) -> web.Response:
-    if gemini_route.wants_gemini(request):  # google-genai's default is /v1/: Google's list
-        return await gemini_route.list_models(request)
-    config = request.app[CONFIG].current
-    key = authenticate(request, config.keys)
-    aliases = [
-        a for a in config.deployments if key is None or key.models is None or a in key.models
-    ]
+def model_list(config: Config, aliases: list[str]) -> dict[str, Any]:
+    """GET /v1/models in OpenAI's shape (proxy/wire/models.py serves it)."""
     data = [
         {"id": alias, "object": "model", "created": 0, "owned_by": "agentproxy"}
         for alias in aliases
     ]
-    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
-
-
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    return {"object": "list", "data": data}

@@ -1,7 +1,7 @@
 """Gemini surface: POST /v1beta/models/{model}:generateContent, :streamGenerateContent?alt=sse
 and :countTokens; GET /v1beta/models and /v1beta/models/{model}; the same under /v1/ (the
 google-genai SDK's default), where GET /v1/models is shared with OpenAI's list (a request
-carrying Google's key, `x-goog-api-key` or `?key=`, gets Google's).
+carrying Google's key, `x-goog-api-key` or `?key=`, gets Google's: proxy/wire/models.py).
 
 `{model}` is a proxy alias. The stages rewrite the request's chat-shaped view
 (proxy/wire/gemini/view.py); a `gemini/` deployment gets the client's body back with only what
@@ -23,11 +23,12 @@ from proxy.http.auth import authenticate
 from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.policies.spec import Config
-from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import CONFIG, VIEWS
+from proxy.sessions.identity import owner_of, session_id
+from proxy.state import CONFIG, TURN_MEMORY
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.chat.degraded import degraded_text
 from proxy.wire.gemini import replies as gemini
+from proxy.wire.gemini.memory import GeminiMemory
 from proxy.wire.gemini.request import field, parse_generate_request
 from proxy.wire.gemini.stream import Relay, response_stream
 from proxy.wire.gemini.view import GeminiView
@@ -49,10 +50,13 @@ METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
 STORED_FILES = ("files/", "https://generativelanguage.googleapis.com/")
 
 
+KEY_HEADER, KEY_QUERY = "x-goog-api-key", "key"  # where Google's clients send their key
+
+
 def wants_gemini(request: web.Request) -> bool:
     """A request in Google's manner (its key header or query): GET /v1/models answers it
     with Google's list."""
-    return "x-goog-api-key" in request.headers or "key" in request.query
+    return KEY_HEADER in request.headers or KEY_QUERY in request.query
 
 
 async def model_action(request: web.Request) -> web.StreamResponse:
@@ -71,15 +75,10 @@ async def model_action(request: web.Request) -> web.StreamResponse:
     return await serve(request, ex, GeminiAnswers(ex))
 
 
-async def list_models(request: web.Request) -> web.Response:
-    config = request.app[CONFIG].current
-    key = authenticate(request, config.keys)
-    models = [
-        _model(config, alias)
-        for alias in config.deployments
-        if key is None or key.models is None or alias in key.models
-    ]
-    return web.json_response({"models": models}, dumps=_dumps)
+def model_list(config: Config, aliases: list[str]) -> dict[str, Any]:
+    """GET /v1beta/models (and /v1/models in Google's manner) in Google's shape
+    (proxy/wire/models.py serves it)."""
+    return {"models": [_model(config, alias) for alias in aliases]}
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -96,7 +95,7 @@ async def get_model(request: web.Request) -> web.Response:
 for version in VERSIONS:
     routes.post(f"{version}/models/{{target:.+}}")(model_action)
     routes.get(f"{version}/models/{{target:.+}}")(get_model)
-routes.get(f"{VERSIONS[0]}/models")(list_models)  # /v1/models: the chat route's, shared
+LIST_PATHS = tuple(f"{version}/models" for version in VERSIONS)  # /v1/ shared with OpenAI's
 
 
 def _model(config: Config, alias: str) -> dict[str, Any]:
@@ -129,8 +128,8 @@ async def _exchange(
     body = parse_generate_request(raw, alias, counting=counting)
     opening = lambda: GeminiView.opening(body)  # noqa: E731 - only if no session id came
     session = session_id(request.headers, {}, key.name if key else None, opening)
-    views, own = request.app[VIEWS], scoped(owner_of(key, config.keys), session.name)
-    view = GeminiView.of(body, views.last(own))
+    owner, memory = owner_of(key, config.keys), request.app[TURN_MEMORY]
+    view = GeminiView.of(body, memory.recall(owner, session.name, GeminiMemory))
     if key is not None:  # tenants share the provider's account: its stored objects too
         _refuse_stored(body, view.fresh)
     ex = open_exchange(
@@ -150,7 +149,7 @@ async def _exchange(
         ),
     )
     if not counting:
-        views.keep(own, view, len(raw))
+        memory.keep(owner, session.name, view.memory(), len(raw))
     return ex
 
 

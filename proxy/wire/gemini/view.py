@@ -15,9 +15,10 @@ Going back is lossless for everything the stages left alone: a view message that
 object built here goes back as the client's own content, parts and `thoughtSignature`s byte for
 byte. Only what a stage changed or added is built anew, each untouched part of its content kept.
 
-Incremental: the view of a session's previous turn lends this one its view messages for the
-leading contents both turns share (one `==` each); only the rest is mapped. View messages name
-their contents by position, so what goes back upstream is always this turn's own contents.
+Incremental: the memory of a session's previous turn (memory.py) lends this one its view
+messages for the leading contents both turns share (one `==` each); only the rest is mapped.
+View messages name their contents by position, so what goes back upstream is always this turn's
+own contents.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from proxy.exchange import NativeFit, NativePrefix
 from proxy.messages import Message
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
+from proxy.wire.gemini.memory import GeminiMemory
+from proxy.wire.gemini.memory import Origin as _Origin
 from proxy.wire.gemini.request import field as read
 from proxy.wire.gemini.request import field_name
 from proxy.wire.gemini.upstream import speaks_gemini
@@ -40,15 +43,6 @@ Part = dict[str, Any]
 Content = dict[str, Any]
 AS_SENT = NativeFit()
 CALL_PREFIX = "gemini-"  # the view's ids of calls that came without one
-
-
-@dataclass(slots=True, frozen=True)
-class _Origin:
-    """The client's content (its index, -1 for the system instruction) a view message stands
-    for, and which of its parts (all: the whole content)."""
-
-    index: int
-    parts: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -75,15 +69,13 @@ class GeminiView:
     fresh: int = 0
 
     @classmethod
-    def of(cls, body: dict[str, Any], previous: object = None) -> GeminiView:
-        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+    def of(cls, body: dict[str, Any], previous: GeminiMemory | None = None) -> GeminiView:
+        """The view of `body`; `previous`, the memory of the session's last turn, lends it the
         view messages of the contents the two share."""
         view = cls(body)
-        if not isinstance(previous, GeminiView):
-            previous = None
         system = read(body, "systemInstruction")
-        if previous is not None and system and system == read(previous.body, "systemInstruction"):
-            view._add(previous._built[0], -1, ())  # the same instruction: the same view message
+        if previous is not None and system and system == previous.system:
+            view._add(previous.built[0], -1, ())  # the same instruction: the same view message
         elif system:
             view._add({"role": "system", "content": _text_of(system)}, -1, ())
         contents = body["contents"]
@@ -94,31 +86,42 @@ class GeminiView:
         view._built = list(view.messages)
         return view
 
-    def _reuse(self, previous: GeminiView) -> int:
-        """Take the previous view's messages (and the calls they name) for the leading
+    def _reuse(self, previous: GeminiMemory) -> int:
+        """Take the last turn's view messages (and the calls they name) for the leading
         contents both turns share; how many those are."""
-        shared = shared_prefix(self.body["contents"], previous.body["contents"])
+        shared = shared_prefix(self.body["contents"], previous.contents)
         if not shared:
             return 0
-        self._prefix = NativePrefix("contents", self._prefix.turn, previous._prefix.turn, shared)
-        before = 1 if previous._built and previous._origins[id(previous._built[0])].index < 0 else 0
-        lent = previous._built[before : previous._ends[shared - 1]]
-        same_system = len(self.messages) == before and (
-            not before or self.messages[0] is previous._built[0]
-        )
-        if same_system and len(lent) == len(previous._built) - before:  # copies made in C
-            self._origins.update(previous._origins)
-            self._calls = dict(previous._calls)
+        self._prefix = NativePrefix("contents", self._prefix.turn, previous.turn, shared)
+        built = previous.built
+        before = 1 if built and previous.origins[id(built[0])].index < 0 else 0
+        lent = built[before : previous.ends[shared - 1]]
+        same_system = len(self.messages) == before and (not before or self.messages[0] is built[0])
+        if same_system and len(lent) == len(built) - before:  # copies made in C
+            self._origins.update(previous.origins)
+            self._calls = dict(previous.calls)
         else:
-            self._origins.update((id(m), previous._origins[id(m)]) for m in lent)
+            self._origins.update((id(m), previous.origins[id(m)]) for m in lent)
             for message in lent:
                 for call in message.get("tool_calls") or ():
-                    self._calls[call["id"]] = previous._calls[call["id"]]
+                    self._calls[call["id"]] = previous.calls[call["id"]]
         offset = len(self.messages) - before  # an instruction gained or lost shifts the ends
         self.messages += lent
-        ends = previous._ends[:shared]
+        ends = previous.ends[:shared]
         self._ends = ends if not offset else [end + offset for end in ends]
         return shared
+
+    def memory(self) -> GeminiMemory:
+        """What this turn leaves the session's next."""
+        return GeminiMemory(
+            system=read(self.body, "systemInstruction"),
+            contents=self.body["contents"],
+            built=self._built,
+            ends=self._ends,
+            origins=self._origins,
+            calls=self._calls,
+            turn=self._prefix.turn,
+        )
 
     @classmethod
     def opening(cls, body: dict[str, Any]) -> list[Message]:

@@ -1,6 +1,6 @@
 """Google Gemini (generateContent) as a `Wire`."""
 
-from proxy.wire.base import WireFormat
+from proxy.wire.base import ModelList, WireFormat
 from proxy.wire.gemini import one_shot, replies, route
 from proxy.wire.gemini.conversation import GeminiConversation
 from proxy.wire.gemini.upstream import GeminiUpstream, gemini_usage
@@ -18,4 +18,7 @@ GEMINI = WireFormat(
     usage_of=gemini_usage,
     usage_key="usageMetadata",
     one_shot=one_shot.ONE_SHOT,
+    model_list=ModelList(route.LIST_PATHS, route.model_list, in_manner=route.wants_gemini),
+    key_headers=(route.KEY_HEADER,),
+    key_query=route.KEY_QUERY,  # as curl users send it
 )

@@ -23,9 +23,9 @@ from proxy.flow import Flow
 from proxy.http.auth import authenticate
 from proxy.pipeline.base import StageContext
 from proxy.pipeline.compaction.budget import tokens_of
-from proxy.policies.spec import Deployment
-from proxy.sessions.identity import owner_of, scoped, session_id
-from proxy.state import CONFIG, FACTS, FLOW, STORE, VIEWS
+from proxy.policies.spec import ApiKey, Deployment, Keys
+from proxy.sessions.identity import SessionName, owner_of, session_id
+from proxy.state import CONFIG, FACTS, FLOW, STORE, TURN_MEMORY
 from proxy.store.base import Store
 from proxy.upstream.base import UpstreamHTTPError
 from proxy.wire.chat import replies as chat
@@ -34,6 +34,7 @@ from proxy.wire.provider_objects import reasoning_by_id, refuse_responses_object
 from proxy.wire.responses import compaction
 from proxy.wire.responses import replies as responses
 from proxy.wire.responses.compaction_items import read
+from proxy.wire.responses.memory import ResponsesMemory
 from proxy.wire.responses.owners import ResponseOwners, continues
 from proxy.wire.responses.request import parse_responses_request
 from proxy.wire.responses.stream import Relay
@@ -58,24 +59,12 @@ COMPACT_ROUTE = "/v1/responses/compact"
 async def create_response(request: web.Request) -> web.StreamResponse:
     config, key, raw = await read_request(request)
     body = parse_responses_request(raw)
-    owner = owner_of(key, config.keys)
-    # Tenants share the provider's account: each may name only responses it created.
-    owners = ResponseOwners(request.app[STORE], owner) if key is not None else None
-    if owners is not None and continues(body):
-        await owners.check(body)
-    cache_key = body.get("prompt_cache_key")
-    identity = {"metadata": {"session_id": cache_key}}
-    opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
-    session = session_id(request.headers, identity, key.name if key else None, opening)
-    views, own = request.app[VIEWS], scoped(owner, session.name)
-    view = ResponsesView.of(body, views.last(own), request.app[FACTS])
-    if owners is not None:  # stored items, files, containers named by id could be anyone's
-        refuse_responses_objects(body, view.fresh)
-        reasoning = reasoning_by_id(body, view.fresh)
-        if view.references or reasoning:
-            await owners.check_items(view.references, reasoning)
-    await read_summaries(view, request.app[STORE], owner)
-    views.keep(own, view, len(raw))
+    owner, owners, session = await _opened(request, key, config.keys, body)
+    memory = request.app[TURN_MEMORY]
+    lent = memory.recall(owner, session.name, ResponsesMemory)
+    view = ResponsesView.of(body, lent, request.app[FACTS])
+    await _check_input(request, view, owner, owners)
+    memory.keep(owner, session.name, view.memory(), len(raw))
     ex = open_exchange(
         request,
         config,
@@ -102,6 +91,37 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return await serve(request, ex, ResponsesWire(view, recording, ctx))
 
 
+async def _opened(
+    request: web.Request, key: ApiKey | None, keys: Keys, body: dict[str, Any]
+) -> tuple[str, ResponseOwners | None, SessionName]:
+    """What both routes open with: the caller's owner; with keys configured, the record of
+    whose each response is (tenants share the provider's account: each may name only the
+    responses it created, checked here for `previous_response_id`); the session."""
+    owner = owner_of(key, keys)
+    owners = ResponseOwners(request.app[STORE], owner) if key is not None else None
+    if owners is not None and continues(body):
+        await owners.check(body)
+    identity = {"metadata": {"session_id": body.get("prompt_cache_key")}}
+    opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
+    return owner, owners, session_id(request.headers, identity, key.name if key else None, opening)
+
+
+async def _check_input(
+    request: web.Request, view: ResponsesView, owner: str, owners: ResponseOwners | None
+) -> None:
+    """The input items a tenant may send (stored items, files, containers named by id could
+    be anyone's; a reasoning item must be its own), among those the view mapped this turn (a
+    lent prefix was checked on its own turn); then the proxy's compaction items read into
+    their summaries."""
+    body = view.body
+    if owners is not None:
+        refuse_responses_objects(body, view.fresh)
+        reasoning = reasoning_by_id(body, view.fresh)
+        if view.references or reasoning:
+            await owners.check_items(view.references, reasoning)
+    await read_summaries(view, request.app[STORE], owner)
+
+
 async def read_summaries(view: ResponsesView, store: Store, owner: str) -> None:
     """The summaries the proxy's compaction items in the input stand for, into their view
     messages (a forged or another tenant's item: 400, naming its index)."""
@@ -115,20 +135,9 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
     else the proxy's summarizer (proxy/wire/responses/compaction.py)."""
     config, key, raw = await read_request(request)
     body = parse_responses_request(raw)
-    owner = owner_of(key, config.keys)
-    owners = ResponseOwners(request.app[STORE], owner) if key is not None else None
-    if owners is not None and continues(body):
-        await owners.check(body)
-    identity = {"metadata": {"session_id": body.get("prompt_cache_key")}}
-    opening = lambda: ResponsesView.opening(body)  # noqa: E731 - only if no session id came
-    session = session_id(request.headers, identity, key.name if key else None, opening)
+    owner, owners, session = await _opened(request, key, config.keys, body)
     view = ResponsesView.of(body, facts=request.app[FACTS])  # its own: nothing lent or kept
-    if owners is not None:
-        refuse_responses_objects(body, 0)
-        reasoning = reasoning_by_id(body, 0)
-        if view.references or reasoning:
-            await owners.check_items(view.references, reasoning)
-    await read_summaries(view, request.app[STORE], owner)
+    await _check_input(request, view, owner, owners)  # every item: none was lent
     compact = CompactView(view)
     ex = open_exchange(
         request,

@@ -12,10 +12,10 @@ its other fields (an offloaded output keeps its call_id and type; a truncated ca
 status); what a stage added is built in the Responses form (repair's synthetic output, a
 summary as a user message, the proxy's recall call and its answer).
 
-Incremental: the view of a session's previous turn lends this one its view messages for the
-leading input items both turns share (one `==` each, up to the last message boundary inside
-them); only the rest is mapped. View messages name their items by position, so what goes back
-upstream is always this turn's own items.
+Incremental: the memory of a session's previous turn (memory.py) lends this one its view
+messages for the leading input items both turns share (one `==` each, up to the last message
+boundary inside them); only the rest is mapped. View messages name their items by position, so
+what goes back upstream is always this turn's own items.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from proxy.messages import Message
 from proxy.policies.spec import Deployment
 from proxy.upstream.facts import DeploymentFacts
 from proxy.wire.responses.compaction_items import is_minted
+from proxy.wire.responses.memory import ResponsesMemory
 from proxy.wire.responses.upstream import speaks_responses
 from proxy.wire.translate import chat_tools, shared_prefix, text_of_content
 
@@ -96,17 +97,18 @@ class ResponsesView:
 
     @classmethod
     def of(
-        cls, body: dict[str, Any], previous: object = None, facts: DeploymentFacts | None = None
+        cls,
+        body: dict[str, Any],
+        previous: ResponsesMemory | None = None,
+        facts: DeploymentFacts | None = None,
     ) -> ResponsesView:
-        """The view of `body`; `previous`, the view of the session's last turn, lends it the
+        """The view of `body`; `previous`, the memory of the session's last turn, lends it the
         view messages of the input the two share; `facts`, the app's (a test's own if none)."""
         view = cls(body) if facts is None else cls(body, facts=facts)
-        if not isinstance(previous, ResponsesView):
-            previous = None
         instructions = body.get("instructions")
         if isinstance(instructions, str) and instructions:
-            if previous is not None and instructions == previous.body.get("instructions"):
-                view._instructions = previous._instructions  # the same view message
+            if previous is not None and instructions == previous.instructions:
+                view._instructions = previous.instructions_message  # the same view message
             else:
                 view._instructions = {"role": "system", "content": instructions}
             view.messages.append(view._instructions)  # type: ignore[arg-type]
@@ -138,39 +140,56 @@ class ResponsesView:
                     break
         return opening
 
-    def _reuse(self, previous: ResponsesView) -> int:
-        """Take the previous view's messages for the input both turns share, up to the last
+    def _reuse(self, previous: ResponsesMemory) -> int:
+        """Take the last turn's view messages for the input both turns share, up to the last
         message boundary in it; the index of the first item left to map."""
-        shared = shared_prefix(self._items, previous._items)
+        shared = shared_prefix(self._items, previous.items)
         if shared:
-            self._prefix = NativePrefix("input", self._prefix.turn, previous._prefix.turn, shared)
-        if previous._repeated_ids:
+            self._prefix = NativePrefix("input", self._prefix.turn, previous.turn, shared)
+        if previous.repeated_ids:
             return 0
-        k = bisect.bisect_right(previous._ends, shared, key=lambda end: end[0])
+        k = bisect.bisect_right(previous.ends, shared, key=lambda end: end[0])
         if k == 0:
             return 0
-        end, count = previous._ends[k - 1]
-        before = 1 if previous._instructions is not None else 0
-        lent = previous._built[before:count]
+        end, count = previous.ends[k - 1]
+        before = 1 if previous.instructions_message is not None else 0
+        lent = previous.built[before:count]
         self.messages += lent
-        if count == len(previous._built):  # the usual turn: all of it (copies made in C)
-            self._origins = dict(previous._origins)
-            self._minted = dict(previous._minted)
+        if count == len(previous.built):  # the usual turn: all of it (copies made in C)
+            self._origins = dict(previous.origins)
+            self._minted = dict(previous.minted)
         else:
-            self._origins = {id(m): previous._origins[id(m)] for m in lent}
-            minted = previous._minted
+            self._origins = {id(m): previous.origins[id(m)] for m in lent}
+            minted = previous.minted
             self._minted = {id(m): minted[id(m)] for m in lent if id(m) in minted}
-        if 0 <= previous._compaction_at < end:
-            self._compaction_at = previous._compaction_at
+        if 0 <= previous.compaction_at < end:
+            self._compaction_at = previous.compaction_at
         offset = len(self.messages) - count
-        ends = previous._ends[:k]
+        ends = previous.ends[:k]
         self._ends = ends if not offset else [(i, m + offset) for i, m in ends]
-        if end == len(previous._items):
-            self._calls, self._outputs = dict(previous._calls), dict(previous._outputs)
+        if end == len(previous.items):
+            self._calls, self._outputs = dict(previous.calls), dict(previous.outputs)
         else:
-            self._calls = {c: i for c, i in previous._calls.items() if i < end}
-            self._outputs = {c: i for c, i in previous._outputs.items() if i < end}
+            self._calls = {c: i for c, i in previous.calls.items() if i < end}
+            self._outputs = {c: i for c, i in previous.outputs.items() if i < end}
         return end
+
+    def memory(self) -> ResponsesMemory:
+        """What this turn leaves the session's next."""
+        return ResponsesMemory(
+            instructions=self.body.get("instructions"),
+            instructions_message=self._instructions,
+            items=self._items,
+            built=self._built,
+            ends=self._ends,
+            origins=self._origins,
+            minted=self._minted,
+            calls=self._calls,
+            outputs=self._outputs,
+            repeated_ids=self._repeated_ids,
+            compaction_at=self._compaction_at,
+            turn=self._prefix.turn,
+        )
 
     @property
     def client_manages_context(self) -> bool:

@@ -15,13 +15,13 @@ from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline.base import StageContext, Summarizer
 from proxy.pipeline.compaction.summarizer import SYSTEM_PROMPT, make_summarizer
+from proxy.pipeline.meter import PromptMeter
 from proxy.policies.spec import CompactionSpec, Config, Deployment, Policy
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.sim.model import summary_sections
 from proxy.store.memory import MemoryStore
 from proxy.store.state import MemoryState
-from proxy.tokens.meter import PromptMeter
 from proxy.tokens.tokenizers import Tokenizers
 from proxy.upstream.pool import Upstreams
 

@@ -14,7 +14,7 @@ from proxy.exchange import Exchange, PromptMeasure, Usage
 from proxy.messages import TOKENS_PER_MESSAGE, text_of
 from proxy.pipeline.compaction.budget import message_tokens
 from proxy.pipeline.compaction.memo import Seen, SeenHistories
-from proxy.tokens.meter import PromptMeter
+from proxy.pipeline.meter import PromptMeter
 from proxy.tokens.tokenizers import Tokenizer, Tokenizers, load
 from tests.pipeline.factories import deployment, exchange
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from proxy.runtime import eager
+from proxy import eager
 
 
 async def test_a_coroutine_that_never_waits_runs_at_once_without_a_task() -> None:
