@@ -177,7 +177,7 @@ async def responses(proxy: TestServer, words: str, stream: bool) -> Answer:
         return response.output_text, names, finish, headers
 
 
-async def messages(proxy: TestServer, words: str, stream: bool) -> Answer:
+async def messages(proxy: TestServer, words: str, stream: bool, model: str = "claude") -> Answer:
     tools: Any = [
         {"name": "Bash", "input_schema": BASH_SCHEMA},
         {"name": "Read", "input_schema": READ_SCHEMA},
@@ -187,14 +187,14 @@ async def messages(proxy: TestServer, words: str, stream: bool) -> Answer:
         asked: Any = [{"role": "user", "content": words}]
         if not stream:
             raw = await sdk.messages.with_raw_response.create(
-                model="claude", max_tokens=500, messages=asked, tools=tools
+                model=model, max_tokens=500, messages=asked, tools=tools
             )
             message = await raw.parse()
             headers = dict(raw.headers)
         else:
             headers = {}
             async with sdk.messages.stream(
-                model="claude", max_tokens=500, messages=asked, tools=tools
+                model=model, max_tokens=500, messages=asked, tools=tools
             ) as events:
                 message = await events.get_final_message()
     text = "".join(b.text for b in message.content if b.type == "text")
@@ -202,7 +202,9 @@ async def messages(proxy: TestServer, words: str, stream: bool) -> Answer:
     return text, names, message.stop_reason, headers
 
 
-async def gemini(proxy: TestServer, words: str, stream: bool) -> Answer:
+async def gemini(
+    proxy: TestServer, words: str, stream: bool, model: str = "gemini-native"
+) -> Answer:
     declarations = [
         types.FunctionDeclaration(name="Bash", parameters_json_schema=BASH_SCHEMA),
         types.FunctionDeclaration(name="Read", parameters_json_schema=READ_SCHEMA),
@@ -216,7 +218,7 @@ async def gemini(proxy: TestServer, words: str, stream: bool) -> Answer:
     text, names, finish, headers = "", [], None, {}
     if not stream:
         response = await client.aio.models.generate_content(
-            model="gemini-native", contents=words, config=config
+            model=model, contents=words, config=config
         )
         chunks = [response]
         if response.sdk_http_response and response.sdk_http_response.headers:
@@ -225,7 +227,7 @@ async def gemini(proxy: TestServer, words: str, stream: bool) -> Answer:
         chunks = [
             chunk
             async for chunk in await client.aio.models.generate_content_stream(
-                model="gemini-native", contents=words, config=config
+                model=model, contents=words, config=config
             )
         ]
     for chunk in chunks:
@@ -241,7 +243,17 @@ async def gemini(proxy: TestServer, words: str, stream: bool) -> Answer:
     return text, names, "tool_calls" if names else "stop", headers
 
 
+async def messages_as_chat(proxy: TestServer, words: str, stream: bool) -> Answer:
+    """Anthropic's client, a chat deployment: the answer translated."""
+    return await messages(proxy, words, stream, model="sim")
+
+
+async def gemini_as_chat(proxy: TestServer, words: str, stream: bool) -> Answer:
+    return await gemini(proxy, words, stream, model="sim")
+
+
 WIRES = {"chat": chat, "responses": responses, "messages": messages, "gemini": gemini}
+TRANSLATED = {"messages-as-chat": messages_as_chat, "gemini-as-chat": gemini_as_chat}
 TOOL_USE = {"tool_calls", "tool_use"}
 
 
@@ -260,7 +272,7 @@ def _guard_events(proxy: TestServer, tmp_path: Path) -> list[tuple[str, str, str
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("wire", list(WIRES))
+@pytest.mark.parametrize("wire", [*WIRES, *TRANSLATED])
 async def test_a_denied_rm_rf_never_reaches_the_client_and_the_answer_says_why(
     wire: str,
     stream: bool,
@@ -270,7 +282,7 @@ async def test_a_denied_rm_rf_never_reaches_the_client_and_the_answer_says_why(
     sim: Simulator,
 ) -> None:
     proxy, _ = await start(start_proxy, aiohttp_server, tmp_path, sim)
-    text, names, finish, headers = await WIRES[wire](proxy, "rm", stream)
+    text, names, finish, headers = await (WIRES | TRANSLATED)[wire](proxy, "rm", stream)
     assert names == []
     assert finish not in TOOL_USE
     assert "I will take care of that" in text.replace("  ", " ")  # the model's own words pass
