@@ -1,9 +1,10 @@
 """The load client of bench/cpu.py, in a process of its own (so its CPU is not the served app's).
 
-`python bench/_cpu_client.py BODY_FILE ROUTE CONCURRENCY [--stream]` then reads lines
-`URL REQUESTS` on stdin; for each it posts the body REQUESTS times over CONCURRENCY keep-alive
-connections with bench/_load.py's aiohttp client (which checks every answer) and prints the
-LoadResult as one JSON line. A client that stays up: blocks of load cost no process start.
+`python bench/_cpu_client.py BODY_FILE ROUTE CONCURRENCY [--stream] [--keys K1,K2,...]` then
+reads lines `URL REQUESTS` on stdin; for each it posts the body REQUESTS times over CONCURRENCY
+keep-alive connections with bench/_load.py's aiohttp client (which checks every answer; each
+worker sends one of `--keys` in turn) and prints the LoadResult as one JSON line. A client
+that stays up: blocks of load cost no process start.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> int:
     parser.add_argument("route", choices=sorted(WIRES))
     parser.add_argument("concurrency", type=int)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--keys", default="", help="API keys the workers send, in turn")
     args = parser.parse_args()
     body = Path(args.body_file).read_bytes()
     for line in sys.stdin:
@@ -36,6 +38,7 @@ def main() -> int:
             stream=args.stream,
             seconds=600.0,
             max_requests=int(requests),
+            keys=tuple(k for k in args.keys.split(",") if k),
         )
         sys.stdout.buffer.write(orjson.dumps(asdict(result)) + b"\n")
         sys.stdout.flush()

@@ -93,10 +93,14 @@ def python_load(
     stream: bool,
     seconds: float,
     max_requests: int,
+    keys: tuple[str, ...] = (),
 ) -> LoadResult:
-    """Runs the aiohttp client in this process; the caller is not the proxy's process."""
+    """Runs the aiohttp client in this process; the caller is not the proxy's process. With
+    `keys`, worker i sends keys[i % len(keys)] (as a bearer token and x-api-key)."""
     check_loopback(url)
-    return asyncio.run(_python_load(url, body, wire, concurrency, stream, seconds, max_requests))
+    return asyncio.run(
+        _python_load(url, body, wire, concurrency, stream, seconds, max_requests, keys)
+    )
 
 
 async def _python_load(
@@ -107,6 +111,7 @@ async def _python_load(
     stream: bool,
     seconds: float,
     max_requests: int,
+    keys: tuple[str, ...] = (),
 ) -> LoadResult:
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -117,7 +122,10 @@ async def _python_load(
         started = time.perf_counter()
         tally = _Tally(deadline=started + seconds, budget=max_requests)
         await asyncio.gather(
-            *(_worker(session, url, body, wire, stream, tally) for _ in range(concurrency))
+            *(
+                _worker(session, url, body, wire, stream, tally, _key_headers(keys, i))
+                for i in range(concurrency)
+            )
         )
         elapsed = time.perf_counter() - started
     latencies = sorted(tally.latencies)
@@ -142,12 +150,13 @@ async def _worker(
     wire: Wire,
     stream: bool,
     tally: _Tally,
+    headers: dict[str, str] | None = None,
 ) -> None:
     while tally.budget > 0 and time.perf_counter() < tally.deadline:
         tally.budget -= 1
         sent = time.perf_counter()
         try:
-            async with session.post(url, data=body) as response:
+            async with session.post(url, data=body, headers=headers) as response:
                 first, tail = await _drain(response, wire.first_token if stream else b"")
                 done = time.perf_counter()
                 problem = _problem(response.status, tail, wire, stream, first)
@@ -160,6 +169,13 @@ async def _worker(
         tally.latencies.append(done - sent)
         if stream:
             tally.ttfbs.append(first - sent)
+
+
+def _key_headers(keys: tuple[str, ...], worker: int) -> dict[str, str] | None:
+    if not keys:
+        return None
+    key = keys[worker % len(keys)]
+    return {"Authorization": f"Bearer {key}", "x-api-key": key}
 
 
 async def _drain(response: aiohttp.ClientResponse, marker: bytes) -> tuple[float, bytes]:

@@ -17,6 +17,15 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --cells chat-tiny-json --without rewrites    # what the rewrites cost
     python bench/cpu.py --cells chat-tiny-json --without all         # the request's shell alone
     python bench/cpu.py --cells chat-30KB-json --record   # and a proxy recording every turn
+    python bench/cpu.py --cells chat-30KB-json --limits   # 10 keys with rate limits vs without
+
+With `--limits` the load goes through 10 API keys in turn, to two proxies side by side: `keys`
+(the 10 keys) and `limited` (the same keys, each with its own rpm, tpm and max_concurrent, none
+of them refusing: every request pays the whole check, its bucket taken and its slot held and
+given back); the figure is the ratio limited / keys. `--limit-scopes` adds a policy limiting
+each session, key, team and everyone too (five windows a request); `--limits-redis URL` puts
+both proxies' store (and so the limited one's windows) in that Redis, under a prefix of the
+run's own.
 
 With `--anthropic` the proxy's configuration adds overhead.py's `anthropic/` deployment (which
 imports litellm). A `gem-` cell posts the agent turn as Gemini's `generateContent` body (what
@@ -66,6 +75,13 @@ from overhead import (
 )
 
 BENCH_DIR = Path(__file__).resolve().parent
+LIMIT_KEYS = tuple(f"bench-key-{n}" for n in range(10))
+# High enough that no bench run is refused (a refusal would be an error of the run), so every
+# request pays the whole check: five buckets taken, five slots held and given back.
+KEY_LIMITS = "{rpm: 100000000, tpm: 100000000000, max_concurrent: 64}"
+SCOPES_POLICY = "policies:\n  - name: limited\n    limits:\n" + "".join(
+    f"      {scope}: {KEY_LIMITS}\n" for scope in ("session", "key", "team", "global")
+)
 RECORDING_POLICY = (
     "policies:\n  - name: recorded\n    record: {enabled: true, max_mb_per_session: 1000000}\n"
 )
@@ -135,9 +151,12 @@ class Client:
         self.cell = cell
 
     @classmethod
-    async def start(cls, cell: Cell, body_file: Path, concurrency: int) -> Client:
+    async def start(
+        cls, cell: Cell, body_file: Path, concurrency: int, keys: tuple[str, ...] = ()
+    ) -> Client:
         command = [sys.executable, str(BENCH_DIR / "_cpu_client.py"), str(body_file)]
         command += [cell.route, str(concurrency)] + (["--stream"] if cell.stream else [])
+        command += ["--keys", ",".join(keys)] if keys else []
         child = await asyncio.create_subprocess_exec(
             *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
         )
@@ -208,7 +227,8 @@ async def measure(
     for cell in cells:
         body_file = workdir / f"{cell.name}.json"
         body_file.write_bytes(cell.body)
-        client = await Client.start(cell, body_file, args.concurrency)
+        keys = LIMIT_KEYS if args.limits else ()
+        client = await Client.start(cell, body_file, args.concurrency, keys)
         urls = {t: f"http://127.0.0.1:{port}{cell.path}" for t, port in ports.items()}
         for url in urls.values():
             await client.load(url, args.warmup)
@@ -249,7 +269,24 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
         if args.target in ("both", "bare"):
             runner, ports["bare"] = await serve(bare_app(f"http://127.0.0.1:{upstream_port}"))
             runners.append(runner)
-        if args.target in ("both", "proxy"):
+        if args.limits:  # the same 10 keys, without and with rate limits, side by side
+            for target, limits in (("keys", ""), ("limited", f", limits: {KEY_LIMITS}")):
+                keyed = workdir / f"{target}.yaml"
+                entries = "".join(
+                    f"    - {{name: k{n}, key: {key}, team: t{n % 3}{limits}}}\n"
+                    for n, key in enumerate(LIMIT_KEYS)
+                )
+                policy = SCOPES_POLICY if limits and args.limit_scopes else ""
+                store = ""
+                if args.limits_redis:
+                    prefix = f"{redis_prefix()}{target}:"
+                    url = args.limits_redis
+                    store = f"store: {{backend: redis, url: '{url}', prefix: '{prefix}'}}\n"
+                text = config.read_text() + store + "keys:\n  api_keys:\n" + entries + policy
+                keyed.write_text(text)
+                runner, ports[target] = await serve(build_app(keyed, watch=False), proxy=True)
+                runners.append(runner)
+        elif args.target in ("both", "proxy"):
             runner, ports["proxy"] = await serve(build_app(config, watch=False), proxy=True)
             runners.append(runner)
         if args.record:  # a second proxy recording every turn, its store a directory apart
@@ -271,6 +308,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
         finally:
             for runner in runners:
                 await runner.cleanup()
+            if args.limits_redis:
+                forget_redis_keys(args.limits_redis)
         if profile is not None:
             profile.dump_stats(args.profile)
             stats = pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime")
@@ -280,8 +319,33 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
     return figures
 
 
+def redis_prefix() -> str:
+    return f"agentproxy-bench-{os.getpid()}-"
+
+
+def forget_redis_keys(url: str) -> None:
+    """What the run left in Redis (its windows, its store's probe): deleted."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=redis_prefix() + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> None:
     cells = list(dict.fromkeys(cell for _, cell in figures))
+    if any(target == "limited" for target, _ in figures):
+        print("10 keys at their rate limits (--limits): CPU µs per request, median of reps")
+        print(f"{'cell':<20} {'bare':>8} {'keys':>8} {'limited':>8} {'ratio':>7}   ratio each rep")
+        for cell in cells:
+            b, k, lim = (_median(figures.get((t, cell))) for t in ("bare", "keys", "limited"))
+            limited, keyed = figures.get(("limited", cell)) or [], figures.get(("keys", cell)) or []
+            pairs = zip(limited, keyed, strict=True)
+            each = " ".join(f"{a / c:.3f}" for a, c in pairs)
+            print(f"{cell:<20} {b:8.1f} {k:8.1f} {lim:8.1f} {lim / k:6.3f}x   {each}")
+        return
     print("(gc b/p: µs per request inside garbage collections, bare / proxy; with --gc)")
     print(f"CPU µs per request, median of reps (c={concurrency})")
     head = f"{'cell':<20} {'bare':>8} {'proxy':>8} {'ratio':>7}  {'gc b/p':>9}"
@@ -337,6 +401,13 @@ def main() -> int:
     parser.add_argument(
         "--record", action="store_true", help="also a proxy recording every turn, compared"
     )
+    parser.add_argument(
+        "--limits", action="store_true", help="10 keys with rate limits vs the same without"
+    )
+    parser.add_argument(
+        "--limit-scopes", action="store_true", help="with --limits: policy scopes too"
+    )
+    parser.add_argument("--limits-redis", metavar="URL", help="with --limits: both on Redis")
     parser.add_argument(
         "--without",
         metavar="PARTS",

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from proxy.control.control import Control
 from proxy.flow import Flow
+from proxy.guards.rate_limits import RateLimiter
 from proxy.http.auth import HOST_NAMES, KEY_PLACES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.keys import ERROR_BODY, ErrorBody
@@ -59,7 +60,7 @@ from proxy.state import (
     UPSTREAMS,
 )
 from proxy.store.activity import Activity
-from proxy.store.backends import open_backends
+from proxy.store.backends import open_backends, open_windows
 from proxy.store.collector import Collector
 from proxy.store.health import StoreHealth
 from proxy.store.state import MemoryState
@@ -195,6 +196,11 @@ def build_app(
         lineage,
         tracing,
         settles_inline=isinstance(backend_state, MemoryState),  # its operations never wait
+        limiter=RateLimiter(
+            open_windows(backend_state, holder.current.server.response_timeout_s),
+            metrics,
+            recorder,
+        ),
     )
     metrics.watch_memos(
         {

@@ -121,13 +121,15 @@ def _parser() -> argparse.ArgumentParser:
         "replay",
         parents=[common],
         help="run a recorded session or a JSONL trace through a policy, offline",
-        description="Run a trace (one turn a line: docs/cli.md) or a recorded session through "
-        "the real proxy offline: the upstream answers from the trace, the summarizer is a "
-        "deterministic stand-in (unless --live). Prints per turn and in total the tokens "
-        "received and sent, each rewrite, the prompt-cache hit ratio, the cost and whether "
-        "every request was valid for the provider.",
+        description="Run traces (one turn a line: docs/cli.md; several: each on its own, then "
+        "their totals) or a recorded session through the real proxy offline: the upstream "
+        "answers from the trace, the summarizer is a deterministic stand-in (unless --live). "
+        "Prints per turn and in total the tokens received and sent, each rewrite, the "
+        "prompt-cache hit ratio, the cost, the summaries prepared ahead (used, wasted) and "
+        "whether every request was valid for the provider (and why not).",
     )
-    replay.add_argument("trace", nargs="?", metavar="FILE.jsonl", help="a trace to replay")
+    replay.add_argument("trace", nargs="*", metavar="FILE.jsonl",
+                        help="traces to replay, each on its own (then their totals)")  # fmt: skip
     replay.add_argument(
         "--session", metavar="ID", help="a recorded session instead (with --config)"
     )

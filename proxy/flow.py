@@ -4,8 +4,9 @@ A route (proxy/wire/<format>/route.py) parses its request into the Exchange and 
 `Flow.serve` with its `Answers`; from there the path is, in order:
 
     trace     a request span around all of it, when tracing is on
-    admit     which conversation (a fingerprinted one: its branch), then the guards (session
-              circuit; loops and budgets run with the rewrites), may refuse: with our headers
+    admit     which conversation (a fingerprinted one: its branch), then the guards (rate
+              limits, session circuit; loops and budgets run with the rewrites), may refuse:
+              with our headers
     route     the deployment to fit the history to and call
     rewrite   the rewrite chain's before_call hooks: repair, offload, fit to the window, offer
               recall when something left the context (proxy/pipeline)
@@ -17,7 +18,7 @@ A route (proxy/wire/<format>/route.py) parses its request into the Exchange and 
               degrades answered with the wire's degraded answer instead
     settle    the session circuit learns the outcome
     charge    usage, cost and time to metrics and budgets, whatever happened (the client gone
-              included: shielded from its cancellation)
+              included: shielded from its cancellation); the rate limits' slot given back
 
 What differs between formats comes in as small readers: where a reply's message is, how to take
 the proxy's calls out of it, and (streaming) a relay that writes the client's events.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from proxy import eager, tracing
 from proxy.control.control import Control
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
+from proxy.guards.rate_limits import Lease, RateLimiter
 from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
@@ -128,8 +130,10 @@ class Flow:
         tracing: Tracing | None = None,
         *,
         settles_inline: bool = False,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.control = control
+        self.limiter = limiter  # rate limits (None: none can apply)
         # `finish` waits on nothing (the guards' and budgets' state is in-process): a route
         # may run it in its own task, at once (proxy/eager.py).
         self.settles_inline = settles_inline
@@ -207,8 +211,8 @@ class Flow:
     async def _respond(
         self, request: web.Request, ex: Exchange, answers: Answers
     ) -> web.StreamResponse:
-        try:  # guards (session circuit, loops, budgets) may refuse: say so with our headers
-            await self.admit(ex)
+        try:  # guards (rate limits, session circuit, loops, budgets) may refuse: say so
+            lease = await self.admit(ex)
         except ProxyError as error:
             error.headers.update(proxy_headers(ex))
             raise
@@ -236,15 +240,18 @@ class Flow:
             # A client that leaves cancels this handler, maybe in the middle of charging it:
             # the charging runs to its end regardless (what was used is always charged).
             # Against in-process state it never waits: run at once, no task (proxy/eager.py).
-            finishing = self.finish(ex, ok)
+            finishing = self.finish(ex, ok, lease)
             rest = eager.start(finishing) if self.settles_inline else finishing
             if rest is not None:
                 await asyncio.shield(rest)
 
-    async def admit(self, ex: Exchange) -> None:
-        """Admit, route and rewrite; a guard's refusal comes out as a ProxyError."""
+    async def admit(self, ex: Exchange) -> Lease | None:
+        """Admit, route and rewrite; a guard's refusal comes out as a ProxyError. The rate
+        limits' lease, if any, is the caller's to give back (`finish`)."""
         if self.lineage is not None:  # first: which conversation, so whose state
             await self.lineage.resolve(ex)
+        # Then the rate limits: a refusal costs no other work, and no store write.
+        lease = await self.limiter.admit(ex) if self.limiter is not None else None
         activity = self.activity
         try:
             if activity is not None:
@@ -257,7 +264,10 @@ class Flow:
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:
                 activity.leave(ex.identity.session)
+            if lease is not None and self.limiter is not None:
+                await asyncio.shield(self.limiter.release(ex, lease))
             raise
+        return lease
 
     async def complete(self, ex: Exchange, replies: Replies) -> UpstreamReply:
         """The answer, the recall rounds done and the proxy's own calls taken out."""
@@ -350,8 +360,24 @@ class Flow:
         self.metrics.child(self.metrics.decisions, "degraded", "answered").inc()
         return True
 
-    async def finish(self, ex: Exchange, ok: bool) -> None:
-        """Settle and charge: runs whatever happened, the client gone included."""
+    def finish(
+        self, ex: Exchange, ok: bool, lease: Lease | None = None
+    ) -> Coroutine[Any, Any, None]:
+        """Settle and charge: runs whatever happened, the client gone included; then the rate
+        limits' slot is given back and their tokens corrected, whatever settling did."""
+        if lease is None or self.limiter is None:
+            return self._finish(ex, ok)  # no coroutine more than settling needs
+        return self._finish_and_release(ex, ok, lease, self.limiter)
+
+    async def _finish_and_release(
+        self, ex: Exchange, ok: bool, lease: Lease, limiter: RateLimiter
+    ) -> None:
+        try:
+            await self._finish(ex, ok)
+        finally:
+            await limiter.release(ex, lease)
+
+    async def _finish(self, ex: Exchange, ok: bool) -> None:
         if self.activity is not None:
             self.activity.leave(ex.identity.session)
         succeeded = ok and ex.failure is None

@@ -40,11 +40,12 @@ LATENCY_BUCKETS = (
 
 
 # Guards: their decisions are counted in agentproxy_decisions_total, not as rewrites.
-GUARDS = frozenset({"loops", "budget", "session_circuit", "degraded"})
+GUARDS = frozenset({"loops", "budget", "session_circuit", "degraded", "rate_limit"})
 DECISIONS = (
     ("loops", "warn"), ("loops", "no_tools"), ("loops", "block"), ("loops", "recovered"),
     ("budget", "soft_limit"), ("budget", "refused"), ("budget", "unchecked"),
     ("session_circuit", "refused"), ("degraded", "answered"),
+    ("rate_limit", "refused"), ("rate_limit", "unchecked"),
 )  # fmt: skip
 
 
@@ -268,6 +269,14 @@ class Metrics:
             "agentproxy_budget_limit",
             "A budget's configured limit, in the limit's own unit.",
             ["budget", "limit"],
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "agentproxy_rate_limited",
+            "Requests refused by a rate limit (429, before any upstream call), by the scope "
+            "whose window was full (session, key, team, global) and the limit (rpm, tpm, "
+            "max_concurrent).",
+            ["scope", "limit"],
             registry=r,
         )
         self.retries = Counter(

@@ -34,6 +34,8 @@ NOT_A_WIRE = {
     ("proxy.tokens.tokenizers", "anthropic"),  # a tokenizer's name
     ("proxy.tracing", "chat"),  # gen_ai.operation.name
     ("proxy.runtime.agent_env", "responses"),  # Codex's wire_api setting
+    ("proxy.runtime.agent_env", "gemini"),  # the Gemini CLI's program name
+    ("proxy.runtime.run_simulated", "gemini"),  # the Gemini CLI, and its simulated model's alias
     ("proxy.replay.config", "anthropic"),  # the provider whose api_base has no /v1
     ("proxy.messages", "chat"),  # CHAT: the shape every request is rewritten in, named once
 }
@@ -58,7 +60,7 @@ FLOORS = {
     ),
     **dict.fromkeys(("exchange", "sessions", "store", "model_catalog", "tracing"), 1),
     **dict.fromkeys(("upstream", "recording"), 2),
-    "control": 3,
+    **dict.fromkeys(("control", "guards"), 3),
     "pipeline": 4,
     **dict.fromkeys(("flow", "http", "state"), 5),
     "wire": 6,

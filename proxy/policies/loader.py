@@ -36,6 +36,7 @@ from proxy.policies.litellm_compat import (
 from proxy.policies.providers import KEY_VARIABLES, provider_key, split_model
 from proxy.policies.spec import (
     DEFAULT_POLICY,
+    LIMIT_SCOPES,
     OPENAI_COMPATIBLE_PROVIDERS,
     ApiKey,
     BudgetSpec,
@@ -49,7 +50,9 @@ from proxy.policies.spec import (
     LoopSpec,
     OffloadSpec,
     Policy,
+    PolicyLimits,
     PolicyMatch,
+    RateLimits,
     RecallSpec,
     RecordSpec,
     RepairSpec,
@@ -775,7 +778,8 @@ def _api_key(entry: _Entry, aliases: set[str], report: _Report) -> ApiKey:
     models = entry.value.get("models")
     _check_names(entry, ("models",), models, aliases, "model alias", report)
     digest = key_digest(secret) if secret else b""
-    return ApiKey(entry.value["name"], digest, entry.value.get("team"), _frozen(models))
+    limits = _rate_limits(entry, ("limits",), entry.value.get("limits"), report)
+    return ApiKey(entry.value["name"], digest, entry.value.get("team"), _frozen(models), limits)
 
 
 def _check_unique_keys(
@@ -865,6 +869,7 @@ def _policy(
         circuit=_section(CircuitSpec, {**defaults.circuit, **raw.get("circuit", {})}),
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
+        limits=_policy_limits(entry, raw.get("limits"), report),
         record=_record(entry, raw.get("record"), report),
         guard=_guard(entry, raw.get("guard"), report),
         degraded=raw.get("degraded", False),
@@ -947,6 +952,28 @@ def _budget(entry: _Entry, index: int, raw: dict[str, Any], report: _Report) -> 
         message = "wall_s measures a scope's whole life; use it with window: lifetime"
         report.errors.append(entry.issue(("budgets", index, "limits", "wall_s"), message))
     return BudgetSpec(**{**raw, "limits": dict(raw["limits"])})
+
+
+def _policy_limits(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> PolicyLimits:
+    """A policy's `limits`: one RateLimits block per scope (`global` is a Python keyword)."""
+    blocks = {
+        ("global_" if scope == "global" else scope): _rate_limits(
+            entry, ("limits", scope), (raw or {}).get(scope), report
+        )
+        for scope in LIMIT_SCOPES
+    }
+    return PolicyLimits(**blocks)
+
+
+def _rate_limits(
+    entry: _Entry, path: YamlPath, raw: dict[str, Any] | None, report: _Report
+) -> RateLimits | None:
+    if raw is None:
+        return None
+    if not any(name in raw for name in ("rpm", "tpm", "max_concurrent")):
+        message = "needs at least one limit: rpm, tpm or max_concurrent"
+        report.errors.append(entry.issue(path, message))
+    return RateLimits(**raw)
 
 
 def _retry(raw: dict[str, Any] | None) -> RetrySpec:

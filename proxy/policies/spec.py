@@ -93,11 +93,50 @@ class Deployment:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimits:
+    """How fast one subject (a key, a team, a session, everyone) may call: requests and tokens
+    a minute, and requests at once (proxy/guards/rate_limits.py). None: that one is unlimited.
+    One type for a key's own `limits` and each scope of a policy's."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    # When the shared store (Redis) cannot be reached: let the request through unchecked
+    # (as budgets do by default), or refuse it with 503 rate_limit_unavailable.
+    on_store_error: Literal["allow", "refuse"] = "allow"
+
+
+LimitScope = Literal["session", "key", "team", "global"]
+LIMIT_SCOPES: tuple[LimitScope, ...] = ("session", "key", "team", "global")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLimits:
+    """A policy's rate limits, one block per scope: each session (scoped by its owner), each
+    key, each team, or everyone the policy serves together."""
+
+    session: RateLimits | None = None
+    key: RateLimits | None = None
+    team: RateLimits | None = None
+    global_: RateLimits | None = None  # `global` in YAML
+    # The blocks given, in scope order: what each request walks (computed once).
+    scopes: tuple[tuple[LimitScope, RateLimits], ...] = field(
+        init=False, repr=False, compare=False, default=()
+    )
+
+    def __post_init__(self) -> None:
+        found = (self.session, self.key, self.team, self.global_)
+        given = tuple((s, one) for s, one in zip(LIMIT_SCOPES, found, strict=True) if one)
+        object.__setattr__(self, "scopes", given)
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     name: str
     digest: bytes = field(repr=False)
     team: str | None = None
     models: frozenset[str] | None = None  # aliases this key may use; None = all
+    limits: RateLimits | None = None  # the key's own, over every policy's
 
 
 SessionScope = Literal["key", "team"]
@@ -430,6 +469,7 @@ class Policy:
     circuit: CircuitSpec = CircuitSpec()
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()
+    limits: PolicyLimits = PolicyLimits()
     record: RecordSpec = RecordSpec()
     guard: GuardSpec = GuardSpec()
     # When every recovery failed, answer with a normal completion that explains the outage

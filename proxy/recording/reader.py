@@ -200,7 +200,7 @@ async def recorded_turns(store: Store, session_key: str) -> list[dict[str, Any]]
         record = turn.record
         line: dict[str, Any] = {"wire": record["wire"], "route": record.get("route")}
         line["request"] = await recording.body(turn, "request") or {}
-        for name in ("answer", "status"):
+        for name in ("answer", "status", "headers"):
             if record.get(name) is not None:
                 line[name] = record[name]
         sent = await recording.body(turn, "sent")

@@ -6,7 +6,8 @@ toward its owner's store.max_owner_share):
     record_part   one message (or a body without its messages), content-addressed: a history
                   re-sent every turn is stored once, message by message
     record_turn   {"v", "wire", "route", "request": LIST, "sent": LIST, "answer", "status",
-                   "error", "events", "usage", "model", "at", "seq", "turn", "opens"}, LIST
+                   "error", "headers" (the client's protocol headers), "events", "usage",
+                   "model", "at", "seq", "turn", "opens"}, LIST
                    being {"body": part ref of the body without its messages, "key":
                    "messages" | "input" | None, "base": the previous turn's ref, "keep": how
                    many of its messages lead this one's, "new": the part refs of the rest}: a
@@ -373,6 +374,9 @@ class TurnWriter:
             ),
             "status": turn.status,
             "error": _error(turn, conversation, split.redaction),
+            # The client's protocol headers (Anthropic's version and betas: the request's
+            # meaning depends on them); never its credentials.
+            "headers": split.redaction.value(dict(ex.client.forward_headers)) or None,
             "events": events,
             "usage": None if usage is None else usage.described(),
             "cost_usd": ex.accounting.cost_usd,

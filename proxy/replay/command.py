@@ -13,7 +13,7 @@ from typing import Any
 from proxy.policies.loader import ConfigError
 from proxy.replay import report
 from proxy.replay.config import ReplayConfigError, Served, replay_config
-from proxy.replay.engine import SESSION, TurnRow, first_difference, replay
+from proxy.replay.engine import SESSION, first_difference, replay
 from proxy.replay.session import SessionError, session_turns
 from proxy.replay.trace import TraceError, read_trace
 
@@ -35,36 +35,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    if (args.trace is None) == (args.session is None):
-        raise ReplayError("give a trace FILE.jsonl or --session ID (one of them)")
+    if bool(args.trace) == (args.session is not None):
+        raise ReplayError("give a trace FILE.jsonl (or several) or --session ID (one of them)")
     key_name = args.key
-    session = args.session or SESSION
+    sources: list[tuple[str, list[dict[str, Any]], str]] = []  # (named, turns, session)
     if args.session is not None:
         if args.config is None:
             raise ReplayError("--session needs --config: the configuration the proxy runs with")
         turns, key_name = await session_turns(args.config, args.session, args.key)
-        source = f"session {args.session}"
-    else:
-        turns = read_trace(args.trace)
-        source = args.trace
+        sources.append((f"session {args.session}", turns, args.session))
+    else:  # every file read and checked before anything runs
+        sources += [(path, read_trace(path), SESSION) for path in args.trace]
 
-    def make_config(upstream: str, store: str) -> Served:
-        return replay_config(turns, args.config, upstream, store, key_name=key_name,
-                             live=args.live)  # fmt: skip
+    def config_for(turns: list[dict[str, Any]]) -> Callable[[str, str], Served]:
+        return lambda upstream, store: replay_config(
+            turns, args.config, upstream, store, key_name=key_name, live=args.live
+        )
 
     policies = [args.policy] + ([args.against] if args.against else [])
-    _check_policies(make_config, policies)
-    runs: list[list[TurnRow]] = []
-    with _progress(len(turns) * len(policies), quiet=args.json) as advance:
-        for policy in policies:
-            runs.append(await replay(turns, make_config, policy, advance, session))
-    against = None
-    if args.against:
-        against = (args.against, runs[1], first_difference(runs[0], runs[1]))
+    _check_policies(config_for(sources[0][1]), policies)
+    replays: list[report.Replayed] = []
+    total = sum(len(turns) for _, turns, _ in sources) * len(policies)
+    with _progress(total, quiet=args.json) as advance:
+        for source, turns, session in sources:
+            runs = [
+                await replay(turns, config_for(turns), policy, advance, session)
+                for policy in policies
+            ]
+            against = None
+            if args.against:
+                against = (args.against, runs[1], first_difference(runs[0], runs[1]))
+            replays.append(report.Replayed(source, args.policy, runs[0], against))
     if args.json:
-        print(json.dumps(report.as_json(source, args.policy, runs[0], against), indent=2))
+        print(json.dumps(report.as_json_all(replays), indent=2))
     else:
-        report.print_text(_console(), source, runs[0], against)
+        report.print_all(_console(), replays)
     return 0
 
 

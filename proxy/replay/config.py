@@ -5,8 +5,8 @@ Without --config it is the demo's (`agentproxy demo`): the policy `demo` (offloa
 tokens) for every request and `default` (the built-in defaults) by name, each model the trace
 names a deployment of its wire's provider with the demo's 8,192-token window, priced from
 litellm's price map when it knows the name. With --config, the configuration as it is, but
-pointed at the replay's upstream; `--live ALIAS`: that alias keeps its real deployment and
-summarizes for every policy.
+pointed at the replay's upstream, its fallback policy also chosen by name (`default`);
+`--live ALIAS`: that alias keeps its real deployment and summarizes for every policy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.policies.loader import load_config, load_document
-from proxy.policies.spec import Config, Deployment, Keys, key_digest
+from proxy.policies.spec import Config, Deployment, Keys, Policy, PolicyMatch, key_digest
 from proxy.wire.registry import WIRES
 
 SUMMARIZER = "replay-summarizer"
@@ -98,17 +98,30 @@ def replay_config(
         alias: group if alias == live else tuple(_pointed(d, upstream) for d in group)
         for alias, group in config.deployments.items()
     }
-    policies = tuple(_summarized_by(p, live) for p in config.policies)
     keys, secret, chosen = _known_keys(config.keys, key_name)
+    default = _summarized_by(config.default_policy, live)
+    named = _default_by_name(config.policies, default, keys)
+    policies = tuple(_summarized_by(p, live) for p in named)
     config = dataclasses.replace(
         config,
         deployments=deployments,
         policies=policies,
-        default_policy=_summarized_by(config.default_policy, live),
+        default_policy=default,
         keys=keys,
         store=dataclasses.replace(config.store, backend="local", path=store, event_log=None),
     )
     return Served(config, secret, chosen)
+
+
+def _default_by_name(policies: Sequence[Policy], default: Policy, keys: Keys) -> list[Policy]:
+    """The policies, and last the one no match selects under its name (`default`) unless an
+    entry has that name: `--policy default` and `--against default` name it with a config as
+    without. Open to every key (a header may choose it), and selected only where the
+    fallback would be, so the configuration's choices are otherwise unchanged."""
+    if any(p.name == default.name for p in policies):
+        return list(policies)
+    every_key = frozenset(k.name for k in keys.api_keys) if keys.api_keys else None
+    return [*policies, dataclasses.replace(default, match=PolicyMatch(keys=every_key))]
 
 
 def _pointed(deployment: Deployment, upstream: str) -> Deployment:

@@ -20,9 +20,11 @@ from proxy.exchange import Usage
 from proxy.model_catalog import ModelCatalog
 from proxy.replay import measure
 from proxy.replay.config import Served
+from proxy.replay.prepared import PreparedCount, PreparedWatch
 from proxy.replay.trace import ROUTES
 from proxy.sessions.identity import SESSION_HEADER
-from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator
+from proxy.sim.simulator import RecordedRequest, Simulator, run_simulator, same_api
+from proxy.state import METRICS
 from proxy.wire.registry import WIRES
 
 JSON = dict[str, Any]
@@ -52,6 +54,16 @@ class TurnRow:
     valid: bool
     problems: list[str]
     sent: JSON | None = field(default=None, repr=False)  # the turn's body upstream
+    live_status: int | None = None  # what the client got when the turn was recorded
+    # Summaries written ahead of a compaction trigger (proxy/replay/prepared.py).
+    summaries_prepared: int = 0
+    summaries_used: int = 0
+    summaries_wasted: int = 0
+
+    def count_prepared(self, count: PreparedCount) -> None:
+        self.summaries_prepared += count.prepared
+        self.summaries_used += count.used
+        self.summaries_wasted += count.wasted
 
     def as_json(self) -> JSON:
         row = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -70,6 +82,7 @@ def client_body(turn: JSON) -> JSON:
 
 
 _WIRES = {wire.name: wire for wire in WIRES}
+_JSON_TYPE = {"content-type": "application/json"}
 
 
 def route_of(turn: JSON) -> str:
@@ -99,18 +112,21 @@ def parse_applied(header: str | None) -> list[JSON]:
 
 class _Answers:
     """The trace's answer for the turn in flight: given once, to its first call that is not
-    the summarizer's (recall rounds and retries after it get the scripted stand-in). The
-    summarizer gets the simulator's structured summary, fitted to its max tokens as a model
-    that keeps to its instructions would answer, in whatever wire it was asked in."""
+    the summarizer's (recall rounds and retries after it get the scripted stand-in), if that
+    call is in the turn's own wire: a deployment of another (the proxy translating) gets the
+    scripted stand-in in its own, as a trace's answer in the client's wire would not parse.
+    The summarizer gets the simulator's structured summary, fitted to its max tokens as a
+    model that keeps to its instructions would answer, in whatever wire it was asked in."""
 
     def __init__(self) -> None:
         self.pending: JSON | None = None
+        self.route = ""  # the turn's: where its own wire's calls go
 
     def __call__(self, path: str, body: JSON) -> JSON | None:
         if self.pending is None or measure.is_summary(path, body):
             return None
         answer, self.pending = self.pending, None
-        return answer
+        return answer if same_api(path, self.route) else None
 
 
 async def replay(
@@ -125,6 +141,9 @@ async def replay(
     answers = _Answers()
     # The window is the proxy's to fit to; the simulator only checks validity.
     sim = Simulator(context_window=10**9, canned=answers)
+    for turn in turns:
+        if turn.get("status", 200) < 400:  # signed by the API that accepted it live
+            sim.vouch(route_of(turn), turn["request"])
     catalog = ModelCatalog()
     catalog.load_in_background()
     await catalog.ready()
@@ -132,8 +151,9 @@ async def replay(
     async with run_simulator(sim) as upstream:
         with tempfile.TemporaryDirectory(prefix="agentproxy-replay-") as folder:
             served = make_config(upstream, folder)
-            runner = web.AppRunner(build_app(None, config=served.config, watch=False),
-                                   **SERVER_OPTIONS)  # fmt: skip
+            app = build_app(None, config=served.config, watch=False)
+            prepared = PreparedWatch(app[METRICS])
+            runner = web.AppRunner(app, **SERVER_OPTIONS)
             await runner.setup()
             try:
                 await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -142,12 +162,12 @@ async def replay(
                 previous: JSON | None = None
                 async with aiohttp.ClientSession() as http:
                     for number, turn in enumerate(turns, 1):
-                        answers.pending = turn.get("answer")
+                        answers.pending, answers.route = turn.get("answer"), route_of(turn)
                         start = len(sim.requests)
                         async with http.post(
                             proxy + route_of(turn),
                             data=orjson.dumps(client_body(turn)),
-                            headers=headers | {"content-type": "application/json"},
+                            headers=_protocol_headers(turn) | headers | _JSON_TYPE,
                         ) as response:
                             status, got = response.status, dict(response.headers)
                             answer = await response.read()
@@ -155,12 +175,23 @@ async def replay(
                                    previous, served, catalog)  # fmt: skip
                         if sent := sim_sent(sim.requests[start:]):
                             previous = measure.as_chat(sent.path, sent.body)
+                        row.count_prepared(prepared.since())
                         rows.append(row)
                         advance()
             finally:
                 await runner.cleanup()
                 await catalog.close()
+    if rows:  # what the stopped app still held: never used
+        rows[-1].count_prepared(prepared.since())
     return rows
+
+
+def _protocol_headers(turn: JSON) -> dict[str, str]:
+    """The client's protocol headers: as recorded, else (a recording that kept none) those
+    its wire says the request must have come with."""
+    if "headers" in turn:
+        return dict(turn["headers"] or {})
+    return _WIRES[turn["wire"]].replay_headers(turn["request"])
 
 
 def _headers(served: Served, policy: str | None, session: str) -> dict[str, str]:
@@ -200,11 +231,12 @@ def _row(
     completion = _completion_tokens(turn["wire"], answer) if status == 200 else 0
     summarizer_tokens = sum(measure.prompt_tokens(c.path, c.body) for c in summaries)
     cost, write = _cost(served, catalog, alias, tokens_sent, read, completion, summarizer_tokens)
-    problems = [
-        f"{c.path} answered {c.status}" for c in calls if c.status is not None and c.status != 200
-    ]
+    problems = [_refused(c) for c in calls if c.status != 200]
     if status >= 400:
         problems.append(f"the client got {status}: {_error_text(answer)}")
+    live = turn.get("status")
+    if live is not None and live != status:
+        problems.append(f"the client got {status}, {live} live")
     return TurnRow(
         turn=number,
         wire=turn["wire"],
@@ -225,6 +257,7 @@ def _row(
         valid=all(c.status == 200 for c in calls),
         problems=problems,
         sent=sent.body if sent else None,
+        live_status=live,
     )
 
 
@@ -258,6 +291,14 @@ def _completion_tokens(wire: str, answer: bytes) -> int:
         return 0
     read = _WIRES[wire].reply_usage(data) if isinstance(data, dict) else None
     return read.completion_tokens if read is not None else 0
+
+
+def _refused(call: RecordedRequest) -> str:
+    """What the simulated provider said of a call it did not answer 200."""
+    if call.status is None:
+        return f"{call.path}: the connection was dropped"
+    said = f": {call.error[:300]}" if call.error else ""
+    return f"{call.path} answered {call.status}{said}"
 
 
 def _error_text(answer: bytes) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +15,52 @@ from proxy.replay.engine import TurnRow
 JSON = dict[str, Any]
 UNKNOWN = "\N{EN DASH}"  # a cost an unpriced model leaves unknown: never $0, as the inspector shows
 _NUMBERS = ("turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
+Against = tuple[str, Sequence[TurnRow], int | None]  # the policy, its rows, the first difference
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One trace (or session) replayed: its rows, and with --against the second policy's."""
+
+    source: str
+    policy: str | None
+    rows: Sequence[TurnRow]
+    against: Against | None = None
+
+
+def as_json_all(replays: Sequence[Replayed]) -> JSON:
+    """One replay's object; several: each one's under `replays`, and the totals of all
+    (`against_totals` with --against)."""
+    if len(replays) == 1:
+        one = replays[0]
+        return as_json(one.source, one.policy, one.rows, one.against)
+    out: JSON = {
+        "replays": [as_json(r.source, r.policy, r.rows, r.against) for r in replays],
+        "totals": totals([row for r in replays for row in r.rows]),
+    }
+    if replays[0].against is not None:
+        out["against_totals"] = totals([row for r in replays if r.against for row in r.against[1]])
+    return out
+
+
+def print_all(console: Console, replays: Sequence[Replayed]) -> None:
+    """Each replay's report; several: then their totals."""
+    for one in replays:
+        print_text(console, one.source, one.rows, one.against)
+    if len(replays) == 1:
+        return
+    console.print(f"total of {len(replays)} traces:", highlight=False, markup=False)
+    _print_totals(console, _policy_of([r.rows for r in replays]), [
+        row for r in replays for row in r.rows])  # fmt: skip
+    if replays[0].against is not None:
+        others = [r.against[1] for r in replays if r.against]
+        _print_totals(console, _policy_of(others), [row for rows in others for row in rows])
+
+
+def _policy_of(runs: Sequence[Sequence[TurnRow]]) -> str:
+    """The policy the rows were replayed with ("several" when a trace's selection differed)."""
+    names = {row.policy for rows in runs for row in rows[:1]}
+    return names.pop() if len(names) == 1 else "several"
 
 
 def totals(rows: Sequence[TurnRow]) -> JSON:
@@ -30,6 +77,9 @@ def totals(rows: Sequence[TurnRow]) -> JSON:
         "cache_write_tokens": sum(r.cache_write_tokens for r in rows),
         "cache_hit_ratio": round(read / sent, 4) if sent else 0.0,
         "summarizer_calls": sum(r.summarizer_calls for r in rows),
+        "summaries_prepared": sum(r.summaries_prepared for r in rows),
+        "summaries_used": sum(r.summaries_used for r in rows),
+        "summaries_wasted": sum(r.summaries_wasted for r in rows),
         "rewrites": dict(sorted(rewrites.items())),
         "cost_usd": round(sum(costs), 8) if costs else None,
         "all_valid": all(r.valid for r in rows),
@@ -123,7 +173,8 @@ def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> Non
         f"[{policy}] {t['turns']} turns: tokens received {t['tokens_received']}, sent "
         f"{t['tokens_sent']} ({saved:+d} saved), cache hit {t['cache_hit_ratio']:.0%}, "
         f"cost {_cost(t['cost_usd'])}, summarizer calls {t['summarizer_calls']}, "
-        f"{_validity(t)}; "
+        f"summaries prepared ahead {t['summaries_prepared']} (used {t['summaries_used']}, "
+        f"wasted {t['summaries_wasted']}), {_validity(t)}; "
         f"rewrites: {rewrites}",
         highlight=False,
         markup=False,

@@ -1,7 +1,8 @@
 """The trace: one turn a line, in the shape recordings read back as (the `recorded_turns` of
 proxy/recording/): `wire`, `request` (the client's native body), optionally `answer` (the
-upstream's native non-streamed answer), `route`, `model`, `events`, `usage`... Checked here,
-so a bad line is named by its number before anything runs."""
+upstream's native non-streamed answer), `status` (what the client got live), `headers` (the
+client's protocol headers), `route`, `model`, `events`, `usage`... Checked here, so a bad line
+is named by its number before anything runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ ROUTES = {wire.name: wire.model_route for wire in WIRES if wire.model_route is n
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one turn; a real history is well under this
 MAX_TRACE_BYTES = 1024 * 1024 * 1024  # a whole trace: what a replay may hold in memory
 CHUNK_BYTES = 1024 * 1024  # read at a time: a line past the limit is refused, never held whole
+# Headers a trace may not name: replay sends its own key, session and body.
+REPLAYS_OWN_HEADERS = frozenset(
+    ("authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "host",
+     "content-length", "content-type", "transfer-encoding", "connection")
+)  # fmt: skip
 # A model name goes into response headers and configuration: no control characters.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -118,4 +124,25 @@ def check_turn(turn: Any, where: str) -> dict[str, Any]:
     answer = turn.get("answer")
     if answer is not None and not isinstance(answer, dict):
         raise TraceError(f'{where}: "answer" must be the upstream\'s JSON answer (an object)')
+    status = turn.get("status")
+    if status is not None and not (type(status) is int and 100 <= status <= 599):
+        raise TraceError(f'{where}: "status" must be the HTTP status the client got (100-599)')
+    _check_headers(turn.get("headers"), where)
     return turn
+
+
+def _check_headers(headers: Any, where: str) -> None:
+    """The client's protocol headers: strings, none of those replay sets itself (its key, its
+    session, the body's length and type) nor any other credential."""
+    if headers is None:
+        return
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise TraceError(f'{where}: "headers" must map header names to strings')
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in REPLAYS_OWN_HEADERS or lowered.startswith("x-agentproxy-"):
+            raise TraceError(f"{where}: header {name!r} is replay's own to send")
+        if _CONTROL.search(name + value) or not name:
+            raise TraceError(f"{where}: header {name[:80]!r} holds a control character")

@@ -45,9 +45,9 @@ _OUR_TABLE = re.compile(rf"^\s*\[\s*model_providers\s*\.\s*\"?{CODEX_PROVIDER}\"
 
 
 def agent_kind(command: str) -> str:
-    """ "claude", "codex", or "other": by the program's name, as the user typed it."""
+    """ "claude", "codex", "gemini" or "other": by the program's name, as the user typed it."""
     name = Path(command).name
-    return name if name in ("claude", "codex") else "other"
+    return name if name in ("claude", "codex", "gemini") else "other"
 
 
 def agent_environment(

@@ -8,7 +8,11 @@ given and free, else on a free port, with the configuration's policies (--config
 `serve --model` does, or --simulate: the built-in simulated model, offline). It lives as long
 as the agent, its log in its store's folder. The agent gets a fresh session id and the proxy
 key, never the user's provider keys (agent_env.py), and the inspector's address for it is
-printed before it starts.
+printed before it starts; once it exits, the session's figures and, for a recorded one, the
+`agentproxy replay` line that replays it (run_report.py).
+
+--simulate keeps its store, log and configuration in the user's state folder, every session
+recorded (run_simulated.py), so a session replays after the proxy stopped.
 
 The agent runs in this process group, on this terminal: a key pressed there (Ctrl-C) reaches
 it directly, so SIGINT and SIGQUIT are forwarded only when this process is not the terminal's
@@ -20,27 +24,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from proxy.policies.spec import Config
 from proxy.runtime.agent_env import agent_environment, agent_kind, command_path, make_codex_home
+from proxy.runtime.run_report import replay_line, session_figures
+from proxy.runtime.run_simulated import (
+    SIM_WINDOW,
+    alias_asked_models,
+    simulate_config_path,
+    simulated_config,
+)
 
 DEFAULT_PORT = 4000
 HOST = "127.0.0.1"
-SIM_WINDOW = 200_000  # tokens: a coding agent's first turn (tools, instructions) fits
-SIM_KEY = "agentproxy-sim"  # what the proxy sends the simulator (never a key of the user's)
 USAGE = 2
 NOT_FOUND = 127
 FORWARDED_ALWAYS = (signal.SIGTERM, signal.SIGHUP)
@@ -91,6 +99,8 @@ def run_agent(
         say(f"invalid configuration:\n{exc}")
         return USAGE
     key = options.key or environ.get("AGENTPROXY_API_KEY") or None
+    if options.config:  # as the replay line names it, wherever it is run from
+        options = dataclasses.replace(options, config=os.path.abspath(options.config))
     return asyncio.run(_run(options, config, key, environ, say))
 
 
@@ -99,11 +109,11 @@ async def _run(
     say: Say,
 ) -> int:  # fmt: skip
     kind = agent_kind(options.command[0])
+    session = f"run-{uuid.uuid4().hex[:12]}"
     async with contextlib.AsyncExitStack() as stack:
         proxy_url = await _find_or_start(options, config, key, kind, environ, stack, say)
         if proxy_url is None:
             return USAGE
-        session = f"run-{uuid.uuid4().hex[:12]}"
         env = agent_environment(environ, proxy_url, session, key)
         if kind == "codex":
             home = make_codex_home(environ, proxy_url, session, say)
@@ -113,8 +123,25 @@ async def _run(
         if kind == "other":  # an SDK sends no header of ours by itself
             inspector += " (if it sends x-agentproxy-session: $AGENTPROXY_SESSION)"
         say(f"session {session}: {inspector}")
-        return await launch(options.command, env)
-    return USAGE  # unreachable: the stack does not swallow exceptions
+        code = await launch(options.command, env)
+        figures = await session_figures(proxy_url, session, key)
+    # The embedded proxy has stopped: its recording is written.
+    if figures is None:
+        say(f"session {session}: no request of it reached the proxy")
+        return code
+    say(figures.line(session))
+    if not figures.recorded:
+        return code
+    if options.simulate:
+        replayable = simulate_config_path(environ)
+        await alias_asked_models(replayable, session)
+    else:  # the proxy's own configuration, when run was told it
+        replayable = options.config or "CONFIG"
+    said = replay_line(session, replayable)
+    if not options.config and not options.simulate:
+        said += " (CONFIG: the configuration the proxy runs with)"
+    say(f"replay it: {said}")
+    return code
 
 
 async def _find_or_start(
@@ -154,8 +181,9 @@ async def _find_or_start(
         say("this configuration sets keys.api_keys: give one with --key or AGENTPROXY_API_KEY")
         return None
     listen = 0 if found == "foreign" else options.port or 0  # the port is taken
+    embedded = _embedded(config, options, listen, kind, environ, say)
     try:
-        url: str = await stack.enter_async_context(_embedded(config, options, listen, kind, say))
+        url: str = await stack.enter_async_context(embedded)
     except (OSError, StoreError) as exc:
         say(f"cannot start the proxy: {exc}")
         return None
@@ -164,8 +192,9 @@ async def _find_or_start(
 
 @contextlib.asynccontextmanager
 async def _embedded(
-    config: Config | None, options: RunOptions, port: int, kind: str, say: Say
-) -> AsyncIterator[str]:
+    config: Config | None, options: RunOptions, port: int, kind: str,
+    environ: Mapping[str, str], say: Say,
+) -> AsyncIterator[str]:  # fmt: skip
     """The proxy in this process (and with --simulate the simulator) on `port` (0: a free
     one), until the agent is done; yields its URL."""
     from proxy.app import build_app
@@ -175,10 +204,9 @@ async def _embedded(
 
     async with contextlib.AsyncExitStack() as stack:
         if config is None:  # --simulate
-            state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentproxy-")))
             sim = Simulator(context_window=SIM_WINDOW, record=False)
             sim_url = await stack.enter_async_context(run_simulator(sim))
-            config = simulated_config(sim_url, state, kind)
+            config = simulated_config(sim_url, simulate_config_path(environ), kind)
         _log_to_file(config.store.path, say)
         app = build_app(options.config, config=config, host=HOST)
         runner = ProxyRunner(app, handle_signals=False, shutdown_timeout=1.0)
@@ -192,32 +220,6 @@ async def _embedded(
         )  # fmt: skip
         say(f"started a proxy on http://{HOST}:{port} ({what}); it stops with the agent")
         yield f"http://{HOST}:{port}"
-
-
-def simulated_config(sim_url: str, state: Path, kind: str) -> Config:
-    """The simulator's models: `sim` (OpenAI chat and Responses) and `claude` (Anthropic
-    Messages), with the default policies; any other name is served by the one its agent
-    speaks natively: `claude` for Claude Code, `sim` for the rest."""
-    import dataclasses
-
-    from proxy.policies.loader import load_document
-
-    def model(alias: str, name: str, base: str) -> dict[str, Any]:
-        return {
-            "model_name": alias,
-            "litellm_params": {"model": name, "api_base": base, "api_key": SIM_KEY},
-            "model_info": {"max_input_tokens": SIM_WINDOW},
-        }
-
-    document = {
-        "store": {"path": str(state)},
-        "model_list": [
-            model("sim", "openai/sim", f"{sim_url}/v1"),
-            model("claude", "anthropic/claude-sim", sim_url),
-        ],
-    }
-    config = load_document("--simulate", document)
-    return dataclasses.replace(config, catch_all="claude" if kind == "claude" else "sim")
 
 
 def _log_to_file(folder: str, say: Say) -> None:

@@ -293,6 +293,10 @@ class AnthropicDialect(Dialect):
     def invalid_json(self) -> ApiError:
         return ApiError(400, "There was an error parsing the body of your request: invalid JSON.")
 
+    def vouch(self, body: JSON) -> None:
+        messages = body.get("messages")
+        self.signer.vouch(messages if isinstance(messages, list) else [])
+
     def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
         if error := check_shape(body, headers) or check_breakpoints(body):
             return error

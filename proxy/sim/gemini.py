@@ -184,6 +184,11 @@ def to_chat(body: JSON) -> JSON:
     limit = _get(config, "maxOutputTokens", "max_output_tokens")
     if isinstance(limit, int):
         chat["max_tokens"] = limit
+    schema = _get(config, "responseJsonSchema", "response_json_schema") or _get(
+        config, "responseSchema", "response_schema"
+    )
+    if isinstance(schema, dict):  # JSON by a schema: the model answers in it
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": _lower(schema)}}
     calling = _get(_get(body, "toolConfig", "tool_config"), "functionCallingConfig",
                    "function_calling_config")  # fmt: skip
     mode = calling.get("mode") if isinstance(calling, dict) else None

@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from .plans import plan, request_text, unwrapped
+
 JSON = dict[str, Any]
 
 SNIPPET_CHARS = 200  # how much of a user text or tool result the scripted answers quote
@@ -117,18 +119,21 @@ def tool_call_id(digest: str, index: int, prefix: str = "call_") -> str:
 
 
 def scripted_reply(body: JSON) -> Reply:
-    """The scripted behaviour: summarize when asked to, quote tool results, call a tool the
-    user names, or echo."""
+    """The scripted behaviour: summarize when asked to, quote tool results, answer JSON when
+    a schema asks for it, call a tool the user names (or the one a plausible model would
+    call for the request: plans.py), or echo."""
     messages: list[JSON] = body["messages"]
     summary = summary_reply(messages, max_output_tokens(body))
     if summary is not None:
         return limit_reply(summary, body)
     # Claude Code ends a turn with `role: "system"` entries after the user's message: the turn
     # is what came before them.
-    turn = _without_trailing_system(messages)
+    turn = _without_trailing_context(messages)
     ending = turn[-1]
     if ending.get("role") == "tool":
-        return Reply(_quote_tool_results(turn))
+        return limit_reply(Reply(_quote_tool_results(turn)), body)
+    if (answer := json_answer(body)) is not None:
+        return limit_reply(Reply(answer), body)
     calls = _planned_calls(body, ending) if ending.get("role") == "user" else []
     if calls:
         digest = request_digest(body)
@@ -137,7 +142,8 @@ def scripted_reply(body: JSON) -> Reply:
             for i, (name, args) in enumerate(calls)
         )
         return Reply(None, tool_calls, "tool_calls")
-    return limit_reply(Reply(f"You said: {_last_user_text(messages)[:SNIPPET_CHARS]}"), body)
+    said = request_text(_last_user_text(messages))
+    return limit_reply(Reply(f"You said: {said[:SNIPPET_CHARS]}"), body)
 
 
 def limit_reply(reply: Reply, body: JSON) -> Reply:
@@ -164,11 +170,33 @@ def reply_from_message(message: JSON, body: JSON) -> Reply:
     return Reply(message.get("content"), tuple(calls), finish)
 
 
-def _without_trailing_system(messages: list[JSON]) -> list[JSON]:
+def _without_trailing_context(messages: list[JSON]) -> list[JSON]:
+    """The turn without what an agent appends after it: `role: "system"` entries, and user
+    messages holding only context (Claude Code's reminders after a tool result)."""
     end = len(messages)
-    while end > 1 and messages[end - 1].get("role") == "system":
+    while end > 1 and (
+        messages[end - 1].get("role") == "system"
+        or (
+            messages[end - 1].get("role") == "user"
+            and messages[end - 2].get("role") == "tool"
+            and not request_text(text_of(messages[end - 1].get("content")))
+        )
+    ):
         end -= 1
     return messages[:end]
+
+
+def json_answer(body: JSON) -> str | None:
+    """What a model asked for JSON by a schema answers (response_format json_schema): an
+    object filling the schema's required fields; None when no schema is asked for."""
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        return None
+    return orjson.dumps(placeholder(schema)).decode()
 
 
 def _last_user_text(messages: list[JSON]) -> str:
@@ -193,7 +221,7 @@ def _quote_tool_results(messages: list[JSON]) -> str:
         results.insert(0, message)
     return "\n".join(
         f"{names.get(m.get('tool_call_id'), 'tool')} returned: "
-        f"{text_of(m.get('content'))[:SNIPPET_CHARS]}"
+        f"{unwrapped(text_of(m.get('content')))[:SNIPPET_CHARS]}"
         for m in results
     )
 
@@ -213,7 +241,7 @@ def _planned_calls(body: JSON, ending: JSON) -> list[tuple[str, JSON]]:
     choice = body.get("tool_choice")
     if not schemas or choice == "none":
         return []
-    text = text_of(ending.get("content"))
+    text = request_text(text_of(ending.get("content")))
     calls = _calls_with_json(text, schemas)
     forced = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
     if forced:
@@ -221,10 +249,13 @@ def _planned_calls(body: JSON, ending: JSON) -> list[tuple[str, JSON]]:
             (forced, placeholder_args(schemas.get(forced)))
         ]
     elif not calls:
-        named = _first_mention(text, schemas) or (
-            next(iter(schemas)) if choice == "required" else None
-        )
-        calls = [(named, placeholder_args(schemas[named]))] if named else []
+        named = _first_mention(text, schemas)
+        planned = None if named else plan(text, schemas, placeholder_args)
+        if planned is not None:
+            calls = [planned]
+        else:
+            named = named or (next(iter(schemas)) if choice == "required" else None)
+            calls = [(named, placeholder_args(schemas[named]))] if named else []
     return calls[:1] if body.get("parallel_tool_calls") is False else calls
 
 

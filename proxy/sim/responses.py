@@ -142,6 +142,7 @@ class Echo:
     request: JSON
     custom_tools: frozenset[str]
     reasoning: ReasoningItem | None
+    namespaces: Mapping[str, str] = dataclasses.field(default_factory=dict)  # tool -> its own
 
 
 def _error(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -303,6 +304,29 @@ def _chat_tools(tools: Any) -> tuple[list[JSON], frozenset[str]]:
     return chat, frozenset(custom)
 
 
+def offered_tools(body: JSON) -> list[Any]:
+    """The tools a request offers: its `tools`, and those its `additional_tools` input items
+    add (Codex sends its own there, in namespaces, with `tools` empty)."""
+    tools = list(body.get("tools") or []) if isinstance(body.get("tools"), list) else []
+    for item in input_items(body):
+        if item_type(item) == "additional_tools" and isinstance(item.get("tools"), list):
+            tools += item["tools"]
+    return tools
+
+
+def tool_namespaces(tools: Any, namespace: str | None = None) -> dict[str, str]:
+    """Each namespaced tool's namespace, by the tool's name: its calls name it."""
+    found: dict[str, str] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        if tool.get("type") == "namespace":
+            found |= tool_namespaces(tool.get("tools"), tool["name"])
+        elif namespace is not None:
+            found[tool["name"]] = namespace
+    return found
+
+
 def _chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, str):
         return choice
@@ -342,7 +366,7 @@ def to_chat(body: JSON) -> JSON:
     if not messages:
         messages.append({"role": "user", "content": ""})
     chat: JSON = {"model": body.get("model"), "messages": messages}
-    tools, _ = _chat_tools(body.get("tools"))
+    tools, _ = _chat_tools(offered_tools(body))
     if tools:
         chat["tools"] = tools
     if (choice := _chat_tool_choice(body.get("tool_choice"))) is not None:
@@ -363,6 +387,14 @@ class Sealer:
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
+        self._vouched: set[str] = set()  # sealed by another API, taken as this one's (replay)
+
+    def vouch(self, items: list[JSON]) -> None:
+        """Take the encrypted reasoning of an input as sealed here."""
+        for item in items:
+            blob = item.get("encrypted_content") if item_type(item) == "reasoning" else None
+            if isinstance(blob, str):
+                self._vouched.add(blob)
 
     def _mac(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, _BLOB_VERSION + payload, hashlib.sha256).digest()
@@ -373,6 +405,8 @@ class Sealer:
         return _BLOB_PREFIX + base64.urlsafe_b64encode(raw).decode()
 
     def valid(self, blob: str) -> bool:
+        if blob in self._vouched:
+            return True
         try:
             raw = base64.urlsafe_b64decode(blob.removeprefix(_BLOB_PREFIX).encode())
         except ValueError:
@@ -466,6 +500,9 @@ class ResponsesDialect(Dialect):
     def invalid_json(self) -> ApiError:
         return ApiError(400, INVALID_JSON)
 
+    def vouch(self, body: JSON) -> None:
+        self.sealer.vouch(input_items(body))
+
     def check_body(self, body: JSON, headers: Mapping[str, str]) -> ApiError | None:
         if error := check_shape(body):
             return error
@@ -525,7 +562,8 @@ class ResponsesDialect(Dialect):
 
     def _echo(self, body: JSON, reasoning: ReasoningItem | None) -> Echo:
         request = {k: body.get(k) for k in _ECHOED}
-        return Echo(request, _chat_tools(body.get("tools"))[1], reasoning)
+        tools = offered_tools(body)
+        return Echo(request, _chat_tools(tools)[1], reasoning, tool_namespaces(tools))
 
     def _reasoning(self, body: JSON, chat: JSON, reply: Reply, meta: Meta) -> ReasoningItem | None:
         setting = body.get("reasoning")
@@ -567,6 +605,8 @@ class ResponsesDialect(Dialect):
                 }
             )
         for n, call in enumerate(reply.tool_calls):
+            namespace = echo.namespaces.get(call.name)
+            named = {"name": call.name} | ({"namespace": namespace} if namespace else {})
             if call.name in echo.custom_tools:
                 items.append(
                     {
@@ -574,7 +614,7 @@ class ResponsesDialect(Dialect):
                         "type": "custom_tool_call",
                         "status": "completed",
                         "call_id": call.id,
-                        "name": call.name,
+                        **named,
                         "input": _custom_input(call.arguments),
                     }
                 )
@@ -586,7 +626,7 @@ class ResponsesDialect(Dialect):
                     "status": "completed",
                     "arguments": call.arguments,
                     "call_id": call.id,
-                    "name": call.name,
+                    **named,
                 }
             )
         return items

@@ -62,6 +62,17 @@ _TO_CHAT: dict[str, Callable[[JSON], JSON]] = {
 }
 
 
+def same_api(path: str, other: str) -> bool:
+    """Whether one dialect answers both model routes (a Gemini route names its model)."""
+    return _api_of(path) is not None and _api_of(path) == _api_of(other)
+
+
+def _api_of(path: str) -> str | None:
+    if path in _TO_CHAT:
+        return path
+    return GEMINI_ACTIONS[0] if path.endswith(GEMINI_ACTIONS) else None
+
+
 def as_chat(path: str, body: JSON) -> JSON:
     """A body the simulator received at `path` as a chat request (tools and messages): what
     `agentproxy replay` measures what went upstream by."""
@@ -110,6 +121,7 @@ class RecordedRequest:
     at: float  # time.monotonic() on arrival
     query: str = ""  # the raw query string, e.g. "beta=true" from Claude Code
     status: int | None = None  # the answer's HTTP status; None while pending or when dropped
+    error: str | None = None  # an error answer's message, as the API put it
 
     @property
     def betas(self) -> list[str]:
@@ -164,6 +176,16 @@ class Simulator:
         # Copies: consuming a fault decrements `times`, which must not touch the caller's object.
         self.faults.extend(dataclasses.replace(f) for f in faults)
 
+    def vouch(self, path: str, body: dict[str, Any]) -> None:
+        """Take the signed items of a request recorded at `path` (a real client's, answered by
+        another API) as this simulator's own: a replay checks they reach it unchanged."""
+        dialects: dict[str, Dialect] = {
+            "/v1/messages": self.anthropic,
+            "/v1/responses": self.responses,
+        }
+        if (dialect := dialects.get(path)) is not None:
+            dialect.vouch(body)
+
     def reset(self) -> None:
         """Forget requests, pending faults and the prompt cache; ids count from 1 again.
         Thinking signatures minted before stay valid (clients still hold them)."""
@@ -215,7 +237,7 @@ class Simulator:
         else:
             response = web.json_response(compacted_window(body, seq))
         if record is not None:
-            record.status = response.status
+            record.status, record.error = response.status, call.message
         return response
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
@@ -261,6 +283,7 @@ class Simulator:
             response = await self._answer(call, body, seq, id_prefix)
         if record is not None:
             record.status = None if call.dropped else response.status
+            record.error = call.message
         return response
 
     def _count(self, call: _Call, body: JSON | None) -> web.Response:
@@ -431,6 +454,7 @@ class _Call:
         self.request_id = request_id
         self.started = started
         self.dropped = False  # the connection was closed instead of answered
+        self.message: str | None = None  # the error it was answered with
 
     def _headers(self, status: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         elapsed_ms = int((time.monotonic() - self.started) * 1000)
@@ -447,6 +471,7 @@ class _Call:
         )
 
     def error(self, error: ApiError, extra: dict[str, str] | None = None) -> web.Response:
+        self.message = error.message
         body = self.dialect.error_body(error, self.request_id)
         payload = orjson.dumps(body, option=orjson.OPT_INDENT_2)
         return self.respond(error.status, payload, "application/json", extra)

@@ -69,6 +69,12 @@ class Dialect(ABC):
     @abstractmethod
     def check_context(self, body: JSON, prompt_tokens: int, window: int) -> ApiError | None: ...
 
+    def vouch(self, body: JSON) -> None:
+        """Take the signed items of a request another API answered (thinking signatures,
+        sealed reasoning: a recorded session replayed) as minted here, exactly as they are.
+        A dialect that signs nothing has nothing to take."""
+        return None
+
     def stream_failure(self, body: JSON, error: ApiError, meta: Meta) -> list[Event] | None:
         """The events telling a streamed request of `error` inside a 200 stream, where the API
         does that (Responses: `response.failed`); None answers with the HTTP error."""

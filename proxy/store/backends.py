@@ -16,6 +16,7 @@ from proxy.store.local import LocalStore
 from proxy.store.retention import Retention
 from proxy.store.shares import owner_share
 from proxy.store.state import MemoryState, StateStore
+from proxy.store.windows import MemoryWindows, Windows
 
 
 class Backends(NamedTuple):
@@ -45,3 +46,17 @@ def open_backends(settings: StoreSettings, metrics: Metrics, keys: Keys | None =
     # In-process state needs no timing: it cannot be slow or fail.
     state = MemoryState(default_ttl_s=settings.session_ttl_s)  # as Redis keys expire
     return Backends(InstrumentedStore(local, metrics, "local"), state, local)
+
+
+def open_windows(state: StateStore, lease_s: float) -> Windows:
+    """The rate limits' windows beside the guard state: in Redis, shared by every replica,
+    when the state is there (its connection shared too); else in this process. `lease_s`: how
+    long a slot in Redis outlives a replica that died holding it."""
+    inner = getattr(state, "inner", state)
+    if inner.backend == "redis":
+        from proxy.store.redis import RedisState
+        from proxy.store.redis_windows import RedisWindows
+
+        assert isinstance(inner, RedisState)
+        return RedisWindows(inner.redis, lease_s)
+    return MemoryWindows()

@@ -8,6 +8,8 @@ Every key starts with the configured prefix:
     <p>state:<space>:<key>    string                  loop levels, failing sessions
     <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
     <p>pub:<space>            hash {field: "exp val"} open circuits every replica should know
+    <p>rate:<subject>         hash {at, r, t}         rate-limit buckets (redis_windows.py)
+    <p>lease:<subject>        sorted set              rate-limit slots in flight -> their expiry
     <p>probe                  string, 60 s TTL        the write check of start-up and /readyz
     <p>sessions               sorted set              session -> last activity (retention)
     <p>sizes                  hash {session: bytes}   what each session's blobs and checkpoints hold
@@ -271,8 +273,10 @@ class RedisConnection:
         if now < self._paused_until:
             raise StoreError(f"redis {self.where}: {what} skipped, not answering")
         try:
-            # Socket timeouts bound each command; this bounds a script or pipeline as a whole.
-            result = await asyncio.wait_for(operation(), self.timeout_s * 2)
+            # Socket timeouts bound each command; this bounds a script or pipeline as a whole
+            # (asyncio.timeout, not wait_for: no task of its own, ~15 µs less per operation).
+            async with asyncio.timeout(self.timeout_s * 2):
+                result = await operation()
         except (RedisError, OSError, TimeoutError) as exc:
             self._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE_S
             if self._down_since is None:

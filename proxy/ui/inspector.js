@@ -201,7 +201,7 @@ function renderList(sessions) {
       el("td", {}, link),
       el("td", {}, s.key || s.owner || "–"),
       el("td", {}, s.model || "–"),
-      el("td", { class: "num" }, count(s.turns), notRecordedMark(s)),
+      el("td", { class: "num" }, turnsAndCalls(s), notRecordedMark(s)),
       el("td", { class: "num" }, count(s.tokens_received)),
       el("td", { class: "num" }, count(s.tokens_sent)),
       el("td", { class: "num" }, money(s.cost_usd)),

@@ -92,6 +92,11 @@ class Wire(Protocol):
         """A fresh assembly of one streamed answer into its non-streamed form (recordings)."""
         ...
 
+    def replay_headers(self, request: Mapping[str, Any]) -> dict[str, str]:
+        """The protocol headers a recorded request answered live must have come with, for a
+        recording that kept none (made before recordings kept them): replay sends these."""
+        ...
+
     @property
     def conversation(self) -> Conversation:
         """How its bodies read as a conversation: a request's new messages, an answer's text,
@@ -146,6 +151,7 @@ class WireFormat:
     model_list: ModelList | None = None
     key_headers: tuple[str, ...] = ()
     key_query: str | None = None
+    implied_headers: Callable[[Mapping[str, Any]], dict[str, str]] | None = None
 
     def error_body(self, error: ProxyError, request_id: str | None) -> Mapping[str, Any]:
         if self.error_shape is None:
@@ -157,6 +163,9 @@ class WireFormat:
 
     def reply_usage(self, reply: Mapping[str, Any]) -> Usage | None:
         return self.usage_of(reply.get(self.usage_key))
+
+    def replay_headers(self, request: Mapping[str, Any]) -> dict[str, str]:
+        return {} if self.implied_headers is None else self.implied_headers(request)
 
     def answer_assembly(self) -> AnswerAssembly:
         return self.assembly()

@@ -4,16 +4,23 @@ simulator, as a newcomer would try it) and every answer belongs to the run's ses
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 from proxy.sim import Simulator, run_simulator
-from tests.support.agentproxy_run import agentproxy_run, session_noting_proxy
+from tests.support.agentproxy_run import ROOT, RunResult, agentproxy_run, session_noting_proxy
 from tests.support.sim_responders import ToolRoundTrip, codex_shell_round_trip
 
 from .conftest import CODEX_KEY_VAR, CODEX_MODEL, SCRATCH_FILES, ClaudeCode, Codex
 from .test_claude_code import bash_round_trip
 from .test_codex import output_text, shell_round_trip
+from .test_gemini_cli_proxy import GeminiCLI
+from .test_gemini_cli_proxy import gemini_cli as gemini_cli  # the fixture
 
 PROXY_KEY = "sk-proxy-run"
 UPSTREAM_KEY = "sk-sim-upstream-run"
@@ -118,4 +125,84 @@ async def test_claude_code_started_by_run_on_the_simulator_answers(
         env=claude_env(claude_code), cwd=claude_code.workdir,
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr
-    assert run.stdout.startswith("You said:"), run.stdout  # the simulator's echo
+    assert run.stdout.startswith("You said: hello there"), run.stdout  # the simulator's echo
+
+
+# -- a newcomer's first run: a natural request, a tool call, the figures, a replay -----------
+
+FIGURES = re.compile(
+    r"agentproxy run: session (run-[0-9a-f]{12}): (\d+) turns?, tokens received ([\d,]+), "
+    r"sent ([\d,]+), rewrites: (.+), cost (\S+)\n"
+)
+REPLAY = re.compile(r"agentproxy run: replay it: (agentproxy replay .+)\n")
+
+
+def replayed_after(run: RunResult, env: dict[str, str], cwd: Path) -> dict[str, object]:
+    """The figures `run` printed once the agent exited, checked, and what its printed replay
+    line gives, run as printed (the proxy long stopped); the replay's JSON."""
+    figures = FIGURES.search(run.stderr)
+    assert figures is not None, run.stderr
+    session, turns, received, sent, _, cost = figures.groups()
+    assert session == run.session and int(turns) >= 2  # the tool call, then the summary
+    assert int(received.replace(",", "")) > 0 and int(sent.replace(",", "")) > 0
+    assert cost == "\u2013"  # an en dash: the simulated model has no price
+    line = REPLAY.search(run.stderr)
+    assert line is not None, run.stderr
+    argv = shlex.split(line.group(1))
+    assert argv[:4] == ["agentproxy", "replay", "--session", run.session]
+    replay = subprocess.run(
+        [sys.executable, "-m", "proxy", *argv[1:], "--json"],
+        env={**env, "PYTHONPATH": str(ROOT)}, cwd=cwd, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    replayed: dict[str, object] = json.loads(replay.stdout)
+    assert isinstance(replayed["turns"], list) and len(replayed["turns"]) == int(turns)
+    return replayed
+
+
+async def test_claude_code_asked_to_list_the_files_calls_bash_and_run_sums_up(
+    claude_code: ClaudeCode,
+) -> None:
+    env = claude_env(claude_code)
+    run = await agentproxy_run(
+        "--simulate", "--", str(claude_code.binary), "-p", "list the files here",
+        "--dangerously-skip-permissions", env=env, cwd=claude_code.workdir,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.startswith("Bash returned:"), run.stdout  # it listed, then said so
+    assert all(name in run.stdout for name in SCRATCH_FILES), run.stdout
+    replayed_after(run, env, claude_code.workdir)
+
+
+async def test_codex_asked_to_list_the_files_runs_ls_and_run_sums_up(codex: Codex) -> None:
+    """Codex's own default model (no model in its config): its tools, in `additional_tools`,
+    reach the simulated model, which lists through code mode's `exec`."""
+    env = codex_env(codex)
+    (codex.codex_home / "config.toml").write_text("")  # the model Codex picks by itself
+    run = await agentproxy_run(
+        "--simulate", "--", str(codex.binary), "exec", "--skip-git-repo-check",
+        "list the files here", env=env, cwd=codex.workdir,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert "/bin/bash -lc ls" in run.stderr  # Codex shows the command it ran, and its output
+    assert all(name in run.stderr for name in SCRATCH_FILES), run.stderr
+    assert "exec returned:" in run.stdout, run.stdout + run.stderr  # then the model's summary
+    replayed_after(run, env, codex.workdir)
+
+
+async def test_the_gemini_cli_asked_to_list_the_files_runs_ls_and_run_sums_up(
+    gemini_cli: GeminiCLI,
+) -> None:
+    env = gemini_cli.environment("http://127.0.0.1:9", "unused")
+    del env["GOOGLE_GEMINI_BASE_URL"], env["GEMINI_API_KEY"]  # `run` gives them
+    (gemini_cli.home / "tmp").mkdir(parents=True, exist_ok=True)
+    run = await agentproxy_run(
+        "--simulate", "--", str(gemini_cli.binary), "-p", "list the files here", "--yolo",
+        env=env, cwd=gemini_cli.workdir,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert "run_shell_command returned:" in run.stdout, run.stdout + run.stderr
+    assert all(name in run.stdout for name in SCRATCH_FILES), run.stdout
+    assert "Retry attempts exhausted" not in run.stderr  # its router got its JSON
+    replayed_after(run, env, gemini_cli.workdir)

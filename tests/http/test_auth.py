@@ -22,6 +22,7 @@ from proxy.state import CONFIG, RECORDINGS, STORE
 from proxy.store.base import BlobInfo, content_ref
 from proxy.wire.base import WireFormat, key_places
 from proxy.wire.chat.answer import ChatAnswer
+from proxy.wire.chat.conversation import ChatConversation
 from proxy.wire.registry import WIRES
 from tests.conftest import ProxyFactory, sim_config
 
@@ -302,6 +303,7 @@ def _own_wire() -> WireFormat:
         model_route=None,
         provider="own",
         assembly=ChatAnswer,
+        conversation=ChatConversation(),
         key_headers=("x-own-key",),
         key_query="own_key",
     )

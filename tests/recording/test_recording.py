@@ -154,6 +154,31 @@ async def test_anthropic_turns_read_back_json_and_stream(
     assert second["status"] == 200 and "sent" in second
 
 
+async def test_a_turn_keeps_the_clients_protocol_headers_never_its_key(
+    start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """What the request means depends on them (a beta allows `role: "system"` in messages):
+    replay sends them again. The key and the other headers are not kept."""
+    proxy = await start(start_proxy, aiohttp_server, tmp_path, f"path: {tmp_path / 'data'}")
+    beta = "mid-conversation-tool-changes-2026-07-01"
+    sdk = anthropic.AsyncAnthropic(base_url=str(proxy.make_url("")), api_key=ALICE, max_retries=0)
+    await sdk.messages.create(
+        model="claude", max_tokens=200, extra_headers=session("h1") | {"anthropic-beta": beta},
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "system", "content": "the tools changed"},
+                  {"role": "user", "content": "again"}],
+    )  # fmt: skip
+    [turn] = await turns_of(proxy, "key:alice", "h1")
+    assert set(turn["headers"]) == {"anthropic-version", "anthropic-beta"}  # as the SDK sent
+    assert turn["headers"]["anthropic-beta"] == beta
+    await chat(proxy).chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "hi"}], extra_headers=session("h2")
+    )
+    [turn] = await turns_of(proxy, "key:alice", "h2")
+    assert "headers" not in turn  # a wire that passes none on keeps none
+    assert ALICE.encode() not in _stored_bytes(proxy, tmp_path, None)
+
+
 async def test_responses_turns_read_back_json_and_stream(
     start_proxy: ProxyFactory, aiohttp_server: Any, tmp_path: Path
 ) -> None:

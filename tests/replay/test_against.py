@@ -67,3 +67,41 @@ def test_the_text_report_marks_the_first_difference(
     assert code == 0
     assert "first turn sent differently: 4" in out
     assert "[offload-500] 9 turns" in out and "[offload-250] 9 turns" in out
+
+
+def test_against_default_with_a_config_is_what_no_policy_selects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`default` names the policy a configuration falls back to, though no entry of its own
+    is called that, even for a key its policies are bound to."""
+    config = tmp_path / "policies.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """\
+            keys:
+              api_keys: [{name: agent, key: sk-agent}]
+            model_list:
+              - model_name: gpt-4.1-mini
+                litellm_params: {model: openai/gpt-4.1-mini, api_base: "http://127.0.0.1:9/v1"}
+                model_info: {max_input_tokens: 8192}
+            policies:
+              - name: offload-250
+                match: {keys: [agent]}
+                offload: {min_tokens: 250}
+            """
+        )
+    )
+    args = ["replay", str(CHAT_TRACE), "--config", str(config), "--json"]
+    assert cli.main([*args, "--against", "default"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "offload-250" and out["against"]["policy"] == "default"
+    assert out["against"]["first_difference"] == 4
+    # The defaults offload only above their own threshold: the 300-token files stay.
+    offloaded = [
+        sum(w["count"] for t in o["turns"] for w in t["rewrites"] if w["action"] == "offloaded")
+        for o in (out, out["against"])
+    ]
+    assert offloaded[0] > offloaded[1] > 0, offloaded
+    assert out["totals"]["all_valid"] and out["against"]["totals"]["all_valid"]
+    assert cli.main([*args, "--policy", "default"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "default"

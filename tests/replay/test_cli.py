@@ -95,3 +95,27 @@ def test_an_unpriced_model_costs_a_dash_not_zero(tmp_path: Path) -> None:
     assert "cost \N{EN DASH}," in done.stdout and "$0.0000" not in done.stdout, done.stdout
     data = json.loads(agentproxy("replay", str(unpriced), "--json").stdout)
     assert data["totals"]["cost_usd"] is None
+
+
+def test_several_traces_each_get_a_report_then_their_total() -> None:
+    chat, responses = (f"examples/traces/coding-agent-{w}.jsonl" for w in ("chat", "responses"))
+    done = agentproxy("replay", chat, responses, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert [r["source"] for r in out["replays"]] == [chat, responses]
+    alone = [json.loads(agentproxy("replay", path, "--json").stdout) for path in (chat, responses)]
+    for each, single in zip(out["replays"], alone, strict=True):
+        assert each["totals"] == single["totals"]  # as if replayed on its own
+    for name in ("turns", "tokens_received", "tokens_sent", "summarizer_calls"):
+        assert out["totals"][name] == sum(s["totals"][name] for s in alone), name
+    assert out["totals"]["all_valid"]
+
+    text = agentproxy("replay", chat, responses).stdout
+    assert f"replay of {chat} with policy demo" in text
+    assert f"replay of {responses} with policy demo" in text
+    assert "total of 2 traces:\n[demo] 18 turns: tokens received" in text
+
+    # A bad file among them: refused by its line before anything is replayed.
+    bad = agentproxy("replay", chat, "pyproject.toml")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "agentproxy replay: pyproject.toml:1: not JSON" in bad.stderr

@@ -45,6 +45,13 @@ def replay_file(tmp_path: Path, lines: list[str], *flags: str) -> tuple[int, str
         (json.dumps({**GOOD, "request": {"messages": []}}), "the request names no model"),
         (json.dumps({**GOOD, "route": "/v1/messages"}), "is not the chat wire's"),
         (json.dumps({**GOOD, "answer": "ok"}), '"answer" must be'),
+        (json.dumps({**GOOD, "status": "ok"}), '"status" must be the HTTP status'),
+        (json.dumps({**GOOD, "status": 42}), '"status" must be the HTTP status'),
+        (json.dumps({**GOOD, "headers": ["a"]}), '"headers" must map header names to strings'),
+        (json.dumps({**GOOD, "headers": {"a": 1}}), '"headers" must map header names'),
+        (json.dumps({**GOOD, "headers": {"Authorization": "Bearer x"}}), "replay's own"),
+        (json.dumps({**GOOD, "headers": {"x-agentproxy-policy": "p"}}), "replay's own"),
+        (json.dumps({**GOOD, "headers": {"a": "b\r\nc: d"}}), "a control character"),
     ],
 )
 def test_a_bad_line_is_named_by_its_number(
@@ -74,7 +81,9 @@ def test_missing_empty_and_ambiguous_sources(
     code, trace = replay_file(tmp_path, [""])
     assert code == 2 and f"{trace}: no turns" in capsys.readouterr().err
     assert cli.main(["replay"]) == 2
-    assert "give a trace FILE.jsonl or --session ID" in capsys.readouterr().err
+    assert "give a trace FILE.jsonl (or several) or --session ID" in capsys.readouterr().err
+    assert cli.main(["replay", trace, "--session", "s1"]) == 2
+    assert "give a trace FILE.jsonl (or several) or --session ID" in capsys.readouterr().err
     assert cli.main(["replay", "--session", "s1"]) == 2
     assert "--session needs --config" in capsys.readouterr().err
     code, _ = replay_file(tmp_path, [json.dumps(GOOD)], "--key", "k")
@@ -87,8 +96,9 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A tool result answering no call: the proxy's repair notes it, and what goes upstream
-    stays valid; a thinking block whose signature the provider did not make goes upstream as
-    it came, and the provider refuses it: that turn is marked invalid."""
+    stays valid; a thinking block the provider refused live (its signature forged) goes
+    upstream as it came, and is refused again: that turn is marked invalid. (What a turn
+    answered live carries, its signed blocks, the replay's provider takes as its own.)"""
     orphan = {"wire": "chat", "request": {"model": "m", "messages": [
         {"role": "user", "content": "hi"},
         {"role": "tool", "tool_call_id": "call_x", "content": "stray"},
@@ -99,13 +109,16 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
             {"type": "thinking", "thinking": "hmm", "signature": "Zm9yZ2Vk"},
             {"type": "text", "text": "hello"}]},
         {"role": "user", "content": "again"},
-    ]}}  # fmt: skip
+    ]}, "status": 400}  # fmt: skip
     code, _ = replay_file(tmp_path, [json.dumps(orphan), json.dumps(forged)], "--json")
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     first, second = out["turns"]
     assert first["valid"] and any(r["stage"] == "repair" for r in first["rewrites"])
     assert not second["valid"] and second["status"] == 400
+    # What the provider said, not only that it refused.
+    refused = "/v1/messages answered 400: messages.1.content.0: Invalid `signature`"
+    assert any(p.startswith(refused) for p in second["problems"]), second["problems"]
     assert out["totals"]["all_valid"] is False and out["totals"]["invalid_turns"] == [2]
 
 
@@ -164,3 +177,37 @@ def test_a_control_character_in_a_model_name_is_a_clear_error(tmp_path: Path) ->
         f"agentproxy replay: {trace}:2: the request's model name holds a control character "
         "(U+0000): 'gp\\x00t'"
     ]
+
+
+def test_a_turn_whose_status_differs_from_the_live_one_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [json.dumps({**GOOD, "status": 200}), json.dumps({**GOOD, "status": 502})]
+    code, _ = replay_file(tmp_path, lines, "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    first, second = out["turns"]
+    assert (first["live_status"], first["problems"]) == (200, [])
+    assert second["live_status"] == 502
+    assert second["problems"] == ["the client got 200, 502 live"]
+    code, _ = replay_file(tmp_path, lines)
+    assert "turn 2: the client got 200, 502 live" in capsys.readouterr().out
+
+
+def test_a_turn_recorded_without_its_headers_gets_those_its_request_implies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Claude Code's `role: "system"` entries inside messages came with its mid-conversation
+    beta (the provider refuses them without one): a recording made before recordings kept
+    headers replays valid; a trace that says it sent none (`{}`) is refused as it would be."""
+    turn = {"wire": "anthropic", "status": 200, "request": {"model": "c", "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "system", "content": "the tools changed"},
+                     {"role": "user", "content": "again"}]}}  # fmt: skip
+    code, _ = replay_file(tmp_path, [json.dumps(turn)], "--json")
+    [row] = json.loads(capsys.readouterr().out)["turns"]
+    assert code == 0 and row["valid"] and row["status"] == 200, row["problems"]
+    code, _ = replay_file(tmp_path, [json.dumps({**turn, "headers": {}})], "--json")
+    [row] = json.loads(capsys.readouterr().out)["turns"]
+    assert not row["valid"] and row["status"] == 400
+    assert "messages.1.role: Input should be 'user' or 'assistant'" in row["problems"][0]

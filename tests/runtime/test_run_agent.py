@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -172,6 +174,110 @@ async def test_with_a_configuration_and_no_proxy_running_one_is_started_with_it(
     log = tmp_path / ".agentproxy" / "run.log"  # the store's folder: out of the terminal
     assert "loopback" in log.read_text()  # the start-up warning about keys went there
     assert "loopback" not in run.stderr
+    assert f"session {run.session}: 1 turn, tokens received " in run.stderr
+    assert "replay it" not in run.stderr  # its policy does not record it: nothing to replay
+
+
+async def test_after_the_agent_its_figures_and_a_replay_line_that_works_once_it_stopped(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    run = await agentproxy_run("--simulate", "--", sys.executable, "-c", AGENT, "any-model", "0",
+                               env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    figures = re.search(
+        rf"session {run.session}: 1 turn, tokens received ([\d,]+), sent ([\d,]+), "
+        "rewrites: none, cost \u2013\n", run.stderr
+    )  # fmt: skip
+    assert figures is not None, run.stderr
+    assert int(figures.group(1).replace(",", "")) > 0
+    state = tmp_path / "home" / ".local" / "state" / "agentproxy" / "simulate"
+    assert f"the proxy's log: {state / 'run.log'}" in run.stderr
+    assert (state / "run.log").is_file()  # kept where it said
+    line = re.search(r"replay it: (agentproxy replay .+)\n", run.stderr)
+    assert line is not None, run.stderr
+    argv = shlex.split(line.group(1))
+    assert argv[1:] == ["replay", "--session", run.session, "--config",
+                        str(state / "simulate.yaml")]  # fmt: skip
+    assert run.started_url is not None and refused(run.started_url)  # the proxy stopped
+    [turn] = replayed(argv, env)["turns"]
+    assert turn["valid"] is True and turn["status"] == 200, turn
+
+
+def replayed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """`agentproxy replay ...` as printed, with --json: its report."""
+    replay = subprocess.run(
+        [sys.executable, "-m", "proxy", *argv[1:], "--json"],
+        env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    report: dict[str, Any] = json.loads(replay.stdout)
+    return report
+
+
+# An agent whose history has a tool call without its result: the proxy repairs it, twice.
+DANGLING = """
+import os, openai
+client = openai.OpenAI(max_retries=0)
+call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+history = [{"role": "user", "content": "hello"},
+           {"role": "assistant", "content": None, "tool_calls": [call]}]
+for turn in ("go on", "and on"):
+    history.append({"role": "user", "content": turn})
+    client.chat.completions.create(model="sim", messages=history, extra_headers={
+        "x-agentproxy-session": os.environ["AGENTPROXY_SESSION"]})
+"""
+
+
+async def test_the_figures_count_each_rewrite_of_the_session(env: dict[str, str]) -> None:
+    run = await agentproxy_run("--simulate", "--", sys.executable, "-c", DANGLING, env=env)
+    assert run.exit_code == 0, run.stderr
+    assert f"session {run.session}: 2 turns, " in run.stderr
+    assert "rewrites: repair.patched_dangling x2, cost" in run.stderr, run.stderr
+
+
+RECORDED = "store: {path: STATE}\npolicies: [{name: recorded, record: {enabled: true}}]\n"
+
+
+async def test_a_recorded_session_of_a_started_configuration_replays_as_printed(
+    sim_server: TestServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    """--config as given, relative: the printed line names it wherever replay is run from."""
+    config = tmp_path / "recorded.yaml"
+    url = str(sim_server.make_url("")).rstrip("/")
+    config.write_text(sim_config(url, RECORDED.replace("STATE", str(tmp_path / "state"))))
+    run = await agentproxy_run("--config", "recorded.yaml", "--", sys.executable, "-c", AGENT,
+                               "sim", "0", env=env, cwd=tmp_path)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    line = re.search(r"replay it: (agentproxy replay .+)\n", run.stderr)
+    assert line is not None, run.stderr
+    argv = shlex.split(line.group(1))
+    assert argv[1:] == ["replay", "--session", run.session, "--config", str(config)]
+    [turn] = replayed(argv, env)["turns"]
+    assert turn["valid"] is True and turn["status"] == 200, turn
+
+
+async def test_a_running_proxy_that_records_gets_a_replay_line_naming_its_configuration(
+    sim_server: TestServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "recorded.yaml"
+    url = str(sim_server.make_url("")).rstrip("/")
+    config.write_text(sim_config(url, RECORDED.replace("STATE", str(tmp_path / "state"))))
+    async with session_noting_proxy(config, env) as (proxy, _):
+        run = await agentproxy_run("--port", str(proxy.port), "--", sys.executable, "-c",
+                                   AGENT, "sim", "0", env=env)  # fmt: skip
+    assert run.exit_code == 0, run.stderr
+    assert f"session {run.session}: 1 turn, " in run.stderr
+    assert (
+        f"replay it: agentproxy replay --session {run.session} --config CONFIG (CONFIG: the "
+        "configuration the proxy runs with)"
+    ) in run.stderr
+
+
+async def test_an_agent_that_sent_nothing_is_said_so(env: dict[str, str]) -> None:
+    run = await agentproxy_run("--simulate", "--", "true", env=env)
+    assert run.exit_code == 0, run.stderr
+    assert f"session {run.session}: no request of it reached the proxy" in run.stderr
+    assert "replay it" not in run.stderr
 
 
 async def test_with_a_model_one_is_started_serving_it_under_any_name(

@@ -120,7 +120,7 @@ async def test_shapes_the_api_refuses(client: openai.AsyncOpenAI) -> None:
 
 
 async def test_encrypted_reasoning_round_trips_and_a_tampered_one_is_refused(
-    client: openai.AsyncOpenAI,
+    client: openai.AsyncOpenAI, sim: Simulator
 ) -> None:
     asked = await client.responses.create(
         model="sim",
@@ -155,6 +155,13 @@ async def test_encrypted_reasoning_round_trips_and_a_tampered_one_is_refused(
     assert body["message"].startswith(f"The encrypted content for item {reasoning.id} could not")
     foreign = Simulator().responses.sealer.seal("reasoning", "")
     body = await refused(answer([returned[0] | {"encrypted_content": foreign}, *returned[1:]]))
+    assert body["code"] == "invalid_encrypted_content"
+    # A replay's simulator takes what a recorded client sent as sealed here, exactly as sent.
+    sim.vouch("/v1/responses", {"input": [returned[0] | {"encrypted_content": foreign}]})
+    vouched = await answer([returned[0] | {"encrypted_content": foreign}, *returned[1:]])
+    assert vouched.output_text.endswith("rain")
+    cut = returned[0] | {"encrypted_content": foreign[:-4]}
+    body = await refused(answer([cut, *returned[1:]]))
     assert body["code"] == "invalid_encrypted_content"
     # With store false, a reasoning item without its encrypted content names nothing stored.
     bare = {k: v for k, v in returned[0].items() if k != "encrypted_content"}

@@ -116,6 +116,25 @@ async def test_a_signature_from_another_simulator_is_refused(
     assert "Invalid `signature`" in await bad_request(client, answered(foreign))
 
 
+async def test_a_vouched_foreign_block_is_accepted_only_as_it_was_vouched(
+    sim: Simulator, client: anthropic.AsyncAnthropic
+) -> None:
+    """A replay's simulator takes the blocks a recorded client sent as its own (another API
+    signed them), exactly: the same block with other text is still refused."""
+    async with run_simulator(Simulator()) as other_url:
+        other = anthropic.AsyncAnthropic(base_url=other_url, api_key="k", max_retries=0)
+        foreign = await create(other, [ASK])
+        await other.close()
+    history = answered(foreign)
+    history[1] = {"role": "assistant", "content": dumped(foreign)}  # as a recording holds it
+    sim.vouch("/v1/messages", {"messages": history})
+    assert (await create(client, history)).content[1].text == "read_file returned: milk"
+    changed = dumped(foreign)
+    changed[0]["thinking"] = "I will just guess."
+    history[1] = {"role": "assistant", "content": changed}
+    assert "Invalid `signature`" in await bad_request(client, history)
+
+
 async def test_a_tool_loop_must_keep_its_thinking_block(client: anthropic.AsyncAnthropic) -> None:
     first = await create(client, [ASK])
     history = answered(first)

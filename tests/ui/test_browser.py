@@ -239,7 +239,7 @@ async def test_a_person_finds_the_session_and_reads_what_was_offloaded(
     url = str(proxy.make_url("")).rstrip("/")
     seen = await asyncio.to_thread(inspect, driver, url, ref, shot)
 
-    assert seen["row"][1:4] == ["alice", "sim", "4"]
+    assert seen["row"][1:4] == ["alice", "sim", "3 · 4 calls"]
     assert seen["evil"] == [EVIL] and seen["images"] == []  # shown as text, never as HTML
     for series in ("received_path", "sent_path"):  # four points each, drawn
         assert seen[series].startswith("M") and seen[series].count("L") == 3, seen[series]

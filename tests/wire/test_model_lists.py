@@ -20,6 +20,7 @@ from proxy.policies.watch import ConfigHolder
 from proxy.state import CONFIG
 from proxy.wire.base import ModelList, WireFormat
 from proxy.wire.chat.answer import ChatAnswer
+from proxy.wire.chat.conversation import ChatConversation
 from proxy.wire.models import model_list_routes
 from proxy.wire.registry import WIRES
 from tests.conftest import ProxyFactory
@@ -99,6 +100,7 @@ def _own_wire() -> WireFormat:
         model_route=None,
         provider="own",
         assembly=ChatAnswer,
+        conversation=ChatConversation(),
         model_list=ModelList(
             ("/v1/models", "/own/models"),
             render,

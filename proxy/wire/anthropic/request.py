@@ -7,6 +7,7 @@ field passes through untouched.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.errors import BadRequest
@@ -14,6 +15,7 @@ from proxy.json_values import kind
 from proxy.wire.body import parse_json_object
 
 ROLES = ("user", "assistant", "system")  # "system": Claude Code's mid-conversation beta
+MID_CONVERSATION_BETA = "mid-conversation-tool-changes-2026-07-01"  # the one Claude Code sends
 
 
 def parse_messages_request(raw: bytes, *, counting: bool = False) -> dict[str, Any]:
@@ -77,3 +79,14 @@ def _check_blocks(blocks: Any, where: str) -> None:
 
 
 _NAMES: dict[type, str] = {bool: "a boolean", dict: "an object", list: "an array"}
+
+
+def implied_headers(request: Mapping[str, Any]) -> dict[str, str]:
+    """For a request recorded without its headers: the beta its `role: "system"` messages
+    show it came with (the API refuses the role without one)."""
+    messages = request.get("messages")
+    if isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") == "system" for m in messages
+    ):
+        return {"anthropic-beta": MID_CONVERSATION_BETA}
+    return {}
