@@ -32,6 +32,9 @@ class HeldCalls:
 
     events: list[dict[str, Any]] = field(default_factory=list)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by tool-call index
+    # Calls went out unheld before these (no guard rule could match their tool): the answer
+    # still ends as tool_calls whatever is taken out of these.
+    after_calls: bool = False
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.events.append(chunk)
@@ -60,7 +63,7 @@ class HeldCalls:
         dropped = set(self.calls) - set(theirs)
         if verdict is not None:
             dropped |= {theirs[p] for p in verdict.denied if p < len(theirs)}
-        left = len(self.calls) - len(dropped)
+        left = self.after_calls or len(self.calls) > len(dropped)
         out = []
         if verdict is not None and self.events:
             said = {k: v for k, v in self.events[0].items() if k not in ("choices", "usage")}
@@ -119,6 +122,7 @@ class Relay(StreamRelay):
 
     async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
         ex, done, held = self.ex, False, None
+        passed_calls = False  # a call went out unheld
         async for batch in self.batches(source):
             out = bytearray()
             for event in batch:
@@ -135,9 +139,11 @@ class Relay(StreamRelay):
                 if chunk is False:
                     continue
                 if chunk is not None and (held is not None or self._holds(chunk)):
-                    held = held or HeldCalls()
+                    held = held or HeldCalls(after_calls=passed_calls)
                     held.add(chunk)
                     continue
+                if chunk is not None and not passed_calls:
+                    passed_calls = _has_tool_calls(chunk)
                 out += event + b"\n\n"
             if out:
                 await self.write(bytes(out))

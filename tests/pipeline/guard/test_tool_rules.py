@@ -309,7 +309,7 @@ async def test_allowed_calls_beside_a_denied_one_are_kept_and_warned_ones_pass(
     proxy, _ = await start(start_proxy, aiohttp_server, tmp_path, sim)
     text, names, finish, _ = await WIRES[wire](proxy, "ls rm read", stream)
     assert names == ["Bash", "Read"]  # ls and read: the rm between them taken out
-    assert finish in TOOL_USE | {None} or wire in ("responses", "gemini")
+    assert finish in TOOL_USE  # calls are left to run
     assert "`Bash` was refused" in text
     assert _guard_events(proxy, tmp_path) == [
         ("deny", "Bash", "no-rm-rf"),
@@ -317,6 +317,24 @@ async def test_allowed_calls_beside_a_denied_one_are_kept_and_warned_ones_pass(
     ]
     metrics = await metrics_of(proxy)
     assert sample(metrics, "agentproxy_guard_total", action="warn", rule="1") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("wire", list(WIRES))
+async def test_a_call_passed_unheld_before_a_denied_one_still_ends_the_answer_as_tool_use(
+    wire: str,
+    stream: bool,
+    start_proxy: ProxyFactory,
+    aiohttp_server: Any,
+    tmp_path: Path,
+    sim: Simulator,
+) -> None:
+    """Write (no rule could match it) streams out before the Bash rm is held and denied: the
+    answer still asks for Write to be run."""
+    proxy, _ = await start(start_proxy, aiohttp_server, tmp_path, sim)
+    text, names, finish, _ = await WIRES[wire](proxy, "write rm", stream)
+    assert names == ["Write"] and finish in TOOL_USE
+    assert "`Bash` was refused" in text
 
 
 @pytest.mark.parametrize("wire", list(WIRES))
