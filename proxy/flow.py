@@ -36,6 +36,7 @@ from proxy import tracing
 from proxy.control.control import Control
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
+from proxy.guard.restore import UNRESTORED
 from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
@@ -186,7 +187,12 @@ class Flow:
             status = request.get(OUTCOME_STATUS, response.status)
         turn = None
         if recorded:
-            body = response.body if isinstance(response, web.Response) else None
+            # A whole answer as it came, its placeholders not given back (guard/restore.py).
+            body = (
+                response.get(UNRESTORED, response.body)
+                if isinstance(response, web.Response)
+                else None
+            )
             turn = Finished(
                 ex,
                 request.get(RAW_BODY),

@@ -129,6 +129,14 @@ class Metrics:
             ["stage", "action"],
             registry=r,
         )
+        self.guard = Counter(
+            "agentproxy_guard",
+            "The guard's actions (scrub: secrets replaced by placeholders before the upstream; "
+            "restore: placeholders given back in answers), by action and rule (the secret's "
+            "kind).",
+            ["action", "rule"],
+            registry=r,
+        )
         self.decisions = Counter(
             "agentproxy_decisions",
             "Guard decisions (loop detection, budgets, session circuits, degraded answers), "

@@ -52,6 +52,7 @@ FLOORS = {
             "request_id",
             "tokens",
             "policies",
+            "guard",
         ),
         0,
     ),

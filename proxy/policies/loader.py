@@ -44,6 +44,7 @@ from proxy.policies.spec import (
     Config,
     Deployment,
     FallbackSpec,
+    GuardSpec,
     Keys,
     LoopSpec,
     OffloadSpec,
@@ -53,6 +54,7 @@ from proxy.policies.spec import (
     RecordSpec,
     RepairSpec,
     RetrySpec,
+    SecretsSpec,
     ServerSettings,
     SessionScope,
     StoreSettings,
@@ -864,6 +866,7 @@ def _policy(
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
         record=_record(entry, raw.get("record"), report),
+        guard=_guard(entry, raw.get("guard") or {}, report),
         degraded=raw.get("degraded", False),
     )
 
@@ -882,6 +885,19 @@ def _record(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> Recor
         return spec
     joined = "|".join(f"(?:{pattern})" for pattern in spec.redact)
     return replace(spec, redact_pattern=re.compile(joined))
+
+
+def _guard(entry: _Entry, raw: dict[str, Any], report: _Report) -> GuardSpec:
+    """The guard section; each of its secret patterns must compile (the one that does not is
+    named by its YAML path)."""
+    secrets = _section(SecretsSpec, raw.get("secrets"))
+    for index, pattern in enumerate(secrets.patterns):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            message = f"not a regular expression: {exc}"
+            report.errors.append(entry.issue(("guard", "secrets", "patterns", index), message))
+    return GuardSpec(secrets=secrets)
 
 
 def _compaction(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> CompactionSpec:

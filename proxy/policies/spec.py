@@ -310,6 +310,22 @@ class RecordSpec:
     redact_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class SecretsSpec:
+    """Secrets in what the client sends replaced by stable placeholders before the upstream
+    sees them, and given back where the model's answer carries one (proxy/guard/)."""
+
+    scrub: bool = False
+    patterns: tuple[str, ...] = ()  # more secrets, as regular expressions (whole matches)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSpec:
+    """What may pass between the agent and the provider."""
+
+    secrets: SecretsSpec = SecretsSpec()
+
+
 ErrorClass = Literal["transient", "overflow", "logical", "fatal"]
 
 
@@ -400,6 +416,7 @@ class Policy:
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()
     record: RecordSpec = RecordSpec()
+    guard: GuardSpec = GuardSpec()
     # When every recovery failed, answer with a normal completion that explains the outage
     # (marked x-agentproxy-degraded) so an agent loop continues instead of crashing.
     degraded: bool = False

@@ -15,7 +15,7 @@ from proxy.sessions.board import SessionBoard
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
 # class, fallbacks by source and target, upstream errors by reason): not counted again here.
-COUNTED_ELSEWHERE = frozenset({"retry", "fallback", "circuit", "stream", "usage"})
+COUNTED_ELSEWHERE = frozenset({"retry", "fallback", "circuit", "stream", "usage", "guard"})
 
 
 class Recorder:
