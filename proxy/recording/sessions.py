@@ -43,6 +43,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.guard.recorded import with_placeholders
 from proxy.logs.limit import warn_limited
 from proxy.messages import CHAT
 from proxy.metrics import Metrics
@@ -341,6 +342,8 @@ class TurnWriter:
         split = _Split(known, session, matcher(spec.redact_pattern, turn.secrets))
         this, base, shared, key = _lineage(ex)
         received = ex.received if ex.received is not None else _parsed(turn.raw)
+        # The secrets the guard scrubbed stay out: their placeholders are recorded.
+        received = with_placeholders(received, ex.secrets)
         if ex.received is not None:  # the body as parsed, never mutated
             # As far as its list agrees with the turn it was compared with, that turn's
             # hashes are its entries' (not hashed again), if this recording holds that turn.

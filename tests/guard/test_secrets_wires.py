@@ -5,6 +5,7 @@ A second key naming the same session gets none of the first's secrets back."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import textwrap
 from pathlib import Path
@@ -18,7 +19,10 @@ from aiohttp.test_utils import TestServer
 from google import genai
 from google.genai import types
 
+from proxy.recording.sessions import recorded_turns
+from proxy.sessions.identity import scoped
 from proxy.sim.simulator import Simulator
+from proxy.state import RECORDINGS, STORE
 from tests.conftest import ProxyFactory
 
 KEY, OTHER = "sk-proxy-guard-1", "sk-proxy-guard-2"
@@ -144,3 +148,22 @@ async def test_the_provider_never_sees_a_secret_and_the_client_gets_it_back(
     theirs = await ASK[wire](proxy, OTHER, f"echo {placeholders}", streamed)
     assert AWS not in theirs and ENV_VALUE not in theirs
     assert PLACEHOLDER.search(theirs)
+    # The recording holds the placeholders, not the secrets: request, sent body and answer.
+    turns = await recorded(proxy, 2)
+    for turn in turns:
+        kept = orjson.dumps(turn).decode()
+        assert AWS not in kept and ENV_VALUE not in kept
+        assert len(set(PLACEHOLDER.findall(kept))) == 2
+    assert PLACEHOLDER.search(orjson.dumps(turns[0]["answer"]).decode())
+
+
+async def recorded(proxy: TestServer, count: int) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = []
+    for _ in range(200):
+        await proxy.app[RECORDINGS].flush()
+        turns = await recorded_turns(proxy.app[STORE], scoped("key:agent", "guarded-1"))
+        if len(turns) >= count:
+            break
+        await asyncio.sleep(0.01)
+    assert len(turns) == count
+    return turns
