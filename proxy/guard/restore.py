@@ -25,18 +25,40 @@ from proxy.guard.placeholders import IN_JSON, IN_TEXT, partial_tail
 UNRESTORED = web.ResponseKey("agentproxy_unrestored", bytes)
 _MARKS = (b"\xc2\xab", b"\\u00")  # a guillemet, or an escape that may be one
 Path = tuple[str | int, ...]
+# What the provider verifies when it comes back (thinking and its signature, encrypted
+# reasoning, Gemini's thought signatures, redacted thinking): left as the model wrote it.
+SIGNED = frozenset({"thinking", "signature", "encrypted_content", "thoughtSignature", "data"})
 
 
 def restore_bytes(body: bytes, secrets: Mapping[str, str]) -> bytes:
-    """A JSON (or event-stream) body with every known placeholder replaced by its secret."""
+    """A whole answer (JSON, or its wire's events) with every known placeholder replaced by
+    its secret, signed reasoning left as it came."""
     if b"secret:" not in body:
         return body
+    if body.lstrip()[:1] not in (b"{", b"["):
+        restorer = StreamRestorer(secrets)
+        return restorer.feed(body) + restorer.end()
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _substituted(body, secrets)
+    changed = False
+    for path, text in list(_strings(data, ())):
+        restored = restore_text(text, secrets)
+        if restored != text:
+            _put(data, path, restored)
+            changed = True
+    return orjson.dumps(data) if changed else body
+
+
+def _substituted(raw: bytes, secrets: Mapping[str, str]) -> bytes:
+    """Placeholders replaced in JSON text, as it stands (what cannot be parsed)."""
 
     def secret(match: Any) -> bytes:
         found = secrets.get(f"«secret:{match.group(1).decode()}»")
         return match.group(0) if found is None else orjson.dumps(found)[1:-1]
 
-    return IN_JSON.sub(secret, body)
+    return IN_JSON.sub(secret, raw)
 
 
 def restore_text(text: str, secrets: Mapping[str, str]) -> str:
@@ -87,7 +109,7 @@ class StreamRestorer:
     def _event(self, chunk: bytes) -> bytes:
         event = _parsed(chunk)
         if event is None:
-            return self.end() + restore_bytes(chunk, self.secrets) + b"\n\n"
+            return self.end() + _substituted(chunk, self.secrets) + b"\n\n"
         out = b""
         held, self._held = self._held, None
         if held is not None:
@@ -136,7 +158,8 @@ def _strings(value: Any, path: Path) -> Iterator[tuple[Path, str]]:
         yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from _strings(item, (*path, key))
+            if key not in SIGNED:
+                yield from _strings(item, (*path, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _strings(item, (*path, index))

@@ -10,6 +10,7 @@ scans its new messages only, each with a few substring searches unless it may ho
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import Policy
 
 NAME = "guard"
+KNOWN = "known"  # the rule of a secret found because the session already held it
+# A secret shorter than this is replaced where a rule finds it, not wherever it stands.
+MIN_KNOWN_CHARS = 8
 SECRET_BYTES = 64  # what one entry of a session's map costs besides its secret
 
 
@@ -36,32 +40,50 @@ class _Session:
     changed: int  # how many of them were scrubbed
     patterns: tuple[str, ...]
     basis: object | None  # the turn it was computed on (ex.rewrite.turn)
+    known: re.Pattern[str] | None = None  # its secrets as one alternation
 
 
 class _Scrubber:
     """One turn's scan: the secrets it finds go to the session's map."""
 
     def __init__(
-        self, minter: Minter, owner: str, patterns: SecretPatterns, secrets: dict[str, str]
+        self,
+        minter: Minter,
+        owner: str,
+        patterns: SecretPatterns,
+        secrets: dict[str, str],
+        known: re.Pattern[str] | None,
+        literal_only: bool = False,
     ) -> None:
         self.minter = minter
         self.owner = owner
         self.patterns = patterns
         self.secrets = secrets
+        self.known = known  # the secrets the session held already, found wherever they stand
+        self.literal_only = literal_only
         self.found: Counter[str] = Counter()
 
     def text(self, text: str) -> str:
+        spans = []
+        if not self.literal_only:
+            spans = [(f.start, f.end, f.rule) for f in self.patterns.find(text)]
+        known = self.known
+        if known is not None and known.search(text):  # a secret the session already holds
+            spans += [(m.start(), m.end(), KNOWN) for m in known.finditer(text)]
+            spans.sort(key=lambda span: (span[0], -span[1]))
+        if not spans:
+            return text
         pieces: list[str] = []
         at = 0
-        for found in self.patterns.find(text):
-            secret = text[found.start : found.end]
+        for start, end, rule in spans:
+            if start < at:
+                continue  # inside one already replaced
+            secret = text[start:end]
             placeholder = self.minter.placeholder(self.owner, secret)
             self.secrets[placeholder] = secret
-            self.found[found.rule] += 1
-            pieces += (text[at : found.start], placeholder)
-            at = found.end
-        if not pieces:
-            return text
+            self.found[rule] += 1
+            pieces += (text[at:start], placeholder)
+            at = end
         pieces.append(text[at:])
         return "".join(pieces)
 
@@ -135,22 +157,32 @@ class ScrubStage:
         if last is None or last.patterns != spec.patterns:
             last = _Session({}, 0, 0, [], 0, spec.patterns, None)
         reused = last.length if last.length <= reusable(ex, messages, last.basis) else 0
-        scrubber = _Scrubber(
-            self.minter, ex.identity.owner, patterns_for(spec.patterns), last.secrets
-        )
+        owner, patterns = ex.identity.owner, patterns_for(spec.patterns)
+        held = len(last.secrets)
+        scrubber = _Scrubber(self.minter, owner, patterns, last.secrets, last.known)
         out = last.output[:reused]
         changed = last.changed if reused == last.length else _changed(out, messages)
         for message in messages[reused:]:
             scrubbed = scrubber.message(message)
             changed += scrubbed is not message
             out.append(scrubbed)
+        known = last.known
+        if len(scrubber.secrets) > held:  # learnt this turn: out of this turn's messages too
+            known = _alternation(scrubber.secrets.values())
+            learnt = _alternation(list(scrubber.secrets.values())[held:])
+            if learnt is not None:
+                again = _Scrubber(self.minter, owner, patterns, scrubber.secrets, learnt, True)
+                for index in range(reused, len(out)):
+                    swept = again.message(out[index])
+                    changed += swept is not out[index] and out[index] is messages[index]
+                    out[index] = swept
         secrets = scrubber.secrets
         size = (ex.client.body_bytes or 64 * len(messages)) + sum(
             len(s) + SECRET_BYTES for s in secrets.values()
         )
         if messages is ex.messages and size <= self._sessions.maxsize:
             self._sessions[session] = _Session(
-                secrets, size, len(messages), out, changed, spec.patterns, ex.rewrite.turn
+                secrets, size, len(messages), out, changed, spec.patterns, ex.rewrite.turn, known
             )
         dry = ex.dry_run
         for rule, count in scrubber.found.items():
@@ -168,3 +200,10 @@ class ScrubStage:
 
 def _changed(out: list[Message], messages: list[Message]) -> int:
     return sum(a is not b for a, b in zip(out, messages, strict=False))
+
+
+def _alternation(secrets: Any) -> re.Pattern[str] | None:
+    """The secrets long enough to be found wherever they stand, as one pattern (longest
+    first, so that one holding another is replaced whole)."""
+    long = sorted({s for s in secrets if len(s) >= MIN_KNOWN_CHARS}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, long))) if long else None

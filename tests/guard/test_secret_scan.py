@@ -107,3 +107,25 @@ def test_an_invalid_pattern_is_named_by_its_yaml_path(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("scrub: true", "scrub: yes please"))
     with pytest.raises(ConfigError):
         load_config(path)
+
+
+def test_signed_thinking_keeps_its_placeholders() -> None:
+    """The provider verifies thinking against its signature when it comes back: a secret put
+    into it would have the next turn refused."""
+    secrets = {"«secret:0123456789ab»": "AKIAIOSFODNN7EXAMPLE"}
+    thinking = {"type": "content_block_delta", "index": 0}
+    thinking["delta"] = {"type": "thinking_delta", "thinking": "use «secret:0123456789ab»"}
+    text = {"type": "content_block_delta", "index": 1}
+    text["delta"] = {"type": "text_delta", "text": "use «secret:0123456789ab»"}
+    events = b"".join(
+        b"event: content_block_delta\ndata: " + orjson.dumps(e) + b"\n\n" for e in (thinking, text)
+    )
+    restorer = StreamRestorer(secrets)
+    out = restorer.feed(events) + restorer.end()
+    first, second = (orjson.loads(line[6:]) for line in out.split(b"\n") if line[:6] == b"data: ")
+    assert first == thinking and second["delta"]["text"] == "use AKIAIOSFODNN7EXAMPLE"
+    whole = orjson.dumps({"content": [thinking["delta"], text["delta"]]})
+    assert orjson.loads(restore_bytes(whole, secrets))["content"] == [
+        thinking["delta"],
+        {"type": "text_delta", "text": "use AKIAIOSFODNN7EXAMPLE"},
+    ]

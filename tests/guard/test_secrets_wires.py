@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import orjson
@@ -167,3 +168,126 @@ async def recorded(proxy: TestServer, count: int) -> list[dict[str, Any]]:
         await asyncio.sleep(0.01)
     assert len(turns) == count
     return turns
+
+
+KEY_ARGS = orjson.dumps({"command": f"deploy --key {AWS}"}).decode()
+READ_ARGS = orjson.dumps({"path": ".env"}).decode()
+
+
+def chat_history() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "read .env"},
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "read", READ_ARGS)]},
+        {"role": "tool", "tool_call_id": "c1", "content": FILE},
+        {
+            "role": "assistant",
+            "content": f"The key is {AWS}.",
+            "tool_calls": [call("c2", "bash", KEY_ARGS)],
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "deployed"},
+        {"role": "user", "content": f"good; and {ENV_VALUE}?"},
+    ]
+
+
+def call(id_: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def anthropic_history() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "read .env"},
+        {"role": "assistant", "content": [tool_use("c1", "read", {"path": ".env"})]},
+        {"role": "user", "content": [result("c1", FILE)]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"The key is {AWS}."},
+                tool_use("c2", "bash", {"command": f"deploy --key {AWS}"}),
+            ],
+        },
+        {
+            "role": "user",
+            "content": [result("c2", "deployed"), {"type": "text", "text": f"and {ENV_VALUE}?"}],
+        },
+    ]
+
+
+def tool_use(id_: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": id_, "name": name, "input": arguments}
+
+
+def result(id_: str, text: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": id_, "content": [{"type": "text", "text": text}]}
+
+
+def responses_history() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "read .env"},
+        {"type": "function_call", "call_id": "c1", "name": "read", "arguments": READ_ARGS},
+        {"type": "function_call_output", "call_id": "c1", "output": FILE},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": f"The key is {AWS}."}],
+        },
+        {"type": "function_call", "call_id": "c2", "name": "bash", "arguments": KEY_ARGS},
+        {"type": "function_call_output", "call_id": "c2", "output": "deployed"},
+        {"role": "user", "content": f"and {ENV_VALUE}?"},
+    ]
+
+
+def gemini_history() -> list[dict[str, Any]]:
+    def fcall(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"functionCall": {"name": name, "args": args}}
+
+    def fresp(name: str, output: str) -> dict[str, Any]:
+        return {"functionResponse": {"name": name, "response": {"output": output}}}
+
+    return [
+        {"role": "user", "parts": [{"text": "read .env"}]},
+        {"role": "model", "parts": [fcall("read", {"path": ".env"})]},
+        {"role": "user", "parts": [fresp("read", FILE)]},
+        {
+            "role": "model",
+            "parts": [{"text": f"The key is {AWS}."}, fcall("bash", {"command": f"deploy {AWS}"})],
+        },
+        {"role": "user", "parts": [fresp("bash", "deployed"), {"text": f"and {ENV_VALUE}?"}]},
+    ]
+
+
+async def post(proxy: TestServer, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.make_url(path), json=body, headers=headers) as response:
+            assert response.status == 200, await response.text()
+            return await response.json()
+
+
+HISTORIES = {
+    "chat": ("/v1/chat/completions", lambda: {"model": "gpt-sim", "messages": chat_history()}),
+    "responses": ("/v1/responses", lambda: {"model": "gpt-sim", "input": responses_history()}),
+    "anthropic": (
+        "/v1/messages",
+        lambda: {"model": "claude-sim", "max_tokens": 64, "messages": anthropic_history()},
+    ),
+    "gemini": (
+        "/v1beta/models/gemini-sim:generateContent",
+        lambda: {"contents": gemini_history()},
+    ),
+}
+
+
+@pytest.mark.parametrize("wire", list(HISTORIES))
+async def test_a_whole_history_goes_up_without_its_secrets(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, sim: Simulator, wire: str
+) -> None:
+    """Tool results, tool-call arguments, the model's earlier text (holding the secrets the
+    client was given back) and the user's words: none reaches the provider, every wire."""
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(sim.app()))
+    path, body = HISTORIES[wire]
+    headers = {**SESSION, "authorization": f"Bearer {KEY}", "x-goog-api-key": KEY}
+    answer = await post(proxy, path, body(), headers)
+    sent = orjson.dumps(sim.requests[-1].body).decode()
+    assert AWS not in sent and ENV_VALUE not in sent, sent
+    assert "deployed" in sent and "read .env" in sent
+    said = orjson.dumps(answer).decode()
+    assert AWS in said and ENV_VALUE in said  # the model's echo, given back
