@@ -10,6 +10,7 @@ scans its new messages only, each with a few substring searches unless it may ho
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from proxy.errors import InternalError
 from proxy.exchange import Exchange
 from proxy.guard.placeholders import Minter
 from proxy.guard.secret_patterns import SecretPatterns, patterns_for
@@ -24,6 +26,7 @@ from proxy.messages import Message
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import Policy
 
+log = logging.getLogger("agentproxy.guard")
 NAME = "guard"
 KNOWN = "known"  # the rule of a secret found because the session already held it
 # A secret shorter than this is replaced where a rule finds it, not wherever it stands.
@@ -149,6 +152,26 @@ class ScrubStage:
         return policy.guard.secrets.scrub
 
     async def run(
+        self, ex: Exchange, messages: list[Message], ctx: StageContext
+    ) -> list[Message] | None:
+        """Fails closed: a request its scan could not clear is not sent (the chain would
+        forward a crashed stage's input, secrets and all)."""
+        try:
+            return self._scrub(ex, messages, ctx)
+        except Exception as exc:
+            log.error(  # its type only: the message could quote what was being scanned
+                "guard: the secrets scan failed on request %s (%s); not sent",
+                ex.identity.request_id, type(exc).__name__,
+            )  # fmt: skip
+            record(ex, ctx, NAME, "failed", error=type(exc).__name__)
+            failed = InternalError(
+                "the proxy could not check this request for secrets, so it was not sent",
+                code="guard_failed",
+            )
+            failed.unsent = True
+            raise failed from None
+
+    def _scrub(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
         spec = ex.policy.guard.secrets

@@ -205,3 +205,23 @@ async def test_dry_run_reports_and_sends_as_it_came(
         pass
     assert SECRET.encode() in scripted.received[-1]
     assert "guard.would_scrub" in raw.headers["x-agentproxy-applied"]
+
+
+async def test_a_scan_that_fails_sends_nothing(
+    start_proxy: ProxyFactory, tmp_path: Path, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: a crashed stage is normally skipped, its input forwarded; this one's
+    input holds the secrets, so the request is refused in the client's shape instead."""
+    scripted = Scripted()
+    proxy = await start(start_proxy, tmp_path, await aiohttp_server(scripted.app()))
+
+    def broken(self: Any, text: str) -> Any:
+        raise RuntimeError(f"cannot scan {text}")
+
+    monkeypatch.setattr("proxy.guard.secret_patterns.SecretPatterns.find", broken)
+    sdk = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key=KEY, max_retries=0)
+    messages: Any = [{"role": "user", "content": f"my file:\n{FILE}"}]
+    with pytest.raises(openai.InternalServerError) as refused:
+        await sdk.chat.completions.create(model="gpt-x", messages=messages, stream=True)
+    assert refused.value.code == "guard_failed"
+    assert scripted.received == []
