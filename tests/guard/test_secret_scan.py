@@ -129,3 +129,13 @@ def test_signed_thinking_keeps_its_placeholders() -> None:
         thinking["delta"],
         {"type": "text_delta", "text": "use AKIAIOSFODNN7EXAMPLE"},
     ]
+
+
+def test_code_naming_secrets_holds_none() -> None:
+    code = 'API_KEY = os.environ["API_KEY"]\nTOKEN=$(cat token.txt)\nSECRET = get_secret()\n'
+    assert list(SecretPatterns().find(code)) == []
+
+
+def test_a_password_with_shell_characters_is_one() -> None:
+    text = "DB_PASSWORD=pa$$w0rd#1\n"
+    assert [text[f.start : f.end] for f in SecretPatterns().find(text)] == ["pa$$w0rd#1"]

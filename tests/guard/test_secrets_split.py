@@ -171,7 +171,7 @@ async def test_chat_stream_gives_back_a_placeholder_cut_into_pieces(
     async with aiohttp.ClientSession() as http:
         async with http.get(proxy.make_url("/metrics")) as response:
             metrics_text = await response.text()
-    assert 'agentproxy_guard_total{action="scrub",rule="env_value"} 1.0' in metrics_text
+    assert 'agentproxy_guard_total{action="scrub",rule="api_key"} 1.0' in metrics_text
 
 
 async def test_anthropic_stream_gives_back_text_and_tool_input_cut_into_pieces(
