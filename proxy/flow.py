@@ -37,6 +37,7 @@ from proxy import eager, tracing
 from proxy.control.control import Control
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
+from proxy.guard.restore import UNRESTORED
 from proxy.guards.rate_limits import Lease, RateLimiter
 from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
@@ -197,7 +198,12 @@ class Flow:
             status = request.get(OUTCOME_STATUS, response.status)
         turn = None
         if recorded:
-            body = response.body if isinstance(response, web.Response) else None
+            # A whole answer as it came, its placeholders not given back (guard/restore.py).
+            body = (
+                response.get(UNRESTORED, response.body)
+                if isinstance(response, web.Response)
+                else None
+            )
             turn = Finished(
                 ex,
                 request.get(RAW_BODY),

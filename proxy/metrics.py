@@ -139,8 +139,9 @@ class Metrics:
         )
         self.guard = Counter(
             "agentproxy_guard",
-            "Guard decisions over the model's tool calls (deny, warn; would_deny in a dry "
-            "run), by action and rule (its name, else its index in guard.tool_calls).",
+            "The guard's decisions, by action and rule: scrub (a secret replaced by its "
+            "placeholder before the upstream; rule: the secret's kind), deny and warn (a tool "
+            "call; rule: its name, else its index in guard.tool_calls); would_… in a dry run.",
             ["action", "rule"],
             registry=r,
         )

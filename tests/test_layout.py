@@ -55,6 +55,7 @@ FLOORS = {
             "eager",
             "tokens",
             "policies",
+            "guard",
         ),
         0,
     ),

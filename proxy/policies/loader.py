@@ -57,6 +57,7 @@ from proxy.policies.spec import (
     RecordSpec,
     RepairSpec,
     RetrySpec,
+    SecretsSpec,
     ServerSettings,
     SessionScope,
     StoreSettings,
@@ -893,8 +894,12 @@ def _record(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> Recor
 
 
 def _guard(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> GuardSpec:
-    """The guard section, its tool-call rules' patterns compiled (a bad one named)."""
+    """The guard section: its secret patterns and its tool-call rules' patterns compiled
+    (one that does not is named by its YAML path)."""
     raw = raw or {}
+    secrets = _section(SecretsSpec, raw.get("secrets"))
+    for index, pattern in enumerate(secrets.patterns):
+        _rule_pattern(entry, ("guard", "secrets", "patterns", index), pattern, report)
     rules = []
     for index, rule in enumerate(raw.get("tool_calls", [])):
         match = rule["match"]
@@ -915,7 +920,7 @@ def _guard(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> GuardS
                 label=rule.get("name", str(index)),
             )
         )
-    return GuardSpec(mode=raw.get("mode", "enforce"), tool_calls=tuple(rules))
+    return GuardSpec(mode=raw.get("mode", "enforce"), secrets=secrets, tool_calls=tuple(rules))
 
 
 def _rule_pattern(

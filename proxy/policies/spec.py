@@ -350,6 +350,15 @@ class RecordSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SecretsSpec:
+    """Secrets in what the client sends replaced by stable placeholders before the upstream
+    sees them, and given back where the model's answer carries one (proxy/guard/)."""
+
+    scrub: bool = False
+    patterns: tuple[str, ...] = ()  # more secrets, as regular expressions (whole matches)
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallRule:
     """One guard rule over the model's tool calls (proxy/pipeline/tool_rules.py): a call whose
     tool and arguments match is denied (never reaches the client) or warned of (passes)."""
@@ -373,10 +382,12 @@ class ToolCallRule:
 
 @dataclass(frozen=True, slots=True)
 class GuardSpec:
-    """What may pass between the agent and the provider (proxy/pipeline/tool_rules.py)."""
+    """What may pass between the agent and the provider: secrets scrubbed on the way up and
+    given back, the model's tool calls judged on the way down (proxy/guards/)."""
 
     # dry_run: every guard decision is computed and reported (guard.would_…), none applied.
     mode: Literal["enforce", "dry_run"] = "enforce"
+    secrets: SecretsSpec = SecretsSpec()
     tool_calls: tuple[ToolCallRule, ...] = ()
 
 
