@@ -433,7 +433,7 @@ class Exchange:
     sent: dict[str, Any] | None = None
     # What a recorded session's stream wrote to the client, as written (None: not recorded).
     streamed: list[bytes] | None = None
-    # The session's secrets by placeholder, when the guard scrubbed any (proxy/guard/): the
+    # The session's secrets by placeholder, when the guard scrubbed any (proxy/guards/secrets/): the
     # answer gives them back. Never recorded, never logged.
     secrets: Mapping[str, str] | None = field(default=None, repr=False)
 

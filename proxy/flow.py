@@ -37,8 +37,10 @@ from proxy import eager, tracing
 from proxy.control.control import Control
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
-from proxy.guard.restore import UNRESTORED
+from proxy.guards import tool_rules
 from proxy.guards.rate_limits import Lease, RateLimiter
+from proxy.guards.secrets.restore import UNRESTORED
+from proxy.guards.tool_rules import Verdict
 from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
@@ -46,8 +48,6 @@ from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.pipeline import recall
-from proxy.pipeline.guard import tool_rules
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.pipeline.rewriter import Rewriter
 from proxy.policies.spec import Deployment
 from proxy.recording.recorder import Recorder
@@ -198,7 +198,7 @@ class Flow:
             status = request.get(OUTCOME_STATUS, response.status)
         turn = None
         if recorded:
-            # A whole answer as it came, its placeholders not given back (guard/restore.py).
+            # A whole answer as it came, its placeholders not given back (guards/secrets/).
             body = (
                 response.get(UNRESTORED, response.body)
                 if isinstance(response, web.Response)

@@ -1,7 +1,9 @@
-"""Secrets out of what goes upstream: every message's text, tool results and tool-call
-arguments scanned for secrets (proxy/guard/secret_patterns.py), each replaced by its stable
-placeholder (proxy/guard/placeholders.py); the session's map back to them goes on the
-exchange, for the answer to give them back (proxy/guard/restore.py).
+"""The guard's secrets stage: every message's text, tool results and tool-call arguments
+scanned for secrets and each replaced by its stable placeholder (proxy/guards/secrets/
+scrubber.py); the session's map back to them goes on the exchange, for the answer to give
+them back (proxy/guards/secrets/restore.py). What a secret is and how it is given back live
+in proxy/guards/secrets/; this module is the chain's hook into it (first stage, incremental,
+fail-closed), as every stage is.
 
 Incremental: the messages the chain found unchanged since the session's last turn are taken
 from that turn's output, and the secrets they held are still in the session's map; a turn
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,17 +21,16 @@ from cachetools import LRUCache
 
 from proxy.errors import InternalError
 from proxy.exchange import Exchange
-from proxy.guard.placeholders import Minter
-from proxy.guard.secret_patterns import SecretPatterns, patterns_for
+from proxy.guards.mode import STAGE, reported
+from proxy.guards.secrets.patterns import patterns_for
+from proxy.guards.secrets.placeholders import Minter
+from proxy.guards.secrets.scrubber import Scrubber, alternation
 from proxy.messages import Message
 from proxy.pipeline.base import StageContext, forget_sessions, record, reusable
 from proxy.policies.spec import Policy
 
 log = logging.getLogger("agentproxy.guard")
-NAME = "guard"
-KNOWN = "known"  # the rule of a secret found because the session already held it
-# A secret shorter than this is replaced where a rule finds it, not wherever it stands.
-MIN_KNOWN_CHARS = 8
+NAME = STAGE  # its events are the guard's (guard.scrub, guard.would_scrub)
 SECRET_BYTES = 64  # what one entry of a session's map costs besides its secret
 
 
@@ -44,93 +44,6 @@ class _Session:
     patterns: tuple[str, ...]
     basis: object | None  # the turn it was computed on (ex.rewrite.turn)
     known: re.Pattern[str] | None = None  # its secrets as one alternation
-
-
-class _Scrubber:
-    """One turn's scan: the secrets it finds go to the session's map."""
-
-    def __init__(
-        self,
-        minter: Minter,
-        owner: str,
-        patterns: SecretPatterns,
-        secrets: dict[str, str],
-        known: re.Pattern[str] | None,
-        literal_only: bool = False,
-    ) -> None:
-        self.minter = minter
-        self.owner = owner
-        self.patterns = patterns
-        self.secrets = secrets
-        self.known = known  # the secrets the session held already, found wherever they stand
-        self.literal_only = literal_only
-        self.found: Counter[str] = Counter()
-
-    def text(self, text: str) -> str:
-        spans = []
-        if not self.literal_only:
-            spans = [(f.start, f.end, f.rule) for f in self.patterns.find(text)]
-        known = self.known
-        if known is not None and known.search(text):  # a secret the session already holds
-            spans += [(m.start(), m.end(), KNOWN) for m in known.finditer(text)]
-            spans.sort(key=lambda span: (span[0], -span[1]))
-        if not spans:
-            return text
-        pieces: list[str] = []
-        at = 0
-        for start, end, rule in spans:
-            if start < at:
-                continue  # inside one already replaced
-            secret = text[start:end]
-            placeholder = self.minter.placeholder(self.owner, secret)
-            self.secrets[placeholder] = secret
-            self.found[rule] += 1
-            pieces += (text[at:start], placeholder)
-            at = end
-        pieces.append(text[at:])
-        return "".join(pieces)
-
-    def value(self, value: Any) -> Any:
-        """A message's content (text, or parts holding text), scrubbed; the same object when
-        nothing in it was a secret."""
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, list):
-            out = [self.value(item) for item in value]
-            return value if all(a is b for a, b in zip(out, value, strict=True)) else out
-        if isinstance(value, dict):
-            changed = {k: v2 for k, v in value.items() if (v2 := self._field(k, v)) is not v}
-            return {**value, **changed} if changed else value
-        return value
-
-    def _field(self, key: str, value: Any) -> Any:
-        # Text and nested contents (a tool result's blocks); not ids, signatures, images.
-        return self.value(value) if key in ("text", "content") else value
-
-    def message(self, message: Message) -> Message:
-        changed: dict[str, Any] = {}
-        content = message.get("content")
-        scrubbed = self.value(content)
-        if scrubbed is not content:
-            changed["content"] = scrubbed
-        calls = message.get("tool_calls")
-        if isinstance(calls, list):
-            new_calls = [self._call(call) for call in calls]
-            if any(a is not b for a, b in zip(new_calls, calls, strict=True)):
-                changed["tool_calls"] = new_calls
-        return {**message, **changed} if changed else message
-
-    def _call(self, call: Any) -> Any:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return call
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):
-            return call
-        scrubbed = self.text(arguments)
-        if scrubbed is arguments:
-            return call
-        return {**call, "function": {**function, "arguments": scrubbed}}
 
 
 class ScrubStage:
@@ -182,7 +95,7 @@ class ScrubStage:
         reused = last.length if last.length <= reusable(ex, messages, last.basis) else 0
         owner, patterns = ex.identity.owner, patterns_for(spec.patterns)
         held = len(last.secrets)
-        scrubber = _Scrubber(self.minter, owner, patterns, last.secrets, last.known)
+        scrubber = Scrubber(self.minter, owner, patterns, last.secrets, last.known)
         out = last.output[:reused]
         changed = last.changed if reused == last.length else _changed(out, messages)
         for message in messages[reused:]:
@@ -191,10 +104,10 @@ class ScrubStage:
             out.append(scrubbed)
         known = last.known
         if len(scrubber.secrets) > held:  # learnt this turn: out of this turn's messages too
-            known = _alternation(scrubber.secrets.values())
-            learnt = _alternation(list(scrubber.secrets.values())[held:])
+            known = alternation(scrubber.secrets.values())
+            learnt = alternation(list(scrubber.secrets.values())[held:])
             if learnt is not None:
-                again = _Scrubber(self.minter, owner, patterns, scrubber.secrets, learnt, True)
+                again = Scrubber(self.minter, owner, patterns, scrubber.secrets, learnt, True)
                 for index in range(reused, len(out)):
                     swept = again.message(out[index])
                     changed += swept is not out[index] and out[index] is messages[index]
@@ -207,15 +120,16 @@ class ScrubStage:
             self._sessions[session] = _Session(
                 secrets, size, len(messages), out, changed, spec.patterns, ex.rewrite.turn, known
             )
-        dry = ex.dry_run
+        action = reported(ex, "scrub")  # would_scrub in a dry run (the guard's or the policy's)
+        dry = action != "scrub"
         for rule, count in scrubber.found.items():
-            ctx.metrics.child(ctx.metrics.guard, "would_scrub" if dry else "scrub", rule).inc(count)
+            ctx.metrics.child(ctx.metrics.guard, action, rule).inc(count)
         if secrets and not dry:
             ex.secrets = secrets
         if not changed:
             return None
         record(
-            ex, ctx, NAME, "would_scrub" if dry else "scrub",
+            ex, ctx, NAME, action,
             messages=changed, new=sum(scrubber.found.values()), rules=sorted(scrubber.found),
         )  # fmt: skip
         return None if dry else out
@@ -223,10 +137,3 @@ class ScrubStage:
 
 def _changed(out: list[Message], messages: list[Message]) -> int:
     return sum(a is not b for a, b in zip(out, messages, strict=False))
-
-
-def _alternation(secrets: Any) -> re.Pattern[str] | None:
-    """The secrets long enough to be found wherever they stand, as one pattern (longest
-    first, so that one holding another is replaced whole)."""
-    long = sorted({s for s in secrets if len(s) >= MIN_KNOWN_CHARS}, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, long))) if long else None

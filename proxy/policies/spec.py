@@ -352,7 +352,7 @@ class RecordSpec:
 @dataclass(frozen=True, slots=True)
 class SecretsSpec:
     """Secrets in what the client sends replaced by stable placeholders before the upstream
-    sees them, and given back where the model's answer carries one (proxy/guard/)."""
+    sees them, and given back where the model's answer carries one (proxy/guards/secrets/)."""
 
     scrub: bool = False
     patterns: tuple[str, ...] = ()  # more secrets, as regular expressions (whole matches)

@@ -44,7 +44,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
-from proxy.guard.recorded import with_placeholders
+from proxy.guards.secrets.recorded import with_placeholders
 from proxy.logs.limit import warn_limited
 from proxy.messages import CHAT
 from proxy.metrics import Metrics

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange
-from proxy.pipeline.guard.tool_rules import Verdict
+from proxy.guards.tool_rules import Verdict
 from proxy.policies.spec import Deployment
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.facts import DeploymentFacts

@@ -16,8 +16,8 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
-from proxy.guard.restore import StreamRestorer
-from proxy.pipeline.guard.tool_rules import Verdict
+from proxy.guards.secrets.restore import StreamRestorer
+from proxy.guards.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 
@@ -36,7 +36,7 @@ class StreamRelay:
         self.response = response
         self.hold_tool_calls = False  # set when the recall tool was offered
         # Whether a call of this tool is held until complete: a guard rule could match it
-        # (proxy/pipeline/guard/tool_rules.py); None: no rules, nothing watched.
+        # (proxy/guards/tool_rules.py); None: no rules, nothing watched.
         self.watch_tool: Callable[[str], bool] | None = None
         self.usage_reported = False  # the stream being relayed carried its usage
         self.relayed = 0  # events of that stream relayed (or held) so far

@@ -12,7 +12,7 @@ from aiohttp import web
 from proxy.errors import BadRequest, Forbidden, ModelNotFound
 from proxy.exchange import ClientRequest, Exchange, Identity
 from proxy.flow import Answers, Flow
-from proxy.guard.restore import UNRESTORED, restore_bytes
+from proxy.guards.secrets.restore import UNRESTORED, restore_bytes
 from proxy.http.auth import authenticate, presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import RAW_BODY

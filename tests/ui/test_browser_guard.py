@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 from proxy.sim.simulator import Simulator
 from proxy.state import RECORDINGS
 from tests.conftest import ProxyFactory
-from tests.pipeline.guard.test_tool_rules import responder
+from tests.guards.test_tool_rules import responder
 from tests.ui.test_browser import ADMIN, ALICE, driver, keep  # noqa: F401 - the fixture
 
 SESSION = "guard-me"

@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire import translate
 from proxy.wire.anthropic.view import AnthropicView, assistant_message

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 
 

@@ -15,8 +15,8 @@ import orjson
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Usage
+from proxy.guards.tool_rules import Verdict
 from proxy.pipeline import recall
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import is_json_object
 from proxy.wire.chat.replies import passthrough_body

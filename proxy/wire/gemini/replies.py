@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.chat import replies as chat
 from proxy.wire.gemini.request import field

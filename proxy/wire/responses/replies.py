@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamReply
 from proxy.wire import translate
 from proxy.wire.chat import replies as chat

@@ -19,9 +19,9 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
-from proxy.pipeline.guard.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.chat.replies import passthrough_body

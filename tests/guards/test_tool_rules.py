@@ -1,4 +1,4 @@
-"""Tool-call rules (`guard.tool_calls`, proxy/pipeline/guard/tool_rules.py) through the real
+"""Tool-call rules (`guard.tool_calls`, proxy/guards/tool_rules.py) through the real
 proxy over real sockets, with the real SDKs of every wire (openai chat and Responses,
 anthropic, google-genai), whole and streamed: the simulator's model answers with a Bash call
 to `rm -rf`; the client never gets it, reads why, and the answer does not end as tool use."""

@@ -218,7 +218,7 @@ async def test_a_scan_that_fails_sends_nothing(
     def broken(self: Any, text: str) -> Any:
         raise RuntimeError(f"cannot scan {text}")
 
-    monkeypatch.setattr("proxy.guard.secret_patterns.SecretPatterns.find", broken)
+    monkeypatch.setattr("proxy.guards.secrets.patterns.SecretPatterns.find", broken)
     sdk = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key=KEY, max_retries=0)
     messages: Any = [{"role": "user", "content": f"my file:\n{FILE}"}]
     with pytest.raises(openai.InternalServerError) as refused:

@@ -1,4 +1,4 @@
-"""The secrets given back: where the model's answer carries a placeholder (proxy/guard/
+"""The secrets given back: where the model's answer carries a placeholder (proxy/guards/secrets/
 placeholders.py), the client gets the secret it stands for, in a whole answer (its JSON bytes)
 and in a stream (event by event, a placeholder split across two events included).
 
@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.guard.placeholders import IN_JSON, IN_TEXT, partial_tail
+from proxy.guards.secrets.placeholders import IN_JSON, IN_TEXT, partial_tail
 
 # A whole answer's bytes before, kept on its response for the recording.
 UNRESTORED = web.ResponseKey("agentproxy_unrestored", bytes)

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.guards.mode import STAGE, dry_run, reported
 from proxy.metrics import Metrics
-from proxy.pipeline.guard.mode import STAGE, dry_run, reported
 from proxy.policies.spec import Policy, ToolCallRule
 
 REFUSED = (

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.guard.placeholders import Minter
-from proxy.guard.restore import StreamRestorer, restore_bytes
-from proxy.guard.secret_patterns import SecretPatterns
+from proxy.guards.secrets.patterns import SecretPatterns
+from proxy.guards.secrets.placeholders import Minter
+from proxy.guards.secrets.restore import StreamRestorer, restore_bytes
 from proxy.policies.loader import ConfigError, load_config
 
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"

@@ -1,1 +1,0 @@
-"""The guard: what may pass between the agent and the provider (docs/policies.md, Guard)."""
