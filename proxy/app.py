@@ -133,6 +133,8 @@ def build_app(
     settings = holder.current.store  # where state lives is fixed for the process's life
     store, backend_state, retention = open_backends(settings, metrics, holder.current.keys)
     state = leaving.around(backend_state)  # a replaced worker's: shared with its successor
+    if store.shared:  # replicas: what one learns of a deployment, the others know too
+        facts.share(state)
     app[STORE] = store
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = app[EVENTS] = EventLog(
@@ -245,6 +247,7 @@ def build_app(
         watching = watch and config_path is not None
         watcher = asyncio.create_task(holder.watch()) if watching else None
         circuits = asyncio.create_task(control.circuits.follow()) if store.shared else None
+        following = asyncio.create_task(facts.follow()) if store.shared else None
         collecting = asyncio.create_task(collector.run())
         if handle_sighup:
             loop = asyncio.get_running_loop()
@@ -262,6 +265,10 @@ def build_app(
             circuits.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await circuits
+        if following is not None:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
         collecting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collecting
@@ -272,6 +279,7 @@ def build_app(
         await catalog.close()
         await ctx.meter.close()
         await store.close()
+        await facts.close()  # the facts still being published, before the state closes
         if tending is not None:
             tending.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -151,6 +151,7 @@ class Recovery:
     deadline: float | None = None  # when retry.deadline_s runs out, on the control's clock
     guidance: str | None = None  # why recovery stopped, when that is worth saying
     session_failing: bool = False  # the session's circuit had failures when the request came
+    downgrades: list[str] = field(default_factory=list)  # budgets that moved it (on_exhausted)
 
     def recoveries(self) -> list[str]:
         """The steps, consecutive retries counted: ["retry x2", "fallback to b", "compaction"]."""

@@ -35,6 +35,7 @@ from aiohttp import web
 
 from proxy import eager, tracing
 from proxy.control.control import Control
+from proxy.control.downgrade import Downgrade
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
 from proxy.guards import tool_rules
@@ -265,8 +266,11 @@ class Flow:
                 if cold is not None:  # its first request here: the store learns of it first
                     await cold
             await self.control.admit(ex)
-            self.control.route(ex)
-            await self.rewriter.before_call(ex)
+            await self.control.route(ex)
+            try:
+                await self.rewriter.before_call(ex)
+            except Downgrade as exhausted:  # a spent budget sends it to a cheaper alias
+                await self.control.downgrade(ex, exhausted, self.rewriter)
         except BaseException:  # refused or gone: finish (which would say so) never runs
             if activity is not None:
                 activity.leave(ex.identity.session)

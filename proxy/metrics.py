@@ -44,6 +44,7 @@ GUARDS = frozenset({"loops", "budget", "session_circuit", "degraded", "rate_limi
 DECISIONS = (
     ("loops", "warn"), ("loops", "no_tools"), ("loops", "block"), ("loops", "recovered"),
     ("budget", "soft_limit"), ("budget", "refused"), ("budget", "unchecked"),
+    ("budget", "downgraded"),
     ("session_circuit", "refused"), ("degraded", "answered"),
     ("rate_limit", "refused"), ("rate_limit", "unchecked"),
 )  # fmt: skip
@@ -178,7 +179,7 @@ class Metrics:
             "Summaries written ahead of the compaction trigger, by result: started, used (a "
             "crossing turn took it), wasted (written but never used: the history changed, the "
             "session went idle, the process stopped), failed, skipped (the global bound or a "
-            "budget).",
+            "budget), elsewhere (another replica claimed it and writes it).",
             ["result"],
             registry=r,
         )
@@ -291,6 +292,13 @@ class Metrics:
             "Requests handed to a fallback alias, by the alias that failed, the fallback and the "
             "error class that triggered it.",
             ["from_model", "to_model", "reason"],
+            registry=r,
+        )
+        self.affinity_moves = Counter(
+            "agentproxy_affinity_moves",
+            "Sessions moved off the deployment holding their prompt cache (routing.affinity: "
+            "session), by alias and why: its call failed or its circuit was open.",
+            ["model", "reason"],
             registry=r,
         )
         self.circuit_state = Gauge(

@@ -28,8 +28,8 @@ BUDGET_CALLS = GROWTH_TURNS + 5  # room for the loop's four answered turns and o
 
 
 def config(sim_url: str, store: str) -> str:
-    # Summaries inline (prepare_at: null): one written ahead lives in the replica that wrote
-    # it, and a crossing turn served by the other summarizes again.
+    # Summaries inline (prepare_at: null): one process and two replicas then summarize at the
+    # same turns (summaries written ahead, shared too, are tests/test_replicas_learn.py's).
     return sim_config(
         sim_url,
         textwrap.dedent(

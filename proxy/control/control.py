@@ -2,7 +2,8 @@
 
     with_fallbacks       the alias, then its fallbacks in order, each re-fitted (fallback.py)
       with_retries       the one retry loop, transient failures only (retry.py)
-        _attempt         a deployment whose circuit lets the call through (circuit.py)
+        _attempt         a deployment whose circuit lets the call through (circuit.py), the
+                         session's own with `routing.affinity: session` (affinity.py)
           _fit_and_call  on "context exceeded": compact tighter, call once more
             _call        one upstream call, under the attempt timeout and the deadline
 
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
+from proxy.control import affinity
+from proxy.control.affinity import Affinity
 from proxy.control.backoff import Timing
 from proxy.control.circuit import Circuits, Permit
 from proxy.control.classify import blames_deployment, classify, is_slow
+from proxy.control.downgrade import Downgrade
 from proxy.control.fallback import with_fallbacks
 from proxy.control.outcome import CircuitOpen, decorate
 from proxy.control.retry import with_retries
@@ -86,14 +90,40 @@ class Control:
         self.timing = timing or Timing()
         self.circuits = Circuits(metrics, self.timing.clock, state)
         self.sessions = SessionCircuits(state, recorder)
+        self.affinity = Affinity(state, self.circuits.key)
         self._tenants_of: tuple[Keys | None, int] = (None, 1)
 
     # --- around the request ------------------------------------------------------------------
 
-    def route(self, ex: Exchange) -> None:
-        """The deployment of `ex.alias` to fit the history to and call: round-robin, skipping
-        deployments whose circuit is open."""
+    async def route(self, ex: Exchange) -> None:
+        """The deployment of `ex.alias` to fit the history to and call: the session's own
+        (affinity.py) or, with `routing.affinity: none`, round-robin; deployments whose circuit
+        is open skipped."""
+        group = ex.config.deployments[ex.alias]
+        if not affinity.applies(ex, group):
+            ex.deployment = self._pick(ex, ex.alias)
+            return
+        await self.affinity.load(ex)
         ex.deployment = self._pick(ex, ex.alias)
+        home = self.affinity.order(ex, ex.alias, group)[0]
+        if ex.deployment is not home:  # its circuit is open: moved before the history is fitted
+            self._say_moved(ex, home, "circuit_open")
+
+    async def downgrade(self, ex: Exchange, exhausted: Downgrade, fitter: Fitter) -> None:
+        """A budget past its limit moves the request to its cheaper alias (downgrade.py): the
+        alias becomes the target and the client's history is fitted to it, as for a fallback;
+        again if another budget moves it on. Each budget moves a request once (its guard sees
+        to it), so this ends within the policy's budgets."""
+        while True:
+            served = ex.alias
+            ex.recovery.downgrades.append(exhausted.budget)
+            await self._retarget(ex, exhausted.alias, f"downgrade to {exhausted.alias}")
+            self._visible(ex, "budget", "downgraded", budget=exhausted.budget,
+                          limit=exhausted.limit, model=served, to=exhausted.alias)  # fmt: skip
+            try:
+                return await fitter.refit(ex)
+            except Downgrade as further:
+                exhausted = further
 
     async def admit(self, ex: Exchange) -> None:
         """Refuse a failing session's unchanged request (a structured 429) before any work."""
@@ -101,6 +131,7 @@ class Control:
 
     async def settle(self, ex: Exchange, ok: bool) -> None:
         await self.sessions.settle(ex, ok)
+        await self.affinity.settle(ex, ok)
 
     def describe(self) -> dict[str, Any]:
         return {"deployments": self.circuits.describe()}
@@ -200,19 +231,32 @@ class Control:
     ) -> None:
         """Fall back: `alias` becomes the target, and the client's history is fitted to it."""
         failed = ex.alias
-        ex.alias = alias
-        ex.deployment = self._pick(ex, alias)
-        ex.recovery.steps.append(f"fallback to {alias}")
+        await self._retarget(ex, alias, f"fallback to {alias}")
         self.metrics.child(self.metrics.fallbacks, failed, alias, reason).inc()
         self._visible(ex, "fallback", "fell_back", model=failed, to=alias, reason=reason)
         if fitter is not None:
-            await fitter.refit(ex)
+            try:
+                await fitter.refit(ex)
+            except Downgrade as exhausted:  # the new alias is past a budget with a cheaper one
+                await self.downgrade(ex, exhausted, fitter)
+
+    async def _retarget(self, ex: Exchange, alias: str, step: str) -> None:
+        """`alias` becomes the request's target (a fallback, a budget's downgrade), on the
+        session's own deployment of it when affinity applies."""
+        ex.alias = alias
+        if affinity.applies(ex, ex.config.deployments[alias]):
+            await self.affinity.load(ex)
+        ex.deployment = self._pick(ex, alias)
+        ex.recovery.steps.append(step)
 
     async def _attempt(self, ex: Exchange, stream: bool, number: int, fitter: Fitter | None) -> Any:
+        fitted = ex.deployment  # what the history was fitted to
         if number > 1:
-            ex.deployment = self._pick(ex, ex.alias)  # retries spread over the deployments
+            ex.deployment = self._repick(ex)
         permit = self._permit(ex)
         try:
+            if ex.deployment is not fitted and fitted is not None:
+                await self._moved(ex, fitted, "failed" if number > 1 else "circuit_open", fitter)
             result = await self._fit_and_call(ex, stream, fitter)
         except Exception as error:
             if permit is not None:
@@ -312,9 +356,44 @@ class Control:
 
     def _pick(self, ex: Exchange, alias: str) -> Deployment:
         group = ex.config.deployments[alias]
+        usable = self._usable(ex, group)
+        if affinity.applies(ex, group):
+            return self.affinity.place(ex, alias, group, usable)
+        return self.router.pick(group, usable)
+
+    def _repick(self, ex: Exchange) -> Deployment:
+        """A retry's deployment: the session's next one after the one that failed, or with
+        `routing.affinity: none` the next in turn (retries spread over the deployments)."""
+        group = ex.config.deployments[ex.alias]
+        failed = ex.deployment
+        if failed is None or not affinity.applies(ex, group):
+            return self._pick(ex, ex.alias)
+        return self.affinity.after(ex, ex.alias, group, failed, self._usable(ex, group))
+
+    def _usable(self, ex: Exchange, group: tuple[Deployment, ...]) -> affinity.Usable:
         if len(group) == 1 or not ex.policy.circuit.enabled:
-            return self.router.pick(group)
-        return self.router.pick(group, lambda d: self.circuits.usable(self.circuits.key(d, group)))
+            return None
+        return lambda d: self.circuits.usable(self.circuits.key(d, group))
+
+    async def _moved(
+        self, ex: Exchange, left: Deployment, reason: str, fitter: Fitter | None
+    ) -> None:
+        """The session's deployment failed or is cooling down, and another of the alias takes
+        it: with affinity, said and counted, and the history re-fitted to it (as a fallback's)."""
+        if not affinity.applies(ex, ex.config.deployments[ex.alias]):
+            return  # round-robin: deployments of an alias are taken as interchangeable
+        self._say_moved(ex, left, reason)
+        if fitter is not None:
+            await fitter.refit(ex)
+
+    def _say_moved(self, ex: Exchange, left: Deployment, reason: str) -> None:
+        group = ex.config.deployments[ex.alias]
+        assert ex.deployment is not None
+        to = self.circuits.key(ex.deployment, group)
+        ex.recovery.steps.append(f"moved to {to}")
+        self.metrics.child(self.metrics.affinity_moves, ex.alias, reason).inc()
+        fields = {"from": self.circuits.key(left, group), "to": to, "reason": reason}
+        self._visible(ex, "routing", "moved", model=ex.alias, **fields)
 
     def _alias_usable(self, ex: Exchange, alias: str) -> bool:
         if not ex.policy.circuit.enabled:
@@ -333,7 +412,10 @@ class Control:
         permit = self.circuits.enter(self.circuits.key(first, group))
         if permit is not None:
             return permit
-        for other in group:
+        others: Iterable[Deployment] = group
+        if affinity.applies(ex, group):
+            others = self.affinity.order(ex, ex.alias, group)  # the session's next first
+        for other in others:
             if other is not first and (
                 permit := self.circuits.enter(self.circuits.key(other, group))
             ):

@@ -44,7 +44,7 @@ async def with_fallbacks(
                 spec = ex.policy.fallback_for(ex.alias, kind)
                 if spec is None:
                     raise
-                chain = [a for a in spec.to if a != ex.alias and _allowed(ex, a)]
+                chain = [a for a in spec.to if a != ex.alias and may_serve(ex, a)]
             if kind not in spec.when or not chain:
                 raise
             if ex.dry_run:
@@ -56,7 +56,9 @@ async def with_fallbacks(
         await switch(target, kind)
 
 
-def _allowed(ex: Exchange, alias: str) -> bool:
+def may_serve(ex: Exchange, alias: str) -> bool:
+    """Whether `alias` may serve the request in place of another: configured, and open to
+    its key (a budget's downgrade asks too)."""
     models = ex.identity.key.models if ex.identity.key is not None else None
     return alias in ex.config.deployments and (models is None or alias in models)
 

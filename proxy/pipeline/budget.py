@@ -1,19 +1,26 @@
 """Budgets: circuit breakers for spend.
 
 Before a call the guard refuses a request whose scope is already over a limit, or would be
-with this request's estimated prompt plus its max_tokens; past the soft limit it warns (and can
-ask the model to wrap up). After the call the real usage is charged. Spend lives in the state
-store per (budget, scope, window); a subagent's spend also counts against its parent session.
+with this request's estimated prompt plus its max_tokens (or, when the budget names a cheaper
+alias in `on_exhausted`, has control serve it there: proxy/control/downgrade.py); past the
+soft limit it warns (and can ask the model to wrap up). After the call the real usage is
+charged. Spend lives in the state store per (budget, scope, window); a subagent's spend also
+counts against its parent session. Windows are fixed: a minute, hour or day on the epoch's
+grid, a calendar month in UTC (from 00:00 on the 1st).
 """
 
 from __future__ import annotations
 
+import calendar
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.control.downgrade import Downgrade
+from proxy.control.fallback import may_serve
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange, Usage
 from proxy.logs.limit import warn_limited
@@ -27,6 +34,7 @@ log = logging.getLogger("agentproxy.pipeline")
 SPACE = "budget"
 
 WINDOW_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
+DAY = 86400.0
 WRAP_UP = (
     "[agentproxy] Budget '{name}' has used {pct}% of its {limit} limit. Wrap up: finish the "
     "current step, then summarize what is done and what is left."
@@ -91,9 +99,10 @@ class BudgetStage:
     guard = True  # runs on every request, its history seen whole or not
     preserves_pairing = True  # it only ever appends a user note
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock  # wall time: windows follow the calendar
         # Per (budget, limit): the window start and the highest fraction used in it.
-        self._highest: dict[tuple[str, str], tuple[int, float]] = {}
+        self._highest: dict[tuple[str, str], tuple[float, float]] = {}
 
     def enabled(self, policy: Policy) -> bool:
         return bool(policy.budgets)
@@ -101,7 +110,7 @@ class BudgetStage:
     async def run(
         self, ex: Exchange, messages: list[Message], ctx: StageContext
     ) -> list[Message] | None:
-        now = time.time()
+        now = self.clock()
         prompt = ex.estimated_prompt()
         completion = ex.body.get("max_completion_tokens") or ex.body.get("max_tokens") or 0
         notes: list[Message] = []
@@ -114,7 +123,8 @@ class BudgetStage:
                     used = spend.value(limit, now)
                     ahead = _ahead(limit, prompt, completion)
                     if used + ahead > cap:
-                        self._refuse(ex, ctx, spec, scope_id, limit, cap, used, ahead, now)
+                        refusal = self._refusal(spec, scope_id, limit, cap, used, ahead, now)
+                        self._exhausted(ex, ctx, spec, limit, refusal)
                     if used >= spec.soft * cap:
                         pct = int(100 * used / cap)
                         record(ex, ctx, self.name, "soft_limit", budget=spec.name, limit=limit,
@@ -130,7 +140,7 @@ class BudgetStage:
         """Whether a call of the proxy's own for this exchange's scopes (a summary written
         ahead of need), of about `prompt` tokens in and `completion` out, stays within every
         limit; an unreadable spend says no (the call is optional)."""
-        now = time.time()
+        now = self.clock()
         for spec in ex.policy.budgets:
             for scope_id in self._scope_ids(ex, spec):
                 try:
@@ -177,17 +187,13 @@ class BudgetStage:
         calls: int,
     ) -> None:
         """After the call: what it really cost, counted once per scope (parent included)."""
-        now = time.time()
+        now = self.clock()
         amounts = {"calls": float(calls), "cost_usd": cost or 0.0}
         if usage is not None:
             amounts["prompt_tokens"] = usage.prompt_tokens
             amounts["completion_tokens"] = usage.completion_tokens
         for spec in ex.policy.budgets:
-            seconds = WINDOW_SECONDS.get(spec.window)
-            # A window's counters outlive it a little. Lifetime spend: a session's goes with
-            # the session (store.session_ttl); a key's, team's or everyone's is kept, or a
-            # quiet week would reset its limit.
-            ttl = 2 * seconds if seconds else (None if spec.scope == "session" else math.inf)
+            ttl = _ttl(spec, now)
             for scope_id in self._scope_ids(ex, spec):
                 key = self._key(spec, scope_id, now)
                 try:
@@ -203,8 +209,8 @@ class BudgetStage:
     def _show(self, ctx: StageContext, spec: BudgetSpec, spend: Spend, now: float) -> None:
         """The gauges: each limit, and the fullest subject of the current window."""
         metrics = ctx.metrics
-        seconds = WINDOW_SECONDS.get(spec.window)
-        window = int(now // seconds) if seconds else 0
+        span = window_span(spec.window, now)
+        window = span[0] if span is not None else 0.0
         for limit, cap in spec.limits.items():
             metrics.child(metrics.budget_limit, spec.name, limit).set(cap)
             ratio = spend.value(limit, now) / cap if cap else 0.0
@@ -213,10 +219,29 @@ class BudgetStage:
                 self._highest[(spec.name, limit)] = (window, ratio)
                 metrics.child(metrics.budget_used_ratio, spec.name, limit).set(ratio)
 
-    def _refuse(
+    def _exhausted(
+        self, ex: Exchange, ctx: StageContext, spec: BudgetSpec, limit: str, refusal: BudgetExceeded
+    ) -> None:
+        """A limit is reached: the request is refused, or, when the budget names a cheaper
+        alias, served there (each budget moves a request once; the alias it is on already, or
+        one another budget moved it to, passes)."""
+        target = spec.on_exhausted
+        if target is not None:
+            moved = ex.recovery.downgrades
+            served = {s.on_exhausted for s in ex.policy.budgets if s.name in moved}
+            if ex.alias == target or ex.alias in served:
+                return  # the rest of the window, served cheaper: still charged here
+            if spec.name not in moved and may_serve(ex, target):
+                if not ex.dry_run:
+                    raise Downgrade(refusal, target, spec.name, limit)
+                record(ex, ctx, self.name, "would_downgrade", budget=spec.name, to=target)
+                return
+        record(ex, ctx, self.name, "refused", budget=spec.name, limit=limit,
+               spent=refusal.details["spent"])  # fmt: skip
+        raise refusal
+
+    def _refusal(
         self,
-        ex: Exchange,
-        ctx: StageContext,
         spec: BudgetSpec,
         scope_id: str,
         limit: str,
@@ -224,7 +249,7 @@ class BudgetStage:
         used: float,
         ahead: float,
         now: float,
-    ) -> None:
+    ) -> BudgetExceeded:
         resets = self._resets_at(spec, now)
         details = {
             "name": spec.name,
@@ -237,14 +262,14 @@ class BudgetStage:
             "window": spec.window,
             "resets_at": resets,
         }
-        record(ex, ctx, self.name, "refused", budget=spec.name, limit=limit, spent=used)
         headers = {"x-should-retry": "false"}
         if resets is not None:
             headers["retry-after"] = str(max(1, int(resets - now + 0.999)))
         when = ""
         if resets is not None:
-            when = f"; it resets at {time.strftime('%H:%M:%S', time.gmtime(resets))} UTC"
-        raise BudgetExceeded(
+            shown = "%Y-%m-%d %H:%M:%S" if spec.window == "month" else "%H:%M:%S"
+            when = f"; it resets at {time.strftime(shown, time.gmtime(resets))} UTC"
+        return BudgetExceeded(
             f"budget '{spec.name}' ({spec.scope}, {spec.window}) allows {limit} {cap:g}; "
             f"{used:g} spent and this request may add {ahead:g}{when}",
             details,
@@ -266,14 +291,43 @@ class BudgetStage:
 
     @staticmethod
     def _key(spec: BudgetSpec, scope_id: str, now: float) -> str:
-        seconds = WINDOW_SECONDS.get(spec.window)
-        start = int(now // seconds * seconds) if seconds else 0
-        return f"{spec.name}|{spec.scope}|{scope_id}|{start}"
+        """The counters' key: a month's is tagged, as its start is also a day's (and an
+        hour's) start and a budget of the same name may have another window elsewhere."""
+        span = window_span(spec.window, now)
+        start = int(span[0]) if span is not None else 0
+        window = f"month:{start}" if spec.window == "month" else str(start)
+        return f"{spec.name}|{spec.scope}|{scope_id}|{window}"
 
     @staticmethod
     def _resets_at(spec: BudgetSpec, now: float) -> float | None:
-        seconds = WINDOW_SECONDS.get(spec.window)
-        return (now // seconds + 1) * seconds if seconds else None
+        span = window_span(spec.window, now)
+        return span[1] if span is not None else None
+
+
+def window_span(window: str, now: float) -> tuple[float, float] | None:
+    """The window holding `now`, as (start, end) epoch seconds; None for lifetime. A month is
+    the calendar month in UTC: a fixed number of seconds it is not."""
+    seconds = WINDOW_SECONDS.get(window)
+    if seconds is not None:
+        start = now // seconds * seconds
+        return start, start + seconds
+    if window != "month":
+        return None
+    year, month = time.gmtime(now)[:2]
+    following = (year + 1, 1) if month == 12 else (year, month + 1)
+    start = calendar.timegm((year, month, 1, 0, 0, 0))
+    return float(start), float(calendar.timegm((*following, 1, 0, 0, 0)))
+
+
+def _ttl(spec: BudgetSpec, now: float) -> float | None:
+    """How long a charge keeps the counters: a window's outlive its end a little (one window,
+    a day at most); lifetime spend of a session goes with the session (store.session_ttl), a
+    key's, team's or everyone's is kept, or a quiet week would reset its limit."""
+    span = window_span(spec.window, now)
+    if span is None:
+        return None if spec.scope == "session" else math.inf
+    start, end = span
+    return end - now + min(end - start, DAY)
 
 
 def _shown(spec: BudgetSpec, scope_id: str) -> str:

@@ -83,7 +83,7 @@ class Quirks:
             return True  # known already (a retry reached it with a body fitted elsewhere)
         if not complains_of_null_content(body):
             return False
-        self._no_null_content[(deployment.model, deployment.api_base)] = True
+        self.facts.learn_no_null_content(deployment)
         return True
 
 

@@ -46,7 +46,7 @@ _RATE_LIMIT = (
     "tokens) cap a key, a team or everyone"
 )
 _REASONS = {
-    "routing_strategy": "the deployments of an alias are used in turn",
+    "routing_strategy": "a session keeps to one deployment of an alias: routing.affinity",
     "redis_host": "state is shared through store: {backend: redis, url: ...}",
     "redis_port": "state is shared through store: {backend: redis, url: ...}",
     "redis_password": "state is shared through store: {backend: redis, url: ...}",

@@ -57,6 +57,7 @@ from proxy.policies.spec import (
     RecordSpec,
     RepairSpec,
     RetrySpec,
+    RoutingSpec,
     SecretsSpec,
     ServerSettings,
     SessionScope,
@@ -486,6 +487,7 @@ def _build(merged: _Merged, sources: Sequence[str], report: _Report) -> Config:
     keys = _keys(merged, set(deployments), report, master_key)
     key_names = {key.name for key in keys.api_keys}
     policies = _policies(merged.policies, set(deployments), key_names, report, litellm.defaults)
+    _check_downgrades(merged.policies, policies, set(deployments), keys.api_keys, report)
     if report.not_applied:  # one warning, whatever the number of keys it names
         first_file = report.not_applied[0].partition(":")[0]
         message = "LiteLLM settings with no equivalent here, not applied:\n  " + "\n  ".join(
@@ -867,6 +869,7 @@ def _policy(
         recall=_section(RecallSpec, raw.get("recall")),
         retry=_retry({**defaults.retry, **raw.get("retry", {})}),
         fallbacks=_fallbacks(entry, raw.get("fallbacks", []), aliases, report, defaults),
+        routing=_section(RoutingSpec, raw.get("routing")),
         circuit=_section(CircuitSpec, {**defaults.circuit, **raw.get("circuit", {})}),
         loops=_loops(entry, raw.get("loops"), report),
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
@@ -956,7 +959,47 @@ def _budget(entry: _Entry, index: int, raw: dict[str, Any], report: _Report) -> 
     if raw.get("window", "lifetime") != "lifetime" and "wall_s" in raw["limits"]:
         message = "wall_s measures a scope's whole life; use it with window: lifetime"
         report.errors.append(entry.issue(("budgets", index, "limits", "wall_s"), message))
-    return BudgetSpec(**{**raw, "limits": dict(raw["limits"])})
+    downgrade = raw.get("on_exhausted", {}).get("model")
+    return BudgetSpec(**{**raw, "limits": dict(raw["limits"]), "on_exhausted": downgrade})
+
+
+def _check_downgrades(
+    entries: list[_Entry],
+    policies: tuple[Policy, ...],
+    aliases: set[str],
+    keys: tuple[ApiKey, ...],
+    report: _Report,
+) -> None:
+    """A budget's `on_exhausted` alias must be configured, and open to every key the policy
+    may serve: a key limited to `models` without it would be refused where the policy means
+    to downgrade, so the load names the conflict."""
+    for entry, policy in zip(entries, policies, strict=True):
+        for index, spec in enumerate(policy.budgets):
+            alias = spec.on_exhausted
+            if alias is None:
+                continue
+            path = ("budgets", index, "on_exhausted", "model")
+            if alias not in aliases:
+                message = f"unknown model alias {alias!r}{_suggest(alias, aliases)}"
+                report.errors.append(entry.issue(path, message))
+                continue
+            barred = [key.name for key in keys if _barred(key, policy.match, alias)]
+            if barred:
+                message = (
+                    f"api key(s) {', '.join(barred)} may use this policy but not {alias!r} "
+                    "(their `models`): add it to their models, or match the policy to keys "
+                    "that may use it"
+                )
+                report.errors.append(entry.issue(path, message))
+
+
+def _barred(key: ApiKey, match: PolicyMatch, alias: str) -> bool:
+    """Whether `key` may be served by a policy matching `match` but may not use `alias`."""
+    if key.models is None or alias in key.models:
+        return False
+    if match.keys is not None and key.name not in match.keys:
+        return False
+    return match.models is None or bool(match.models & key.models)
 
 
 def _policy_limits(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> PolicyLimits:

@@ -420,6 +420,14 @@ class FallbackSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingSpec:
+    """Among an alias' deployments: `session` keeps a session on the one holding its prompt
+    cache (proxy/control/affinity.py); `none` uses them in turn."""
+
+    affinity: Literal["session", "none"] = "session"
+
+
+@dataclass(frozen=True, slots=True)
 class CircuitSpec:
     """Per deployment: open after `failures` consecutive failures, for `cooldown_s`, then
     let one probe through. Per session: refuse after `session_failures` failed calls."""
@@ -446,7 +454,7 @@ class LoopSpec:
 
 
 BudgetScope = Literal["session", "key", "team", "global"]
-BudgetWindow = Literal["lifetime", "minute", "hour", "day"]
+BudgetWindow = Literal["lifetime", "minute", "hour", "day", "month"]
 BUDGET_LIMITS = ("tokens", "prompt_tokens", "completion_tokens", "cost_usd", "calls", "wall_s")
 
 
@@ -454,7 +462,8 @@ BUDGET_LIMITS = ("tokens", "prompt_tokens", "completion_tokens", "cost_usd", "ca
 class BudgetSpec:
     """Spend limits for one scope and window. `limits` maps a BUDGET_LIMITS name to its value;
     past `soft` times a limit the response warns (and, with `wrap_up`, the model is asked to
-    finish); at the limit the request is refused with 429 budget_exceeded."""
+    finish); at the limit the request is refused with 429 budget_exceeded, or, with
+    `on_exhausted`, served by that cheaper alias for the rest of the window."""
 
     name: str
     scope: BudgetScope = "session"
@@ -463,6 +472,7 @@ class BudgetSpec:
     soft: float = 0.8
     wrap_up: bool = False
     on_store_error: Literal["allow", "refuse"] = "allow"  # when spend cannot be read
+    on_exhausted: str | None = None  # the alias that serves once a limit is reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,6 +487,7 @@ class Policy:
     recall: RecallSpec = RecallSpec()
     retry: RetrySpec = RetrySpec()
     fallbacks: tuple[FallbackSpec, ...] = ()
+    routing: RoutingSpec = RoutingSpec()
     circuit: CircuitSpec = CircuitSpec()
     loops: LoopSpec = LoopSpec()
     budgets: tuple[BudgetSpec, ...] = ()

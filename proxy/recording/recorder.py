@@ -14,9 +14,11 @@ from proxy.recording.sessions import Finished, TurnWriter
 from proxy.sessions.board import SessionBoard
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
-# class, fallbacks by source and target, upstream errors by reason, the guard's by rule): not
-# counted again here.
-COUNTED_ELSEWHERE = frozenset({"retry", "fallback", "circuit", "stream", "usage", "guard"})
+# class, fallbacks by source and target, affinity moves, upstream errors by reason, the
+# guard's by action and rule): not counted again here.
+COUNTED_ELSEWHERE = frozenset(
+    {"retry", "fallback", "routing", "circuit", "stream", "usage", "guard"}
+)
 
 
 class Recorder:

@@ -4,10 +4,12 @@ Every key starts with the configured prefix:
 
     <p>blob:<ref>             hash {info, data}       an offloaded payload or archived history
     <p>blobs:<session>        list of refs            a session's blobs, in write order
-    <p>ckpt:<session>         hash {key: data}        compaction checkpoints and their index
+    <p>ckpt:<session>         hash {key: data}        compaction checkpoints, their index, and the
+                                                      summary written ahead (shared_prepared.py)
     <p>state:<space>:<key>    string                  loop levels, failing sessions
     <p>count:<space>:<key>    hash {name: float}      budget counters (HINCRBYFLOAT in Lua)
-    <p>pub:<space>            hash {field: "exp val"} open circuits every replica should know
+    <p>pub:<space>            hash {field: "exp val"} open circuits, deployment facts: every replica
+                                                      should know them
     <p>rate:<subject>         hash {at, r, t}         rate-limit buckets (redis_windows.py)
     <p>lease:<subject>        sorted set              rate-limit slots in flight -> their expiry
     <p>probe                  string, 60 s TTL        the write check of start-up and /readyz

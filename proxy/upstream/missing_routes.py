@@ -18,6 +18,7 @@ once per deployment.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import orjson
 from cachetools import LRUCache
@@ -27,6 +28,7 @@ from proxy.policies.spec import Deployment
 log = logging.getLogger("agentproxy.upstream")
 
 SCAN_BYTES = 64 * 1024
+DeploymentKey = tuple[str, str | None]  # a deployment's model and address
 
 
 def lacks_route(status: int, body: bytes, phrases: tuple[str, ...] = ()) -> bool:
@@ -54,7 +56,9 @@ class MissingRoute:
         self.route = route
         self.then = then
         self.phrases = phrases  # what an error body says when the route is missing
-        self._learnt: LRUCache[tuple[str, str | None], bool] = LRUCache(size)
+        self._learnt: LRUCache[DeploymentKey, bool] = LRUCache(size)
+        # Told of each deployment learnt here (facts.py shares it with the other replicas).
+        self.on_learnt: Callable[[DeploymentKey], None] | None = None
 
     def lacked_by(self, deployment: Deployment) -> bool:
         if not self._learnt:  # the common case: nothing learnt at all
@@ -68,7 +72,10 @@ class MissingRoute:
             return True
         if not lacks_route(status, body, self.phrases):
             return False
-        self._learnt[(deployment.model, deployment.api_base)] = True
+        key = (deployment.model, deployment.api_base)
+        self._learnt[key] = True
+        if self.on_learnt is not None:
+            self.on_learnt(key)
         log.warning(
             "deployment '%s' (%s at %s) serves no %s: %s",
             deployment.alias,
@@ -78,3 +85,8 @@ class MissingRoute:
             self.then,
         )
         return True
+
+    def know(self, key: DeploymentKey) -> None:
+        """Another replica learnt it (facts.py): known here too, without a word."""
+        if key not in self._learnt:
+            self._learnt[key] = True

@@ -180,7 +180,7 @@ async def test_routing_prefers_a_closed_deployment_of_the_alias() -> None:
     with pytest.raises(UpstreamUnreachable):
         await ctl.call(exchange(policy, groups), stream=False)
     ex = exchange(policy, groups)
-    ctl.route(ex)
+    await ctl.route(ex)
     assert ex.deployment is b
     ex.deployment = a  # even when routed to the open one, the attempt moves on
     await ctl.call(ex, stream=False)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import calendar
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from proxy.control.downgrade import Downgrade
 from proxy.exchange import Exchange, Usage
 from proxy.messages import Message
-from proxy.pipeline.budget import BudgetExceeded, BudgetStage
+from proxy.pipeline.budget import BudgetExceeded, BudgetStage, window_span
 from proxy.policies.spec import ApiKey, BudgetSpec, Policy
 from tests.pipeline.factories import context, exchange
 
@@ -105,3 +108,96 @@ async def test_key_and_team_scopes() -> None:
     with pytest.raises(BudgetExceeded):
         ex = request(p, session="other", key=bob)
         await stage.run(ex, ex.messages, ctx)
+
+
+def test_a_month_is_the_calendar_month_in_utc() -> None:
+    at = calendar.timegm
+    assert window_span("month", at((2026, 12, 31, 23, 59, 59))) == (
+        at((2026, 12, 1, 0, 0, 0)),
+        at((2027, 1, 1, 0, 0, 0)),
+    )
+    start, end = window_span("month", at((2028, 2, 10, 12, 0, 0))) or (0, 0)
+    assert (end - start) / 86400 == 29  # a leap February
+    assert window_span("month", at((2026, 3, 1, 0, 0, 0)))[0] == at((2026, 3, 1, 0, 0, 0))  # type: ignore[index]
+    assert window_span("lifetime", 1e9) is None
+
+
+async def test_a_month_keeps_its_own_counters() -> None:
+    """On the 1st at 00:00 a day, an hour and a month all start: a month budget of the same
+    name as a day budget (another policy's) counts apart."""
+    first = float(calendar.timegm((2026, 12, 1, 0, 0, 0)))
+    stage, ctx = BudgetStage(clock=lambda: first), context()
+    month = policy(BudgetSpec(name="spend", scope="global", window="month", limits={"calls": 1}))
+    day = policy(BudgetSpec(name="spend", scope="global", window="day", limits={"calls": 1}))
+    await stage.charge(request(month), ctx, None, None, calls=1)
+    assert await stage.run(request(day), [USER], ctx) is None
+    with pytest.raises(BudgetExceeded):
+        await stage.run(request(month), [USER], ctx)
+
+
+async def test_month_counters_outlive_the_month_by_a_day() -> None:
+    now = float(calendar.timegm((2026, 12, 31, 12, 0, 0)))
+    written: list[float | None] = []
+    stage, ctx = BudgetStage(clock=lambda: now), context()
+    add = ctx.state.add
+
+    async def spy(*args: Any, ttl_s: float | None = None, **kwargs: Any) -> Any:
+        written.append(ttl_s)
+        return await add(*args, ttl_s=ttl_s, **kwargs)
+
+    ctx.state.add = spy  # type: ignore[method-assign]
+    p = policy(BudgetSpec(name="m", window="month", limits={"calls": 5}))
+    await stage.charge(request(p), ctx, None, None, calls=1)
+    assert written == [12 * 3600 + 86400]
+
+
+async def test_an_exhausted_budget_with_on_exhausted_moves_the_request() -> None:
+    stage, ctx = BudgetStage(), context()
+    spec = BudgetSpec(name="premium", limits={"calls": 1}, on_exhausted="cheap")
+    p = policy(spec, BudgetSpec(name="hard", limits={"calls": 2}))
+
+    def asked(alias: str = "sim", **identity: Any) -> Exchange:
+        ex = request(p, **identity)
+        ex.config = replace(ex.config, deployments={**ex.config.deployments, "cheap": ()})
+        ex.alias = alias
+        return ex
+
+    await stage.charge(asked(), ctx, None, None, calls=1)
+    ex = asked()
+    with pytest.raises(Downgrade) as caught:
+        await stage.run(ex, ex.messages, ctx)
+    assert (caught.value.alias, caught.value.budget, caught.value.limit) == (
+        "cheap", "premium", "calls",
+    )  # fmt: skip
+    assert caught.value.status == 429 and caught.value.body(None)["error"]["budget"]  # type: ignore[index]
+    # On the cheaper alias (after the move, or asked for) the budget lets it through.
+    ex.alias = "cheap"
+    ex.recovery.downgrades.append("premium")
+    assert await stage.run(ex, ex.messages, ctx) is None
+    assert await stage.run(asked("cheap"), [USER], ctx) is None
+    # Moved once: back on the dear alias (a fallback from the cheap one) it is refused.
+    ex.alias = "sim"
+    with pytest.raises(BudgetExceeded):
+        await stage.run(ex, ex.messages, ctx)
+    # A key that may not use the alias is refused as before.
+    barred = asked(key=ApiKey(name="k", digest=b"k", models=frozenset({"sim"})))
+    with pytest.raises(BudgetExceeded) as refused:
+        await stage.run(barred, barred.messages, ctx)
+    assert not isinstance(refused.value, Downgrade)
+    # A hard cap without on_exhausted still refuses on the cheaper alias.
+    await stage.charge(asked(), ctx, None, None, calls=1)
+    with pytest.raises(BudgetExceeded) as hard:
+        await stage.run(asked("cheap"), [USER], ctx)
+    assert hard.value.details["name"] == "hard"
+
+
+async def test_a_dry_run_says_it_would_downgrade() -> None:
+    stage, ctx = BudgetStage(), context()
+    spec = BudgetSpec(name="premium", limits={"calls": 1}, on_exhausted="cheap")
+    p = replace(policy(spec), mode="dry_run")
+    ex = request(p)
+    ex.config = replace(ex.config, deployments={**ex.config.deployments, "cheap": ()})
+    await stage.charge(request(replace(p, mode="enforce")), ctx, None, None, calls=1)
+    assert await stage.run(ex, ex.messages, ctx) is None
+    moves = [n.fields for n in ex.notes if n.action == "would_downgrade"]
+    assert moves == [{"budget": "premium", "to": "cheap"}]

@@ -98,8 +98,8 @@ def test_what_does_not_map_is_named_in_one_warning_with_its_line(tmp_path: Path)
         f"  {path}:{line_of('drop_params')}: litellm_settings.drop_params",
         f"  {path}:{line_of('set_verbose')}: litellm_settings.set_verbose",
         f"  {path}:{line_of('success_callback')}: litellm_settings.success_callback",
-        f"  {path}:{line_of('routing_strategy')}: router_settings.routing_strategy (the "
-        "deployments of an alias are used in turn)",
+        f"  {path}:{line_of('routing_strategy')}: router_settings.routing_strategy (a session "
+        "keeps to one deployment of an alias: routing.affinity)",
         f"  {path}:{line_of('redis_host')}: router_settings.redis_host (state is shared through "
         "store: {backend: redis, url: ...})",
         f"  {path}:{line_of('redis_port')}: router_settings.redis_port (state is shared through "

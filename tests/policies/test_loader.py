@@ -799,6 +799,18 @@ policies:
     assert policy.loops.ladder == ("warn", "block") and policy.loops.allow == ("poll_status",)
 
 
+def test_routing_affinity_is_session_unless_said_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    policies = "policies:\n  - name: plain\n  - name: turns\n    routing: {affinity: none}\n"
+    path.write_text(MINIMAL + policies)
+    config = load_config(path)
+    assert [p.routing.affinity for p in config.policies] == ["session", "none"]
+    assert config.default_policy.routing.affinity == "session"
+    path.write_text(MINIMAL + "policies:\n  - name: bad\n    routing: {affinity: sticky}\n")
+    issue = only_issue(path)
+    assert "policies[0].routing.affinity: 'sticky' is not one of ['session', 'none']" in str(issue)
+
+
 def test_resilience_errors_name_the_path(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(

@@ -10,6 +10,10 @@ Bounded: one per session, `limit` in flight in the process, each under its own d
 Its spend is charged to the session's budgets when it ends (a Ledger), used or not. Dropped
 (cancelled if still running) when its session goes idle (forget), when the history moved
 away from it, and on shutdown (close). Counted in agentproxy_compaction_prepared_total.
+
+On a shared store (Redis, several replicas) a written summary is also shared, and a crossing
+turn with none of its own takes one another replica wrote (shared_prepared.py); a round
+another replica claimed is not written here (counted `elsewhere`).
 """
 
 from __future__ import annotations
@@ -18,22 +22,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from proxy.exchange import ClientRequest, Exchange, Timing
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.pipeline.base import StageContext
+from proxy.pipeline.compaction import shared_prepared
 from proxy.pipeline.compaction.budget import tokens_of
 from proxy.pipeline.compaction.checkpoints import Mark
+from proxy.pipeline.compaction.shared_prepared import SharedSummary
+from proxy.store.base import StoreError
 
 log = logging.getLogger("agentproxy.compaction")
 
 # Finished summaries waiting for their crossing turn, at most (each a few KB); idle sessions
 # leave sooner (forget).
 MAX_WAITING = 4096
+HashesTo = Callable[[int], Sequence[int]]
 
 
 class Ledger(Protocol):
@@ -56,6 +64,9 @@ class Prepared:
     task: asyncio.Task[str | None]
     metrics: Metrics
     started: float = field(default_factory=time.perf_counter)
+    # Shared with the other replicas: one of them may have used it, so it is not counted
+    # wasted when this one drops it.
+    published: bool = False
 
     async def summary(self) -> str | None:
         """The summary, waiting for it if still being written (never cancelling it: a
@@ -69,6 +80,7 @@ class PreparedSummaries:
         self.ledger = ledger
         self._by_session: dict[str, Prepared] = {}
         self._running: set[asyncio.Task[str | None]] = set()
+        self.replica = shared_prepared.replica_id()  # this one's name in claims
 
     def __len__(self) -> int:
         return len(self._by_session)
@@ -97,7 +109,8 @@ class PreparedSummaries:
             _count(ctx.metrics, "skipped")
             return False
         carrier = _carrier(ex)
-        task = asyncio.create_task(self._write(carrier, ctx, stretch, room - kept))
+        shared = SharedSummary(ex.identity.owner, base, mark, room, "")
+        task = asyncio.create_task(self._write(carrier, ctx, stretch, room - kept, shared))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         self._by_session[session] = Prepared(base, mark, room, task, ctx.metrics)
@@ -135,8 +148,29 @@ class PreparedSummaries:
         if not task.done():
             task.cancel()
             _count(prepared.metrics, "wasted")
-        elif not task.cancelled() and task.result() is not None:
+        elif not task.cancelled() and task.result() is not None and not prepared.published:
             _count(prepared.metrics, "wasted")
+
+    async def find_shared(
+        self, ex: Exchange, ctx: StageContext, base: int, hashes_to: HashesTo
+    ) -> SharedSummary | None:
+        """On a shared store: the summary another replica wrote ahead for this owner's session,
+        if it summarizes from `base` a prefix the history still has (`hashes_to(n)`: the
+        prefix hashes of its first n messages). One store read; None when the store fails."""
+        at = ex.policy.compaction.prepare_at
+        if not ctx.store.shared or self.limit <= 0 or at is None or at >= 1:
+            return None  # no replica writes any ahead for this policy: nothing to read
+        try:
+            found = await shared_prepared.find(ctx.store, ex.identity.session)
+        except Exception as exc:  # a slow or absent store: summarized inline, as before
+            log.debug("no shared summary read: %s: %s", type(exc).__name__, exc)
+            return None
+        if found is None or not found.fits(ex.identity.owner, base, hashes_to(found.mark.length)):
+            return None
+        return found
+
+    def used_shared(self, metrics: Metrics) -> None:
+        _count(metrics, "used")
 
     def forget(self, sessions: set[str]) -> None:
         for session in sessions:
@@ -157,15 +191,25 @@ class PreparedSummaries:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _write(
-        self, carrier: Exchange, ctx: StageContext, stretch: list[Message], room: int
+        self,
+        carrier: Exchange,
+        ctx: StageContext,
+        stretch: list[Message],
+        room: int,
+        shared: SharedSummary,
     ) -> str | None:
-        """The summary, or None (failures are counted, never raised: nobody may be waiting)."""
+        """The summary, or None (failures are counted, never raised: nobody may be waiting).
+        `shared`: what it will be shared as (its summary still empty)."""
         metrics = ctx.metrics
         spec = carrier.policy.compaction
         ledger = self.ledger
+        session = carrier.identity.session
         try:
             if ledger is not None and not await ledger.allows(carrier, tokens_of(stretch), room):
                 _count(metrics, "skipped")
+                return None
+            if ctx.store.shared and not await self._claim(ctx, session, shared.base):
+                _count(metrics, "elsewhere")
                 return None
             _count(metrics, "started")
             summary = await asyncio.wait_for(
@@ -173,6 +217,8 @@ class PreparedSummaries:
             )
             if not summary.strip():
                 raise ValueError("the summarizer returned an empty summary")
+            if ctx.store.shared:
+                await self._publish(ctx, session, replace(shared, summary=summary))
             return summary  # its sections are checked where it is used, as inline
         except asyncio.CancelledError:
             raise
@@ -185,6 +231,26 @@ class PreparedSummaries:
                 # Charged used or not, cancelled included: the provider bills it anyway.
                 with contextlib.suppress(Exception):
                     await ledger.charge(carrier)
+
+    async def _claim(self, ctx: StageContext, session: str, base: int) -> bool:
+        """Whether this replica writes the round's summary; yes when the claim fails."""
+        try:
+            return await shared_prepared.claim(ctx.state, session, base, self.replica)
+        except StoreError as exc:
+            log.debug("summary written ahead unclaimed: %s", exc)
+            return True
+
+    async def _publish(self, ctx: StageContext, session: str, shared: SharedSummary) -> None:
+        """For the other replicas' crossing turns; this one's takes it from memory."""
+        try:
+            if not await shared_prepared.publish(ctx.store, session, shared):
+                return
+        except Exception as exc:  # this replica still has it
+            log.debug("summary written ahead not shared: %s: %s", type(exc).__name__, exc)
+            return
+        prepared = self._by_session.get(session)
+        if prepared is not None and prepared.task is asyncio.current_task():
+            prepared.published = True
 
 
 def _carrier(ex: Exchange) -> Exchange:

@@ -428,39 +428,50 @@ class CompactionStage:
         state: SessionState,
     ) -> bool:
         """The summary written ahead for this session, if its prefix still holds and it brings
-        the history well under the trigger: waited for if still being written (a second call
-        would only take longer)."""
+        the history well under the trigger: this process's, waited for if still being written
+        (a second call would only take longer); else, on a shared store, one another replica
+        wrote (shared_prepared.py)."""
         session = ex.identity.session
+        found: tuple[Mark, int, str] | None = None  # its mark, room and summary
+        prepared = None
         pending = self.prepared.pending(session)
-        if pending is None:
-            return False
-        hashes = plan.seen.prefix_hashes(pending.mark.length)
-        prepared = self.prepared.take(session, plan.base, hashes)
-        if prepared is None:
-            return False
-        window, trigger, target = limits
+        if pending is not None:
+            hashes = plan.seen.prefix_hashes(pending.mark.length)
+            prepared = self.prepared.take(session, plan.base, hashes)
         started = time.perf_counter()
-        summary = await prepared.summary()
+        if prepared is not None:
+            summary = await prepared.summary()  # None: failed, or another replica's to write
+            if summary is not None:
+                found = (prepared.mark, prepared.room, summary)
+        if found is None:
+            shared = await self.prepared.find_shared(ex, ctx, plan.base, plan.seen.prefix_hashes)
+            if shared is not None:
+                found, prepared = (shared.mark, shared.room, shared.summary), None
         waited = round(time.perf_counter() - started, 3)
-        if summary is None:
-            return False  # counted as failed; summarized inline instead
-        stretch = _stretch_at(ex, plan, prepared.mark.length, window)
+        if found is None:
+            return False  # summarized inline instead
+        mark, room, summary = found
+        window, trigger, target = limits
+        stretch = _stretch_at(ex, plan, mark.length, window)
         # The room it was written for: whether it fits is checked next, not cut to fit.
         before = plan.tokens()
         ledger = plan.ledger_to(stretch.cut)
         replacement, kind = summary_replacement(
-            ex, ctx, stretch.intent, stretch.messages, stretch.archived.ref, prepared.room, summary,
-            ledger,
+            ex, ctx, stretch.intent, stretch.messages, stretch.archived.ref, room, summary, ledger,
         )  # fmt: skip
         # Well under the trigger, or the next compaction would come a turn or two later:
         # no further above the target than halfway to the trigger.
-        if stretch.kept + tokens_of(replacement) > (target + trigger) // 2:
-            self.prepared.waste(prepared)
+        fits = stretch.kept + tokens_of(replacement) <= (target + trigger) // 2
+        if not fits or stretch.archived.ref not in await ctx.archive.keep(
+            ex, STAGE, [stretch.archived]
+        ):  # nothing leaves the context unless it is stored
+            if prepared is not None:
+                self.prepared.waste(prepared)
             return False
-        if stretch.archived.ref not in await ctx.archive.keep(ex, STAGE, [stretch.archived]):
-            self.prepared.waste(prepared)
-            return False  # nothing leaves the context unless it is stored
-        self.prepared.used(prepared)
+        if prepared is not None:
+            self.prepared.used(prepared)
+        else:
+            self.prepared.used_shared(ctx.metrics)
         await self._checkpoint(ex, ctx, state, plan, stretch, (replacement, kind, ledger))
         action = "summarized" if kind == "summary" else "middle_out"
         record(

@@ -84,7 +84,7 @@ class SummarizerError(Exception):
 class Caller(Protocol):
     """Control as the summarizer uses it: fallback ⊃ retry ⊃ circuit ⊃ upstream call."""
 
-    def route(self, ex: Exchange) -> None: ...
+    async def route(self, ex: Exchange) -> None: ...
 
     async def call(self, ex: Exchange, *, stream: bool) -> Any: ...
 
@@ -118,7 +118,7 @@ def make_summarizer(
         while True:
             child = summary_exchange(ex)
             if child.deployment is None:
-                control.route(child)  # round-robin over the alias, open circuits skipped
+                await control.route(child)  # the session's deployment, open circuits skipped
             deployment = child.deployment
             assert deployment is not None
             if fit is None:
