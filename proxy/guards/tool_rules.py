@@ -9,11 +9,18 @@ A denied call is taken out and the others are kept: a stream cannot take back a 
 already passed unheld, and the client stores the assistant message as it got it, so its next
 turn answers exactly the calls it saw (valid for every provider). With no call left, the
 answer ends as a plain answer (not tool_calls / tool_use), so the agent's loop goes on and the
-model reads the refusal in its own last message."""
+model reads the refusal in its own last message.
+
+A rule judges the arguments as the client would get them: with the session's placeholders
+given back (guards/secrets/restore.py), since that is what the agent would run. A rule written
+against a secret (`arguments: 'AKIA[0-9A-Z]{16}'`) holds whether or not the guard scrubbed it
+on the way up, and a rule never has to know the placeholders' form. The verdict is reached
+before the answer is given back (the flow judges the upstream's calls; the wire then takes the
+denied out and gives back the rest), and neither the refusal nor the events carry arguments."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +28,7 @@ import orjson
 
 from proxy.exchange import Exchange
 from proxy.guards.mode import STAGE, dry_run, reported
+from proxy.guards.secrets.restore import restore_in_json, restore_text
 from proxy.metrics import Metrics
 from proxy.policies.spec import Policy, ToolCallRule
 
@@ -62,7 +70,7 @@ def judge(
     denied: list[int] = []
     refusals: list[str] = []
     for position, call in enumerate(calls):
-        tool, arguments = _tool(call), _arguments(call)
+        tool, arguments = _tool(call), _arguments(call, ex.secrets)
         rule = next((r for r in rules if _matches(r, tool, arguments)), None)
         if rule is None:
             continue
@@ -90,16 +98,18 @@ def _tool(call: dict[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _arguments(call: dict[str, Any]) -> str:
-    """The arguments as the model wrote them: their text, or (an object: Anthropic's and
-    Gemini's whole answers) its JSON."""
+def _arguments(call: dict[str, Any], secrets: Mapping[str, str] | None) -> str:
+    """The arguments as the client would get them: the model's text, or (an object:
+    Anthropic's and Gemini's whole answers) its JSON, with the session's placeholders given
+    back as the answer will give them back (in an object's JSON, escaped)."""
     function = call.get("function")
     arguments = function.get("arguments") if isinstance(function, dict) else None
     if isinstance(arguments, str):
-        return arguments
+        return arguments if not secrets else restore_text(arguments, secrets)
     if arguments is None:
         return ""
     try:
-        return orjson.dumps(arguments).decode()
+        text = orjson.dumps(arguments)
     except TypeError:
         return str(arguments)
+    return (text if not secrets else restore_in_json(text, secrets)).decode()

@@ -360,7 +360,7 @@ class SecretsSpec:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallRule:
-    """One guard rule over the model's tool calls (proxy/pipeline/tool_rules.py): a call whose
+    """One guard rule over the model's tool calls (proxy/guards/tool_rules.py): a call whose
     tool and arguments match is denied (never reaches the client) or warned of (passes)."""
 
     action: Literal["deny", "warn"]
@@ -368,7 +368,8 @@ class ToolCallRule:
     # whole name; None: any tool.
     tool: str | None = None
     tool_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
-    # Searched in the arguments as the model wrote them (their JSON text); None: any.
+    # Searched in the arguments as the model wrote them (their JSON text), the session's
+    # secret placeholders given back (what the agent would run); None: any.
     arguments: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     reason: str = ""
     label: str = "0"  # the rule's name, else its index: the metric's `rule` label

@@ -41,7 +41,7 @@ def restore_bytes(body: bytes, secrets: Mapping[str, str]) -> bytes:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return _substituted(body, secrets)
+        return restore_in_json(body, secrets)
     changed = False
     for path, text in list(_strings(data, ())):
         restored = restore_text(text, secrets)
@@ -51,8 +51,9 @@ def restore_bytes(body: bytes, secrets: Mapping[str, str]) -> bytes:
     return orjson.dumps(data) if changed else body
 
 
-def _substituted(raw: bytes, secrets: Mapping[str, str]) -> bytes:
-    """Placeholders replaced in JSON text, as it stands (what cannot be parsed)."""
+def restore_in_json(raw: bytes, secrets: Mapping[str, str]) -> bytes:
+    """Placeholders replaced in JSON text as it stands, each secret JSON-escaped (what cannot
+    be parsed; an object's arguments as the tool-call rules read them)."""
 
     def secret(match: Any) -> bytes:
         found = secrets.get(f"«secret:{match.group(1).decode()}»")
@@ -109,7 +110,7 @@ class StreamRestorer:
     def _event(self, chunk: bytes) -> bytes:
         event = _parsed(chunk)
         if event is None:
-            return self.end() + _substituted(chunk, self.secrets) + b"\n\n"
+            return self.end() + restore_in_json(chunk, self.secrets) + b"\n\n"
         out = b""
         held, self._held = self._held, None
         if held is not None:
