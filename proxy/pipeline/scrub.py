@@ -130,7 +130,7 @@ class ScrubStage:
             return None
         record(
             ex, ctx, NAME, action,
-            messages=changed, new=sum(scrubber.found.values()), rules=sorted(scrubber.found),
+            messages=changed, found=sum(scrubber.found.values()), rules=sorted(scrubber.found),
         )  # fmt: skip
         return None if dry else out
 
