@@ -18,6 +18,7 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --cells chat-tiny-json --without all         # the request's shell alone
     python bench/cpu.py --cells chat-30KB-json --record   # and a proxy recording every turn
     python bench/cpu.py --cells chat-30KB-json --limits   # 10 keys with rate limits vs without
+    python bench/cpu.py --cells chat-30KB-json --guard    # and a proxy scrubbing secrets
 
 With `--limits` the load goes through 10 API keys in turn, to two proxies side by side: `keys`
 (the 10 keys) and `limited` (the same keys, each with its own rpm, tpm and max_concurrent, none
@@ -85,6 +86,7 @@ SCOPES_POLICY = "policies:\n  - name: limited\n    limits:\n" + "".join(
 RECORDING_POLICY = (
     "policies:\n  - name: recorded\n    record: {enabled: true, max_mb_per_session: 1000000}\n"
 )
+GUARD_POLICY = "policies:\n  - name: guarded\n    guard: {secrets: {scrub: true}}\n"
 PATHS = {"chat": CHAT_PATH, "anth": MESSAGES_PATH, "resp": RESPONSES_PATH, GEMINI: GEMINI_PATH}
 CELL_BODIES = {**BODIES, (GEMINI, "30KB"): gemini_turn}  # overhead.py's, and Gemini's turn
 CELLS_HELP = (
@@ -298,6 +300,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
             )
             runner, ports["recorded"] = await serve(build_app(recorded, watch=False), proxy=True)
             runners.append(runner)
+        if args.guard:  # a second proxy scrubbing secrets (guard.secrets) from every turn
+            guarding = workdir / "guarding"
+            guarding.mkdir()
+            guarded = guarding / config.name
+            guarded.write_text(config.read_text() + f"store: {{path: {guarding}}}\n" + GUARD_POLICY)
+            runner, ports["guarded"] = await serve(build_app(guarded, watch=False), proxy=True)
+            runners.append(runner)
         profile = cProfile.Profile() if args.profile else None
         if hasattr(server, "freeze_heap"):  # as serve() does once listening (not before)
             server.freeze_heap()
@@ -360,18 +369,23 @@ def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> Non
         reps = " ".join(f"{v:.0f}" for v in proxies)
         each = " ".join(f"{r:.2f}" for r in ratios)
         print(f"{cell:<20} {b:8.1f} {p:8.1f} {p / b:6.2f}x  {bg:4.0f}/{pg:<4.0f}   {reps} ({each})")
-    if any(target == "recorded" for target, _ in figures):
-        print("recording every turn (--record): CPU µs per request, median of reps")
-        print(f"{'cell':<20} {'proxy':>8} {'recorded':>9} {'ratio':>7}   ratio each rep")
+    for variant, what in (
+        ("recorded", "recording every turn (--record)"),
+        ("guarded", "scrubbing secrets (--guard)"),
+    ):
+        if not any(target == variant for target, _ in figures):
+            continue
+        print(f"{what}: CPU µs per request, median of reps")
+        print(f"{'cell':<20} {'proxy':>8} {variant:>9} {'ratio':>7}   ratio each rep")
         for cell in cells:
-            p, r = (_median(figures.get((target, cell))) for target in ("proxy", "recorded"))
-            recorded, plain = (
-                figures.get(("recorded", cell)) or [],
+            p, r = (_median(figures.get((target, cell))) for target in ("proxy", variant))
+            varied, plain = (
+                figures.get((variant, cell)) or [],
                 figures.get(("proxy", cell)) or [],
             )
-            pairs = zip(recorded, plain, strict=False)
+            pairs = zip(varied, plain, strict=False)
             each = " ".join(f"{a / b:.2f}" for a, b in pairs)
-            gc_p, gc_r = (_median(figures.get((t, cell))) for t in ("proxy gc", "recorded gc"))
+            gc_p, gc_r = (_median(figures.get((t, cell))) for t in ("proxy gc", f"{variant} gc"))
             print(
                 f"{cell:<20} {p:8.1f} {r:9.1f} {r / p:6.2f}x   {each}   (gc {gc_p:.0f}/{gc_r:.0f})"
             )
@@ -408,6 +422,9 @@ def main() -> int:
         "--limit-scopes", action="store_true", help="with --limits: policy scopes too"
     )
     parser.add_argument("--limits-redis", metavar="URL", help="with --limits: both on Redis")
+    parser.add_argument(
+        "--guard", action="store_true", help="also a proxy scrubbing secrets, compared"
+    )
     parser.add_argument(
         "--without",
         metavar="PARTS",

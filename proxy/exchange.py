@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -433,6 +434,9 @@ class Exchange:
     sent: dict[str, Any] | None = None
     # What a recorded session's stream wrote to the client, as written (None: not recorded).
     streamed: list[bytes] | None = None
+    # The session's secrets by placeholder, when the guard scrubbed any (proxy/guards/secrets/): the
+    # answer gives them back. Never recorded, never logged.
+    secrets: Mapping[str, str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         client, identity = self.client, self.identity

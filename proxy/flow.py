@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -38,7 +38,10 @@ from proxy.control.control import Control
 from proxy.control.downgrade import Downgrade
 from proxy.errors import InternalError, ProxyError, status_of
 from proxy.exchange import Exchange, Usage
+from proxy.guards import tool_rules
 from proxy.guards.rate_limits import Lease, RateLimiter
+from proxy.guards.secrets.restore import UNRESTORED
+from proxy.guards.tool_rules import Verdict
 from proxy.http.auth import presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import OUTCOME_STATUS, RAW_BODY, STATUS_CLIENT_GONE
@@ -70,13 +73,15 @@ class Relay(Protocol):
     """Writes one streamed answer to the client, over the upstream streams of every round."""
 
     hold_tool_calls: bool
+    # Whether a call of this tool is held until complete (a guard rule could match it).
+    watch_tool: Callable[[str], bool] | None
 
     @property
     def started(self) -> bool: ...
 
     async def run(self, source: UpstreamStream) -> Any: ...  # Held | None
 
-    async def release(self, held: Any) -> None: ...
+    async def release(self, held: Any, verdict: Verdict | None) -> None: ...
 
     async def fail(self, error: ProxyError | UpstreamHTTPError) -> None: ...
 
@@ -89,6 +94,10 @@ class Replies(Protocol):
     def without_recall(
         self, reply: UpstreamReply, theirs: list[dict[str, Any]]
     ) -> UpstreamReply: ...
+
+    def refused(self, reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+        """The reply without the calls the guard denied, saying why (the wire's shape)."""
+        ...
 
 
 class Answers(Protocol):
@@ -190,7 +199,12 @@ class Flow:
             status = request.get(OUTCOME_STATUS, response.status)
         turn = None
         if recorded:
-            body = response.body if isinstance(response, web.Response) else None
+            # A whole answer as it came, its placeholders not given back (guards/secrets/).
+            body = (
+                response.get(UNRESTORED, response.body)
+                if isinstance(response, web.Response)
+                else None
+            )
             turn = Finished(
                 ex,
                 request.get(RAW_BODY),
@@ -275,11 +289,15 @@ class Flow:
             if not ours:
                 break
             if theirs or round_ == rounds:
-                return replies.without_recall(reply, theirs)
+                reply = replies.without_recall(reply, theirs)
+                break
             with trace_span("agentproxy.recall", _round(round_, ours)):
                 await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)
                 reply = await self.control.call(ex, stream=False, fitter=self.rewriter)
-        return reply
+        if not ex.policy.guard.tool_calls:
+            return reply
+        verdict = tool_rules.judge(ex, theirs, self.recorder.record, self.metrics)
+        return reply if verdict is None else replies.refused(reply, verdict)
 
     async def open_stream(self, ex: Exchange) -> UpstreamStream:
         """The first round's stream, opened (its headers go into the client's response)."""
@@ -291,6 +309,7 @@ class Flow:
         out is raised (the route answers it); after, the stream ends with an error event and
         the request counts as failed."""
         relay.hold_tool_calls = recall.offered(ex.body)
+        relay.watch_tool = tool_rules.watcher(ex.policy)
         rounds = ex.policy.recall.max_rounds
         try:
             for round_ in range(rounds + 1):
@@ -303,7 +322,8 @@ class Flow:
                 message = held.message()
                 ours, theirs = recall.split_calls(message)
                 if not ours or theirs or round_ == rounds:
-                    await relay.release(held)
+                    verdict = tool_rules.judge(ex, theirs, self.recorder.record, self.metrics)
+                    await relay.release(held, verdict)
                     return
                 with trace_span("agentproxy.recall", _round(round_, ours)):
                     await self._answer_recall(ex, message, ours, last=round_ + 1 == rounds)

@@ -138,6 +138,14 @@ class Metrics:
             ["guard", "action"],
             registry=r,
         )
+        self.guard = Counter(
+            "agentproxy_guard",
+            "The guard's decisions, by action and rule: scrub (a secret replaced by its "
+            "placeholder before the upstream; rule: the secret's kind), deny and warn (a tool "
+            "call; rule: its name, else its index in guard.tool_calls); would_… in a dry run.",
+            ["action", "rule"],
+            registry=r,
+        )
         self.context_tokens = Counter(
             "agentproxy_context_tokens",
             "Estimated prompt tokens of chat requests as received from clients and as sent "

@@ -59,8 +59,10 @@ FLOORS = {
         0,
     ),
     **dict.fromkeys(("exchange", "sessions", "store", "model_catalog", "tracing"), 1),
-    **dict.fromkeys(("upstream", "recording"), 2),
-    **dict.fromkeys(("control", "guards"), 3),
+    # guards beside recording: rate limits record their refusals, and a recording keeps the
+    # placeholders of the secrets the guard scrubbed (guards/secrets/recorded.py).
+    **dict.fromkeys(("upstream", "recording", "guards"), 2),
+    "control": 3,
     "pipeline": 4,
     **dict.fromkeys(("flow", "http", "state"), 5),
     "wire": 6,

@@ -163,7 +163,7 @@ async def test_server_memo_mb_sets_the_memos_bounds(proxy_for: Any) -> None:
         async with http.get(proxy.make_url("/metrics")) as response:
             text = await response.text()
     bounds = dict(re.findall(r'agentproxy_memo_capacity_bytes\{memo="(\w+)"\} (\S+)', text))
-    assert float(bounds["histories"]) == 0.28125 * 8 * 1024 * 1024
+    assert float(bounds["histories"]) == 0.25 * 8 * 1024 * 1024
     assert float(bounds["loop_calls"]) == 0.015625 * 8 * 1024 * 1024
     memos = [float(v) for name, v in bounds.items() if not name.startswith("state_")]
     assert sum(memos) <= 8 * 1024 * 1024

@@ -19,6 +19,7 @@ from proxy.pipeline.context_edits import ContextEditStage
 from proxy.pipeline.loops import LoopStage
 from proxy.pipeline.offload import OffloadStage
 from proxy.pipeline.repair import RepairStage
+from proxy.pipeline.scrub import ScrubStage
 from proxy.policies.spec import Deployment
 from proxy.upstream import no_chat
 from proxy.upstream.base import UpstreamHTTPError
@@ -30,7 +31,8 @@ MB = 1024 * 1024
 # The four that keep whole histories mostly hold the same message objects, so their sum
 # overstates what they keep alive.
 MEMO_SHARES = {
-    "histories": 0.28125,
+    "histories": 0.25,
+    "guard_secrets": 0.03125,  # each session's secrets, by placeholder, and its last scan
     "loop_calls": 0.015625,  # the calls of each session's recent tool-call turns
     "turn_memory": 0.05,
     "relayed_thinking": 0.0125,  # thinking blocks relayed, to put back what clients drop
@@ -76,6 +78,7 @@ class Rewriter:
         # The stages, one registration line each, in the order the chain calls their hooks.
         self.chain = Chain(
             [
+                ScrubStage(size["guard_secrets"]),  # first: no stage sees (or stores) a secret
                 self.repair,
                 CompatStage(self.quirks),
                 CapabilityStage(),

@@ -45,6 +45,7 @@ from proxy.policies.spec import (
     Config,
     Deployment,
     FallbackSpec,
+    GuardSpec,
     Keys,
     LoopSpec,
     OffloadSpec,
@@ -57,9 +58,11 @@ from proxy.policies.spec import (
     RepairSpec,
     RetrySpec,
     RoutingSpec,
+    SecretsSpec,
     ServerSettings,
     SessionScope,
     StoreSettings,
+    ToolCallRule,
     TracingSettings,
     key_digest,
 )
@@ -911,6 +914,7 @@ def _policy(
         budgets=tuple(_budget(entry, i, b, report) for i, b in enumerate(raw.get("budgets", []))),
         limits=_policy_limits(entry, raw.get("limits"), report),
         record=_record(entry, raw.get("record"), report),
+        guard=_guard(entry, raw.get("guard"), report),
         degraded=raw.get("degraded", False),
     )
 
@@ -929,6 +933,46 @@ def _record(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> Recor
         return spec
     joined = "|".join(f"(?:{pattern})" for pattern in spec.redact)
     return replace(spec, redact_pattern=re.compile(joined))
+
+
+def _guard(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> GuardSpec:
+    """The guard section: its secret patterns and its tool-call rules' patterns compiled
+    (one that does not is named by its YAML path)."""
+    raw = raw or {}
+    secrets = _section(SecretsSpec, raw.get("secrets"))
+    for index, pattern in enumerate(secrets.patterns):
+        _rule_pattern(entry, ("guard", "secrets", "patterns", index), pattern, report)
+    rules = []
+    for index, rule in enumerate(raw.get("tool_calls", [])):
+        match = rule["match"]
+        path: YamlPath = ("guard", "tool_calls", index, "match")
+        tool, arguments = match.get("tool"), match.get("arguments")
+        tool_pattern = None
+        if tool is not None and len(tool) > 2 and tool.startswith("/") and tool.endswith("/"):
+            tool_pattern = _rule_pattern(entry, (*path, "tool"), tool[1:-1], report)
+        rules.append(
+            ToolCallRule(
+                action=rule["action"],
+                tool=tool,
+                tool_pattern=tool_pattern,
+                arguments=None
+                if arguments is None
+                else _rule_pattern(entry, (*path, "arguments"), arguments, report),
+                reason=rule.get("reason", ""),
+                label=rule.get("name", str(index)),
+            )
+        )
+    return GuardSpec(mode=raw.get("mode", "enforce"), secrets=secrets, tool_calls=tuple(rules))
+
+
+def _rule_pattern(
+    entry: _Entry, path: YamlPath, pattern: str, report: _Report
+) -> re.Pattern[str] | None:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        report.errors.append(entry.issue(path, f"not a regular expression: {exc}"))
+        return None
 
 
 def _compaction(entry: _Entry, raw: dict[str, Any] | None, report: _Report) -> CompactionSpec:

@@ -362,6 +362,49 @@ class RecordSpec:
     redact_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class SecretsSpec:
+    """Secrets in what the client sends replaced by stable placeholders before the upstream
+    sees them, and given back where the model's answer carries one (proxy/guards/secrets/)."""
+
+    scrub: bool = False
+    patterns: tuple[str, ...] = ()  # more secrets, as regular expressions (whole matches)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRule:
+    """One guard rule over the model's tool calls (proxy/guards/tool_rules.py): a call whose
+    tool and arguments match is denied (never reaches the client) or warned of (passes)."""
+
+    action: Literal["deny", "warn"]
+    # The tool: an exact name, or (written /…/) a regular expression matched against the
+    # whole name; None: any tool.
+    tool: str | None = None
+    tool_pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    # Searched in the arguments as the model wrote them (their JSON text), the session's
+    # secret placeholders given back (what the agent would run); None: any.
+    arguments: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    reason: str = ""
+    label: str = "0"  # the rule's name, else its index: the metric's `rule` label
+
+    def watches(self, tool: str) -> bool:
+        """A call of `tool` could match this rule (its arguments not yet known)."""
+        if self.tool_pattern is not None:
+            return self.tool_pattern.fullmatch(tool) is not None
+        return self.tool is None or self.tool == tool
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSpec:
+    """What may pass between the agent and the provider: secrets scrubbed on the way up and
+    given back, the model's tool calls judged on the way down (proxy/guards/)."""
+
+    # dry_run: every guard decision is computed and reported (guard.would_…), none applied.
+    mode: Literal["enforce", "dry_run"] = "enforce"
+    secrets: SecretsSpec = SecretsSpec()
+    tool_calls: tuple[ToolCallRule, ...] = ()
+
+
 ErrorClass = Literal["transient", "overflow", "logical", "fatal"]
 
 
@@ -464,6 +507,7 @@ class Policy:
     budgets: tuple[BudgetSpec, ...] = ()
     limits: PolicyLimits = PolicyLimits()
     record: RecordSpec = RecordSpec()
+    guard: GuardSpec = GuardSpec()
     # When every recovery failed, answer with a normal completion that explains the outage
     # (marked x-agentproxy-degraded) so an agent loop continues instead of crashing.
     degraded: bool = False

@@ -21,8 +21,11 @@ from proxy.sessions.board import SessionBoard
 log = logging.getLogger("agentproxy.recording")
 
 # Stages whose events have metrics of their own, with richer labels (retries by model and
-# class, fallbacks by source and target, upstream errors by reason): not counted again here.
-COUNTED_ELSEWHERE = frozenset({"retry", "fallback", "routing", "circuit", "stream", "usage"})
+# class, fallbacks by source and target, affinity moves, upstream errors by reason, the
+# guard's by action and rule): not counted again here.
+COUNTED_ELSEWHERE = frozenset(
+    {"retry", "fallback", "routing", "circuit", "stream", "usage", "guard"}
+)
 
 
 class Recorder:

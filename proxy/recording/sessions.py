@@ -44,6 +44,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange
+from proxy.guards.secrets.recorded import with_placeholders
 from proxy.logs.limit import warn_limited
 from proxy.messages import CHAT
 from proxy.metrics import Metrics
@@ -347,8 +348,10 @@ class TurnWriter:
             # hashes are its entries' (not hashed again), if this recording holds that turn.
             prior = known.recent.get(base) if base is not None else None
             keep = shared if prior is not None and _list_key(ex.received) == key else 0
+            received = _guarded(received, ex.secrets, keep)
             request = split.body(received, "request", keep, prior)
         else:
+            received = _guarded(received, ex.secrets, 0)
             request = split.body(received, "request", 0)
         conversation = self.conversations[ex.client.wire]
         opens = not known.turns or _opens(conversation, received, request)
@@ -733,6 +736,24 @@ def _lineage(ex: Exchange) -> tuple[object | None, object | None, int, str]:
         return rewrite.turn, rewrite.stable_base, rewrite.stable_prefix, "messages"
     prefix = native.native_prefix()
     return prefix.turn, prefix.base, prefix.shared, prefix.key
+
+
+def _guarded(body: Any, secrets: Mapping[str, str] | None, keep: int) -> Any:
+    """The body with the secrets the guard scrubbed replaced by their placeholders, as the
+    provider saw it; its first `keep` entries are the recorded turn's already (not walked)."""
+    if not secrets or not isinstance(body, dict):
+        return with_placeholders(body, secrets)
+    key = _list_key(body)
+    if key is None:
+        return with_placeholders(body, secrets)
+    entries: list[Any] = body[key]
+    rest = {k: v for k, v in body.items() if k != key}
+    out = with_placeholders(rest, secrets)
+    new = entries[keep:]
+    tail = with_placeholders(new, secrets)
+    if out is rest and tail is new:
+        return body
+    return {**out, key: entries[:keep] + tail}
 
 
 def _list_key(body: dict[str, Any]) -> str | None:

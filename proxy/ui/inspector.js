@@ -473,7 +473,7 @@ function renderError(error) {
 
 const KINDS = {
   repair: "repair", compat: "repair", offload: "offload", compaction: "compaction",
-  recall: "recall", loops: "guard", budget: "guard", session_circuit: "guard",
+  recall: "recall", loops: "guard", budget: "guard", session_circuit: "guard", guard: "guard",
   retry: "recovery", fallback: "recovery", capabilities: "recovery", error: "error",
   stream: "error", record: "note",
 };
@@ -481,10 +481,12 @@ const SPECIAL = new Set(["stage", "action", "ref", "refs", "summary", "seen", "n
 
 function renderEvent(event) {
   const kind = KINDS[event.stage] || "note";
-  const failure = /failed|refused|block|error|unrecoverable/.test(event.action || "");
+  const failure = /failed|refused|block|error|unrecoverable|^deny$/.test(event.action || "");
+  // A dry run's decision (guard.would_deny, …): computed and reported, nothing changed.
+  const dry = /^would_/.test(event.action || "");
   const item = el(
     "li",
-    { class: `event ${kind}${failure ? " error" : ""}${event.new === false ? " carried" : ""}` },
+    { class: `event ${kind}${failure ? " error" : ""}${dry ? " dry" : ""}${event.new === false ? " carried" : ""}` },
     el("span", { class: "tag" }, `${event.stage}.${event.action}`),
   );
   if (event.new === true && event.carried) item.append(el("span", { class: "badge" }, `new, with ${event.carried} carried`));

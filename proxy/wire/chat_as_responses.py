@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.guards.tool_rules import Verdict
 from proxy.policies.spec import Deployment
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.facts import DeploymentFacts
@@ -259,6 +260,10 @@ class ChatReplies:
 
     def without_recall(self, reply: UpstreamReply, theirs: list[dict[str, Any]]) -> UpstreamReply:
         answer: UpstreamReply = self.chat.without_recall(as_chat(reply, self.ex.alias), theirs)
+        return answer
+
+    def refused(self, reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+        answer: UpstreamReply = self.chat.refused(as_chat(reply, self.ex.alias), verdict)
         return answer
 
 

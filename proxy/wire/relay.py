@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -16,6 +16,8 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamTimeout
 from proxy.exchange import Exchange
+from proxy.guards.secrets.restore import StreamRestorer
+from proxy.guards.tool_rules import Verdict
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 
@@ -33,9 +35,14 @@ class StreamRelay:
         self.ex = ex
         self.response = response
         self.hold_tool_calls = False  # set when the recall tool was offered
+        # Whether a call of this tool is held until complete: a guard rule could match it
+        # (proxy/guards/tool_rules.py); None: no rules, nothing watched.
+        self.watch_tool: Callable[[str], bool] | None = None
         self.usage_reported = False  # the stream being relayed carried its usage
         self.relayed = 0  # events of that stream relayed (or held) so far
         self._kept = 0  # bytes written, while they are kept for the recording
+        # The session's secrets given back where the answer carries their placeholders.
+        self._restorer = None if ex.secrets is None else StreamRestorer(ex.secrets)
         # server.stream_timeout_s: when the whole stream (every round) must have ended.
         limit = ex.config.server.stream_timeout_s
         self.deadline = None if limit is None else asyncio.get_running_loop().time() + limit
@@ -50,7 +57,9 @@ class StreamRelay:
             self.response.headers["server-timing"] = self.ex.server_timing()
             await self.response.prepare(self.request)
         if self.ex.streamed is not None:  # a recorded session: the answer as the client got it
-            self._keep(self.ex.streamed, data)
+            self._keep(self.ex.streamed, data)  # (its secrets not given back)
+        if self._restorer is not None:
+            data = self._restorer.feed(data)
         waited = time.perf_counter()
         await self.response.write(data)
         self.ex.timing.client_wait += time.perf_counter() - waited
@@ -96,7 +105,9 @@ class StreamRelay:
     async def fail(self, error: ProxyError | UpstreamHTTPError) -> None:
         """Bytes already reached the client: end the stream with an error event it reads."""
         with contextlib.suppress(ConnectionResetError):
-            await self.response.write(self.error_prefix + self.error_data(error) + b"\n\n")
+            await self.response.write(
+                self._held() + self.error_prefix + self.error_data(error) + b"\n\n"
+            )
 
     def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
@@ -104,7 +115,14 @@ class StreamRelay:
         return orjson.dumps(error.body(self.ex.identity.request_id))
 
     async def end(self) -> None:
+        held = self._held()
+        if held:
+            await self.response.write(held)
         await self.response.write_eof()
+
+    def _held(self) -> bytes:
+        """What the restorer held back (a last event ending on a placeholder's beginning)."""
+        return b"" if self._restorer is None else self._restorer.end()
 
     async def batches(self, source: UpstreamStream) -> AsyncIterator[list[bytes]]:
         """The upstream's events in the batches they arrived in; the time spent waiting for
@@ -135,8 +153,10 @@ class StreamRelay:
         """The event (parsed) carries a piece of the answer."""
         return False
 
-    async def release(self, held: Any) -> None:
-        """What `run` held back, without the proxy's own calls, and the stream's end."""
+    async def release(self, held: Any, verdict: Verdict | None) -> None:
+        """What `run` held back, without the proxy's own calls and those the guard denied
+        (`verdict`: their positions among the client's calls, and the text saying why), and
+        the stream's end."""
         raise NotImplementedError
 
     async def _relay(self, source: UpstreamStream) -> Any:

@@ -12,6 +12,7 @@ from aiohttp import web
 from proxy.errors import BadRequest, Forbidden, ModelNotFound
 from proxy.exchange import ClientRequest, Exchange, Identity
 from proxy.flow import Answers, Flow
+from proxy.guards.secrets.restore import UNRESTORED, restore_bytes
 from proxy.http.auth import authenticate, presented_key
 from proxy.http.headers import proxy_headers
 from proxy.http.keys import RAW_BODY
@@ -75,12 +76,17 @@ async def relay_stream(
 
 
 def json_answer(ex: Exchange, body: bytes, headers: Mapping[str, str]) -> web.Response:
-    """A whole answer, with the upstream's headers worth passing on and ours."""
-    return web.Response(
-        body=body,
+    """A whole answer, with the upstream's headers worth passing on and ours; the secrets
+    its placeholders stand for given back (the recording keeps it as it came)."""
+    answer = body if ex.secrets is None else restore_bytes(body, ex.secrets)
+    response = web.Response(
+        body=answer,
         content_type="application/json",
         headers={**headers, **proxy_headers(ex), "server-timing": ex.server_timing()},
     )
+    if answer is not body:
+        response[UNRESTORED] = body
+    return response
 
 
 def events_answer(ex: Exchange, events: bytes, headers: Mapping[str, str]) -> web.Response:

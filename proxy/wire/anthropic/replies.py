@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
@@ -106,6 +107,38 @@ class Replies:
         if not theirs:
             data["stop_reason"] = "end_turn"
         return UpstreamReply(data, orjson.dumps(data), reply.headers)
+
+    def refused(self, reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+        """The denied tool_use blocks taken out, the guard's text as a text block after the
+        rest; with no tool_use left the message ends its turn (end_turn, not tool_use)."""
+        if "choices" in reply.data:
+            return chat.refused(reply, verdict)
+        data = reply.data
+        blocks = [b for b in data.get("content") or [] if isinstance(b, dict)]
+        data["content"] = [*without_denied(blocks, verdict), text_block(verdict.text)]
+        if not any(b.get("type") == "tool_use" for b in data["content"]):
+            data["stop_reason"] = "end_turn"
+        return UpstreamReply(data, orjson.dumps(data), reply.headers)
+
+
+def denied_indexes(blocks: dict[int, dict[str, Any]], verdict: Verdict) -> set[int]:
+    """The indexes of the blocks the guard denied: its positions count the client's calls
+    (tool_use blocks, the proxy's own left out) in order."""
+    theirs = [
+        i
+        for i in sorted(blocks)
+        if blocks[i].get("type") == "tool_use" and blocks[i].get("name") != recall.TOOL_NAME
+    ]
+    return {theirs[p] for p in verdict.denied if p < len(theirs)}
+
+
+def without_denied(blocks: list[dict[str, Any]], verdict: Verdict) -> list[dict[str, Any]]:
+    denied = denied_indexes(dict(enumerate(blocks)), verdict)
+    return [b for i, b in enumerate(blocks) if i not in denied]
+
+
+def text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 def client_message(reply: UpstreamReply, alias: str, request_id: str) -> dict[str, Any]:

@@ -19,11 +19,17 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange, Usage
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
-from proxy.wire.anthropic.replies import error_body, passthrough_body
+from proxy.wire.anthropic.replies import (
+    denied_indexes,
+    error_body,
+    passthrough_body,
+    text_block,
+)
 from proxy.wire.anthropic.thinking import RELAYED_THINKING, THINKING, thinking_on
 from proxy.wire.anthropic.upstream import anthropic_usage
 from proxy.wire.anthropic.view import AnthropicView, assistant_message
@@ -158,9 +164,12 @@ class Relay(StreamRelay):
         held: Held | None = await super().run(source)
         return held
 
-    async def release(self, held: Held) -> None:
-        """The held events without the recall blocks (the rest renumbered), and the end."""
+    async def release(self, held: Held, verdict: Verdict | None) -> None:
+        """The held events without the recall blocks and the denied ones (the rest
+        renumbered), the guard's text as a block of its own, and the end."""
         dropped = held.recall_indexes()
+        if verdict is not None:
+            dropped |= denied_indexes(held.blocks.blocks, verdict)
         left = any(
             b.get("type") == "tool_use" for i, b in held.blocks.blocks.items() if i not in dropped
         )
@@ -171,6 +180,11 @@ class Relay(StreamRelay):
                 if index in dropped:
                     continue
                 data = {**data, "index": index - sum(1 for d in dropped if d < index)}
+            if name == "message_delta" and verdict is not None:
+                for said_name, said in _text_events(
+                    len(held.blocks.blocks) - len(dropped), verdict.text
+                ):
+                    out += frame(said_name, self._shifted(said))
             if name == "message_delta" and not left:
                 delta = {**(data.get("delta") or {}), "stop_reason": "end_turn"}
                 data = {**data, "delta": delta}
@@ -185,8 +199,8 @@ class Relay(StreamRelay):
     async def _relay(self, source: UpstreamStream) -> Held | None:
         ex, stopped = self.ex, False
         held: Held | None = None
-        watch = self.hold_tool_calls or self._rounds > 1
-        blocks = Blocks() if self.hold_tool_calls else None
+        watch = self.hold_tool_calls or self._rounds > 1 or self.watch_tool is not None
+        blocks = Blocks() if self.hold_tool_calls or self.watch_tool is not None else None
         capture = ThinkingCapture() if thinking_on(self.view.body) else None
         async for batch in self.batches(source):
             out = bytearray()
@@ -205,7 +219,7 @@ class Relay(StreamRelay):
                     continue
                 if blocks is not None:
                     blocks.add(name, data)
-                if held is None and _starts_tool_use(name, data):
+                if held is None and self._holds(name, data):
                     held = Held([], blocks or Blocks())
                 if held is not None:
                     held.events.append((name, data))
@@ -241,7 +255,7 @@ class Relay(StreamRelay):
                 f"the upstream for '{self.ex.alias}' sent a stream event that is not a JSON "
                 f"object: {payload[:60]!r}"
             )
-        watched = self.hold_tool_calls or self._rounds > 1
+        watched = self.hold_tool_calls or self._rounds > 1 or self.watch_tool is not None
         if not watched and name not in ("message_start", "message_delta"):
             return name, None
         try:
@@ -252,6 +266,16 @@ class Relay(StreamRelay):
                 f"{payload[:60]!r}"
             ) from None
         return name or str(data.get("type", "")), data
+
+    def _holds(self, name: str, data: dict[str, Any]) -> bool:
+        """The event begins what must be held: a tool_use block, when recall was offered or
+        a guard rule could match its tool."""
+        if not _starts_tool_use(name, data):
+            return False
+        if self.hold_tool_calls:
+            return True
+        tool = data["content_block"].get("name")
+        return self.watch_tool is not None and isinstance(tool, str) and self.watch_tool(tool)
 
     def _account(self, name: str, data: dict[str, Any]) -> None:
         if name == "message_start":
@@ -281,6 +305,25 @@ def _starts_tool_use(name: str, data: dict[str, Any]) -> bool:
         and isinstance(block, dict)
         and block.get("type") == "tool_use"
     )
+
+
+def _text_events(index: int, text: str) -> list[Event]:
+    """A text block of its own, whole (the guard's refusal)."""
+    return [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": text_block("")},
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "text_delta", "text": text},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
 
 
 def message_stream(message: dict[str, Any]) -> bytes:

@@ -491,7 +491,7 @@ class AnthropicView:
             elif (call := by_id.get(block.get("id"))) is not None:
                 out.append(_tool_use(call, block))
             # else: a call the stages took out of the turn
-        return {"role": "assistant", "content": out}
+        return {"role": "assistant", "content": _with_text(out, message.get("content"))}
 
 
 REPLACEMENT_MARK = "[agentproxy] "  # how compaction's summaries and markers begin
@@ -601,6 +601,22 @@ def assistant_message(blocks: list[Block]) -> Message:
     if calls:
         message["tool_calls"] = calls
     return message
+
+
+def _with_text(blocks: list[Block], text: Any) -> list[Block]:
+    """The turn's blocks with its text as a stage left it (the guard's placeholders): the
+    first text block carries it all, the others go; untouched text keeps the blocks."""
+    texts = [b for b in blocks if b.get("type") == "text"]
+    if not texts or not isinstance(text, str):
+        return blocks
+    if "\n".join(str(b.get("text")) for b in texts) == text:
+        return blocks
+    first = texts[0]
+    return [
+        {**b, "text": text} if b is first else b
+        for b in blocks
+        if b.get("type") != "text" or b is first
+    ]
 
 
 def _tool_use(call: dict[str, Any], original: Block | None) -> Block:

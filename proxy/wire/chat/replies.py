@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 
@@ -27,6 +28,26 @@ def without_recall(reply: UpstreamReply, theirs: list[dict[str, Any]]) -> Upstre
         choice["message"].pop("tool_calls", None)
         choice["finish_reason"] = "stop"
     return UpstreamReply(reply.data, orjson.dumps(reply.data), reply.headers)
+
+
+def refused(reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+    """The guard's denied calls taken out, its text added to the answer's; with no call left
+    the answer ends as a plain one ("stop"), so the agent's loop goes on."""
+    choice = reply.data["choices"][0]
+    message = choice["message"]
+    kept = [c for i, c in enumerate(message.get("tool_calls") or []) if i not in verdict.denied]
+    message["content"] = joined(message.get("content"), verdict.text)
+    if kept:
+        message["tool_calls"] = kept
+    else:
+        message.pop("tool_calls", None)
+        choice["finish_reason"] = "stop"
+    return UpstreamReply(reply.data, orjson.dumps(reply.data), reply.headers)
+
+
+def joined(text: object, said: str) -> str:
+    """The answer's text with the guard's after it."""
+    return f"{text}\n\n{said}" if isinstance(text, str) and text else said
 
 
 def passthrough_body(error: UpstreamHTTPError, request_id: str) -> bytes:

@@ -15,6 +15,7 @@ import orjson
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Usage
+from proxy.guards.tool_rules import Verdict
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import is_json_object
@@ -22,6 +23,7 @@ from proxy.wire.chat.replies import passthrough_body
 from proxy.wire.relay import StreamRelay, nonempty
 
 DONE = b"data: [DONE]\n\n"
+TOOL = recall.TOOL_NAME
 
 
 @dataclass(slots=True)
@@ -30,6 +32,9 @@ class HeldCalls:
 
     events: list[dict[str, Any]] = field(default_factory=list)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by tool-call index
+    # Calls went out unheld before these (no guard rule could match their tool): the answer
+    # still ends as tool_calls whatever is taken out of these.
+    after_calls: bool = False
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.events.append(chunk)
@@ -51,16 +56,25 @@ class HeldCalls:
             "tool_calls": [self.calls[i] for i in sorted(self.calls)],
         }
 
-    def without_recall(self) -> list[bytes]:
-        """The held events with the recall calls taken out, ready to forward."""
-        ours = {i for i, c in self.calls.items() if c["function"]["name"] == recall.TOOL_NAME}
-        left = len(self.calls) - len(ours)
+    def without(self, verdict: Verdict | None) -> list[bytes]:
+        """The held events with the recall calls and those the guard denied taken out (and
+        its text in their place), ready to forward."""
+        theirs = [i for i in sorted(self.calls) if self.calls[i]["function"]["name"] != TOOL]
+        dropped = set(self.calls) - set(theirs)
+        if verdict is not None:
+            dropped |= {theirs[p] for p in verdict.denied if p < len(theirs)}
+        left = self.after_calls or len(self.calls) > len(dropped)
         out = []
+        if verdict is not None and self.events:
+            said = {k: v for k, v in self.events[0].items() if k not in ("choices", "usage")}
+            text = {"role": "assistant", "content": verdict.text}
+            said["choices"] = [{"index": 0, "delta": text, "finish_reason": None}]
+            out.append(b"data: " + orjson.dumps(said) + b"\n\n")
         for chunk in self.events:
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
                 if "tool_calls" in delta:
-                    kept = [d for d in delta["tool_calls"] if d.get("index", 0) not in ours]
+                    kept = [d for d in delta["tool_calls"] if d.get("index", 0) not in dropped]
                     if kept:
                         delta["tool_calls"] = kept
                     else:
@@ -96,9 +110,10 @@ class Relay(StreamRelay):
                     return True
         return False
 
-    async def release(self, held: HeldCalls) -> None:
-        """The held events, without the proxy's own calls, and the end of the stream."""
-        await self.write(b"".join(held.without_recall()) + DONE)
+    async def release(self, held: HeldCalls, verdict: Verdict | None) -> None:
+        """The held events, without the proxy's own calls and the denied ones, and the end
+        of the stream."""
+        await self.write(b"".join(held.without(verdict)) + DONE)
 
     def error_data(self, error: ProxyError | UpstreamHTTPError) -> bytes:
         if isinstance(error, UpstreamHTTPError):
@@ -107,6 +122,7 @@ class Relay(StreamRelay):
 
     async def _relay(self, source: UpstreamStream) -> HeldCalls | None:
         ex, done, held = self.ex, False, None
+        passed_calls = False  # a call went out unheld
         async for batch in self.batches(source):
             out = bytearray()
             for event in batch:
@@ -119,13 +135,15 @@ class Relay(StreamRelay):
                     if held is None:
                         out += event + b"\n\n"
                     continue
-                chunk = self._inspect(payload)
+                chunk = self._inspect(payload, held is not None)
                 if chunk is False:
                     continue
-                if chunk is not None and (held is not None or _has_tool_calls(chunk)):
-                    held = held or HeldCalls()
+                if chunk is not None and (held is not None or self._holds(chunk)):
+                    held = held or HeldCalls(after_calls=passed_calls)
                     held.add(chunk)
                     continue
+                if chunk is not None and not passed_calls:
+                    passed_calls = _has_tool_calls(chunk)
                 out += event + b"\n\n"
             if out:
                 await self.write(bytes(out))
@@ -135,7 +153,7 @@ class Relay(StreamRelay):
             )
         return held
 
-    def _inspect(self, payload: bytes) -> dict[str, Any] | Literal[False] | None:
+    def _inspect(self, payload: bytes, holding: bool) -> dict[str, Any] | Literal[False] | None:
         """The parsed chunk when tool calls are watched for or it carries usage, None when it
         needs no parsing, False to drop it. Every chunk gets a cheap shape check."""
         if not is_json_object(payload):
@@ -144,7 +162,12 @@ class Relay(StreamRelay):
                 f"object: {payload[:60]!r}"
             )
         has_usage = b'"usage"' in payload and b'"usage":null' not in payload
-        if not has_usage and not self.hold_tool_calls:
+        watched = (
+            holding
+            or self.hold_tool_calls
+            or (self.watch_tool is not None and b'"tool_calls"' in payload)
+        )
+        if not has_usage and not watched:
             return None
         try:
             chunk: dict[str, Any] = orjson.loads(payload)
@@ -160,6 +183,21 @@ class Relay(StreamRelay):
             if not self.ex.client.wants_usage and not chunk.get("choices"):
                 return False
         return chunk
+
+    def _holds(self, chunk: dict[str, Any]) -> bool:
+        """The chunk begins what must be held: any call when recall was offered, a call of a
+        tool a guard rule could match (its name comes in the call's first chunk)."""
+        if self.hold_tool_calls:
+            return _has_tool_calls(chunk)
+        watch = self.watch_tool
+        if watch is None:
+            return False
+        for choice in chunk.get("choices") or ():
+            for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                name = (call.get("function") or {}).get("name")
+                if isinstance(name, str) and name and watch(name):
+                    return True
+        return False
 
 
 def _has_tool_calls(chunk: dict[str, Any]) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
@@ -127,6 +128,43 @@ class Replies:
             if isinstance(content, dict) and isinstance(content.get("parts"), list):
                 content["parts"] = [p for p in content["parts"] if not is_recall(p)]
         return UpstreamReply(data, orjson.dumps(data), reply.headers)
+
+    def refused(self, reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+        """The denied functionCall parts taken out, the guard's text as a part after the
+        rest (no call left: an answer, not calls to run)."""
+        if "choices" in reply.data:
+            return chat.refused(reply, verdict)
+        data = reply.data
+        candidates = data.get("candidates") or [{}]
+        first = candidates[0] if isinstance(candidates[0], dict) else {}
+        content = first.get("content")
+        content = content if isinstance(content, dict) else {}
+        parts = first_parts(data)
+        kept = without_denied(parts, denied_positions(parts, verdict, 0))
+        first["content"] = {"role": "model", **content, "parts": [*kept, {"text": verdict.text}]}
+        data["candidates"] = [first, *candidates[1:]]
+        return UpstreamReply(data, orjson.dumps(data), reply.headers)
+
+
+def client_calls(parts: list[dict[str, Any]]) -> int:
+    """How many of the parts are the client's calls (functionCalls not the proxy's own)."""
+    return sum(1 for p in parts if field(p, "functionCall") and not is_recall(p))
+
+
+def denied_positions(parts: list[dict[str, Any]], verdict: Verdict, before: int) -> set[int]:
+    """Which of the parts the guard denied: its positions count the client's calls in order,
+    `before` of them in parts earlier than these."""
+    denied, seen = set(), before
+    for index, part in enumerate(parts):
+        if field(part, "functionCall") and not is_recall(part):
+            if seen in verdict.denied:
+                denied.add(index)
+            seen += 1
+    return denied
+
+
+def without_denied(parts: list[dict[str, Any]], denied: set[int]) -> list[dict[str, Any]]:
+    return [p for i, p in enumerate(parts) if i not in denied]
 
 
 def client_response(reply: UpstreamReply, alias: str, request_id: str) -> dict[str, Any]:

@@ -17,10 +17,18 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
-from proxy.wire.gemini.replies import error_body, first_parts, is_recall, passthrough_body
+from proxy.wire.gemini.replies import (
+    client_calls,
+    denied_positions,
+    error_body,
+    first_parts,
+    is_recall,
+    passthrough_body,
+)
 from proxy.wire.gemini.request import field as read
 from proxy.wire.gemini.upstream import gemini_usage
 from proxy.wire.gemini.view import GeminiView
@@ -65,11 +73,19 @@ class Relay(StreamRelay):
         held: Held | None = await super().run(source)
         return held
 
-    async def release(self, held: Held) -> None:
-        """The held chunks without the recall calls (a chunk left with nothing dropped)."""
+    async def release(self, held: Held, verdict: Verdict | None) -> None:
+        """The held chunks without the recall calls and those the guard denied (a chunk left
+        with nothing dropped), its text first, in a chunk of its own."""
         out = bytearray()
+        seen = client_calls(held.parts) - sum(client_calls(first_parts(c)) for c in held.chunks)
+        if verdict is not None:
+            text = {"content": {"role": "model", "parts": [{"text": verdict.text}]}, "index": 0}
+            out += frame({"candidates": [text]})
         for chunk in held.chunks:
-            kept = _without_recall(chunk)
+            parts = first_parts(chunk)
+            denied = set() if verdict is None else denied_positions(parts, verdict, seen)
+            seen += client_calls(parts)
+            kept = _without(chunk, denied)
             if kept is not None:
                 out += frame(kept)
         await self.write(bytes(out))
@@ -82,7 +98,7 @@ class Relay(StreamRelay):
     async def _relay(self, source: UpstreamStream) -> Held | None:
         finished = False
         usage: Any = None
-        watch = self.hold_tool_calls
+        watch = self.hold_tool_calls or self.watch_tool is not None
         held: Held | None = None
         parts: list[dict[str, Any]] = []
         async for batch in self.batches(source):
@@ -96,7 +112,7 @@ class Relay(StreamRelay):
                     if watch:
                         chunk_parts = first_parts(data)
                         parts += chunk_parts
-                        if held is None and any(read(p, "functionCall") for p in chunk_parts):
+                        if held is None and self._holds(chunk_parts):
                             held = Held(self.view, f"stream{self._rounds}")
                         if held is not None:
                             held.chunks.append(data)
@@ -114,6 +130,17 @@ class Relay(StreamRelay):
         if held is not None:
             held.parts = parts
         return held
+
+    def _holds(self, parts: list[dict[str, Any]]) -> bool:
+        """The chunk begins what must be held: any call when recall was offered, a call of a
+        tool a guard rule could match."""
+        calls = [call for p in parts if isinstance(call := read(p, "functionCall"), dict)]
+        if self.hold_tool_calls or not calls:
+            return bool(calls)
+        watch = self.watch_tool
+        return watch is not None and any(
+            isinstance(c.get("name"), str) and watch(c["name"]) for c in calls
+        )
 
     def _read(self, event: bytes, watch: bool) -> dict[str, Any] | None:
         """The chunk parsed when it carries the end (and the usage) or must be watched."""
@@ -137,9 +164,10 @@ class Relay(StreamRelay):
         return data if isinstance(data, dict) else None
 
 
-def _without_recall(chunk: dict[str, Any]) -> dict[str, Any] | None:
+def _without(chunk: dict[str, Any], denied: set[int]) -> dict[str, Any] | None:
+    """The chunk without the recall calls and the parts at `denied`; None: nothing left."""
     parts = first_parts(chunk)
-    kept = [p for p in parts if not is_recall(p)]
+    kept = [p for i, p in enumerate(parts) if not is_recall(p) and i not in denied]
     if len(kept) == len(parts):
         return chunk
     candidates = chunk.get("candidates") or [{}]

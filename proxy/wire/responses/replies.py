@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamReply
@@ -41,6 +42,28 @@ def without_recall_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for item in output
         if not (item.get("type") in CALLS and item.get("name") == recall.TOOL_NAME)
     ]
+
+
+def denied_items(output: list[dict[str, Any]], verdict: Verdict) -> set[int]:
+    """The positions in `output` of the calls the guard denied: its positions count the
+    client's calls (the proxy's own left out) in order."""
+    theirs = [
+        i
+        for i, item in enumerate(output)
+        if item.get("type") in CALLS and item.get("name") != recall.TOOL_NAME
+    ]
+    return {theirs[p] for p in verdict.denied if p < len(theirs)}
+
+
+def said_item(text: str, item_id: str) -> dict[str, Any]:
+    """The guard's text as an output message of its own."""
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def client_message(reply: UpstreamReply, alias: str, request_id: str) -> dict[str, Any]:
@@ -162,4 +185,16 @@ class Replies:
             return chat.without_recall(reply, theirs)
         data = reply.data
         data["output"] = without_recall_items(data.get("output") or [])
+        return UpstreamReply(data, orjson.dumps(data), reply.headers)
+
+    def refused(self, reply: UpstreamReply, verdict: Verdict) -> UpstreamReply:
+        """The denied call items taken out, the guard's text as a message item after the rest
+        (no call left: the agent reads an answer, not calls to run)."""
+        if "choices" in reply.data:
+            return chat.refused(reply, verdict)
+        data = reply.data
+        output = [i for i in data.get("output") or [] if isinstance(i, dict)]
+        denied = denied_items(output, verdict)
+        kept = [item for i, item in enumerate(output) if i not in denied]
+        data["output"] = [*kept, said_item(verdict.text, f"msg_guard_{data.get('id', '')}")]
         return UpstreamReply(data, orjson.dumps(data), reply.headers)

@@ -19,13 +19,18 @@ from aiohttp import web
 
 from proxy.errors import ProxyError, UpstreamBadResponse
 from proxy.exchange import Exchange
+from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.chat.replies import passthrough_body
 from proxy.wire.relay import StreamRelay, nonempty
-from proxy.wire.responses.replies import reply_message, without_recall_items
+from proxy.wire.responses.replies import (
+    denied_items,
+    reply_message,
+    said_item,
+)
 from proxy.wire.responses.upstream import responses_usage
 from proxy.wire.responses.view import CALLS, ResponsesView
 
@@ -68,15 +73,20 @@ class Relay(StreamRelay):
         # Given the terminal event's response before that event goes out (its owner's record).
         self.ended = ended
 
-    async def release(self, held: Held) -> None:
-        """The kept round, without the proxy's calls (later items renumbered)."""
+    async def release(self, held: Held, verdict: Verdict | None) -> None:
+        """The kept events, without the proxy's calls and those the guard denied (later items
+        renumbered), its text as a message item of its own, numbered on from the events the
+        client already has."""
         dropped = {
             i
             for i, item in enumerate(held.output)
             if item.get("type") in CALLS and item.get("name") == recall.TOOL_NAME
         }
+        if verdict is not None:
+            dropped |= denied_items(held.output, verdict)
         out = bytearray()
-        sequence = 0
+        first = held.events[0][1].get("sequence_number") if held.events else None
+        sequence = first if isinstance(first, int) else 0
         for name, data in held.events:
             index = data.get("output_index")
             if isinstance(index, int):
@@ -85,7 +95,14 @@ class Relay(StreamRelay):
                 data = {**data, "output_index": index - sum(1 for d in dropped if d < index)}
             if name in TERMINAL and isinstance(data.get("response"), dict):
                 response = data["response"]
-                output = without_recall_items(response.get("output") or [])
+                output = response.get("output") or []
+                output = [i for n, i in enumerate(output) if n not in dropped]
+                if verdict is not None:
+                    said = said_item(verdict.text, f"msg_guard_{response.get('id', '')}")
+                    for event in _said_events(said, len(output)):
+                        out += frame(event["type"], {**event, "sequence_number": sequence})
+                        sequence += 1
+                    output = [*output, said]
                 data = {**data, "response": {**response, "output": output}}
             if "sequence_number" in data:
                 data = {**data, "sequence_number": sequence}
@@ -106,8 +123,10 @@ class Relay(StreamRelay):
             for event in batch:
                 name = _name(event)
                 if held is None and name not in TERMINAL:
-                    out += event + b"\n\n"  # the common case: passed on untouched
-                    continue
+                    if not self._holds(name, event):
+                        out += event + b"\n\n"  # the common case: passed on untouched
+                        continue
+                    held = Held()
                 data = self._parse(event)
                 if name in TERMINAL:
                     ended = True
@@ -130,6 +149,16 @@ class Relay(StreamRelay):
         if held is not None:
             self.view.remember_turn(held.output)
         return held
+
+    def _holds(self, name: str, event: bytes) -> bool:
+        """The event opens a call of a tool a guard rule could match: held from here."""
+        if self.watch_tool is None or name != "response.output_item.added":
+            return False
+        item = self._parse(event).get("item")
+        if not isinstance(item, dict) or item.get("type") not in CALLS:
+            return False
+        tool = item.get("name")
+        return isinstance(tool, str) and self.watch_tool(tool)
 
     def _parse(self, event: bytes) -> dict[str, Any]:
         payload = data_of(event)
@@ -169,3 +198,19 @@ def _name(event: bytes) -> str:
     value = value[1:].lstrip(b" \t\r\n")
     end = value.find(b'"', 1)
     return value[1:end].decode() if value.startswith(b'"') and end > 0 else ""
+
+
+def _said_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """A whole message item as the events that stream one (the guard's text)."""
+    part = item["content"][0]
+    text = part["text"]
+    opened = {**item, "status": "in_progress", "content": []}
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": opened},
+        {"type": "response.content_part.added", **where, "part": {**part, "text": ""}},
+        {"type": "response.output_text.delta", **where, "delta": text, "logprobs": []},
+        {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **where, "part": part},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
+    ]
