@@ -19,6 +19,8 @@ figures hold (within a few per cent), unlike throughput.
     python bench/cpu.py --cells chat-30KB-json --record   # and a proxy recording every turn
     python bench/cpu.py --cells chat-30KB-json --limits   # 10 keys with rate limits vs without
     python bench/cpu.py --cells chat-30KB-json --guard    # and a proxy scrubbing secrets
+    python bench/cpu.py --cells chat-tiny-json --board-redis redis://127.0.0.1:6379/0
+                                 # every session listed in Redis (the shared board) vs not
 
 With `--limits` the load goes through 10 API keys in turn, to two proxies side by side: `keys`
 (the 10 keys) and `limited` (the same keys, each with its own rpm, tpm and max_concurrent, none
@@ -288,6 +290,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
                 keyed.write_text(text)
                 runner, ports[target] = await serve(build_app(keyed, watch=False), proxy=True)
                 runners.append(runner)
+        elif args.target in ("both", "proxy") and args.board_redis:
+            runners += await serve_board_pair(config, workdir, args.board_redis, ports)
         elif args.target in ("both", "proxy"):
             runner, ports["proxy"] = await serve(build_app(config, watch=False), proxy=True)
             runners.append(runner)
@@ -317,8 +321,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
         finally:
             for runner in runners:
                 await runner.cleanup()
-            if args.limits_redis:
-                forget_redis_keys(args.limits_redis)
+            for url in (args.limits_redis, args.board_redis):
+                if url:
+                    forget_redis_keys(url)
         if profile is not None:
             profile.dump_stats(args.profile)
             stats = pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime")
@@ -326,6 +331,28 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[tuple[str, str], 
     finally:
         procs.stop_all()
     return figures
+
+
+async def serve_board_pair(
+    config: Path, workdir: Path, url: str, ports: dict[str, int]
+) -> list[web.AppRunner]:
+    """`proxy` and `shared`, both with their store in Redis (prefixes of their own): `proxy`'s
+    shared board turned off (its unrecorded sessions on its own board only, as before it
+    existed), `shared`'s on (every call's figures batched to the store's index)."""
+    from proxy.app import build_app
+    from proxy.state import SHARED_BOARD
+
+    runners = []
+    for target in ("proxy", "shared"):
+        path = workdir / f"{target}.yaml"
+        store = f"store: {{backend: redis, url: '{url}', prefix: '{redis_prefix()}{target}:'}}\n"
+        path.write_text(config.read_text() + store)  # noqa: ASYNC240 (before serving)
+        app = build_app(path, watch=False)
+        runner, ports[target] = await serve(app, proxy=True)
+        runners.append(runner)
+        if target == "proxy":  # the calls still reach it, and go no further
+            setattr(app[SHARED_BOARD], "saw", lambda *_: None)  # noqa: B010
+    return runners
 
 
 def redis_prefix() -> str:
@@ -372,6 +399,7 @@ def report(figures: dict[tuple[str, str], list[float]], concurrency: int) -> Non
     for variant, what in (
         ("recorded", "recording every turn (--record)"),
         ("guarded", "scrubbing secrets (--guard)"),
+        ("shared", "every session listed in Redis (--board-redis): proxy without, shared with"),
     ):
         if not any(target == variant for target, _ in figures):
             continue
@@ -424,6 +452,11 @@ def main() -> int:
     parser.add_argument("--limits-redis", metavar="URL", help="with --limits: both on Redis")
     parser.add_argument(
         "--guard", action="store_true", help="also a proxy scrubbing secrets, compared"
+    )
+    parser.add_argument(
+        "--board-redis",
+        metavar="URL",
+        help="the proxy on Redis without the shared board vs with it (`shared`)",
     )
     parser.add_argument(
         "--without",

@@ -42,6 +42,7 @@ from proxy.runtime import heap
 from proxy.runtime.handover import HANDOVER, Handover
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
+from proxy.sessions.shared_board import SharedBoard
 from proxy.sessions.turn_memory import TurnMemory
 from proxy.sim import measure as context_measure
 from proxy.state import (
@@ -57,6 +58,7 @@ from proxy.state import (
     METRICS,
     RECORDINGS,
     RUNTIME_KEYS,
+    SHARED_BOARD,
     STORE,
     STORE_HEALTH,
     TIMELINE_READS,
@@ -152,6 +154,8 @@ def build_app(
     )
     recorder = Recorder(metrics, events)
     recorder.board = app[BOARD] = SessionBoard()
+    if store.shared:  # replicas: each lists the sessions not recorded that any served
+        recorder.shared_board = app[SHARED_BOARD] = SharedBoard(store)
     recorder.conversations = {wire.name: wire.conversation for wire in REGISTRY}
     app[TIMELINE_READS] = asyncio.Semaphore(sessions.PAGES_AT_ONCE)
     turns = recorder.turns = app[RECORDINGS] = TurnWriter(
@@ -296,6 +300,8 @@ def build_app(
         await auditing.settled()
         await admin_records.close()
         await turns.close()  # the last turns recorded, before the store closes
+        if recorder.shared_board is not None:
+            await recorder.shared_board.close()  # and the last calls of the others
         await activity.flush()  # the last requests' activity, before the store closes
         await rewriter.close()  # summaries written ahead: cancelled before their upstreams
         await upstreams.close()

@@ -16,6 +16,7 @@ from proxy.recording.audit import Audit
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import TurnWriter
 from proxy.sessions.board import SessionBoard
+from proxy.sessions.shared_board import SharedBoard
 from proxy.sessions.turn_memory import TurnMemory
 from proxy.store.base import Store
 from proxy.store.health import StoreHealth
@@ -36,6 +37,7 @@ FLOW = web.AppKey("flow", Flow)
 TURN_MEMORY = web.AppKey("turn_memory", TurnMemory)
 EVENTS = web.AppKey("events", EventLog)
 BOARD = web.AppKey("board", SessionBoard)
+SHARED_BOARD = web.AppKey("shared_board", SharedBoard)  # a shared store's only
 TIMELINE_READS = web.AppKey("timeline_reads", asyncio.Semaphore)  # pages built at once
 RECORDINGS = web.AppKey("recordings", TurnWriter)
 # The secret `serve` keeps in its runtime file, for `run` (proxy/runtime/identity.py).

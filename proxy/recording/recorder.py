@@ -17,6 +17,7 @@ from proxy.recording.conversation import Conversation
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import Finished, TurnWriter, opens_client_turn
 from proxy.sessions.board import SessionBoard
+from proxy.sessions.shared_board import SharedBoard
 
 log = logging.getLogger("agentproxy.recording")
 
@@ -34,6 +35,8 @@ class Recorder:
         self.events = events
         self.board: SessionBoard | None = None  # set by the app: what /admin/sessions lists
         self.turns: TurnWriter | None = None  # set by the app: recorded sessions' writer
+        # Set by the app on a shared store: the sessions not recorded, to the store's index.
+        self.shared_board: SharedBoard | None = None
         # Set by the app, by wire name: how its bodies read (whether a call opens a client
         # turn, counted on the board as the recording counts it).
         self.conversations: Mapping[str, Conversation] = {}
@@ -55,7 +58,10 @@ class Recorder:
         session's recording when `record` (queued: written off the request's path)."""
         if self.board is not None:  # at the recording's time: one row whichever lists it
             at = record.at if record is not None else time.time()
-            self.board.saw(ex, status, at, self._opens(ex))
+            opens = self._opens(ex)
+            self.board.saw(ex, status, at, opens)
+            if record is None and self.shared_board is not None and not ex.policy.record.enabled:
+                self.shared_board.saw(ex, status, at, opens)
         if record is not None and self.turns is not None:
             self.turns.submit(record)
 

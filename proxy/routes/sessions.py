@@ -42,7 +42,7 @@ from proxy.recording.conversation import Conversation
 from proxy.recording.reader import RecordedTurn, Recording
 from proxy.sessions.board import SessionSummary
 from proxy.sessions.identity import MAX_SESSION_CHARS, owner_of, scoped
-from proxy.state import BOARD, CONFIG, RECORDINGS, STORE, TIMELINE_READS
+from proxy.state import BOARD, CONFIG, RECORDINGS, SHARED_BOARD, STORE, TIMELINE_READS
 from proxy.store.base import Store, StoreError
 from proxy.store.listing import LISTED_MAX, Listed, fair
 from proxy.store.shares import session_owner
@@ -78,7 +78,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     # Read your writes: the turns this process finished are in the index before it is read
     # (the writer lingers to batch them), within a bound; past it, the board's figures show.
     with suppress(TimeoutError):
-        await asyncio.wait_for(request.app[RECORDINGS].flush(), LIST_FLUSH_S)
+        await asyncio.wait_for(_flushed(request.app), LIST_FLUSH_S)
     try:
         if name is not None and scope is not None:
             one = await store.listed_one(scoped(scope, name))
@@ -99,6 +99,15 @@ async def list_sessions(request: web.Request) -> web.Response:
             rows[session] = {**_describe(summary), "source": "board"}
             recency[session] = summary.last_at
     return _json({"object": "list", "data": _shared(rows, recency)})
+
+
+async def _flushed(app: web.Application) -> None:
+    """The calls this process finished, in the index: recorded ones, and on a shared store the
+    others too."""
+    await app[RECORDINGS].flush()
+    shared = app.get(SHARED_BOARD)
+    if shared is not None:
+        await shared.flush()
 
 
 def _shared(rows: dict[str, dict[str, Any]], recency: dict[str, float]) -> list[dict[str, Any]]:
@@ -142,12 +151,17 @@ async def show_session(request: web.Request) -> web.Response:
         raise ServiceUnavailable(
             f"the store is unavailable: {exc}", code="store_unavailable"
         ) from exc
+    entry = await _entry(request.app[STORE], session, recording)
     if not recording:
-        if summary is None:
+        if summary is None and entry is None:
             raise NotFound(f"no session '{request.match_info['id']}' for this key")
-        page = _board_page(summary, after, limit)
-    body = await _described(request.app[STORE], session, summary, recording, last)
-    body["source"] = "recording" if recording else "board"
+        # The board's last calls when served here; another replica's are not kept.
+        page = _board_page(summary, after, limit) if summary is not None else ([], False, None)
+    body = _described(session, summary, recording, last, entry)
+    if not recording:
+        body["source"] = "board" if entry is None else "index"
+    else:
+        body["source"] = "recording"
     # Client turns apart from the calls in them (the board's and the index's count both).
     body["calls"] = len(recording) if recording else body.get("calls")
     if recording and recording.client_turns() is not None:
@@ -210,27 +224,33 @@ def _describe(summary: SessionSummary) -> dict[str, Any]:
     }
 
 
-async def _described(
-    store: Store,
+async def _entry(store: Store, session: str, recording: Recording) -> Listed | None:
+    """The session's index entry: a recorded one's, or on a shared store one no policy records
+    (every replica's calls); None when the store is down (the board's figures show then)."""
+    if not recording and not store.shared:
+        return None  # one process: its board has every call of it
+    with suppress(StoreError):
+        return await store.listed_one(session)
+    return None
+
+
+def _described(
     session: str,
     summary: SessionSummary | None,
     recording: Recording,
     last: dict[str, Any] | None,
+    entry: Listed | None,
 ) -> dict[str, Any]:
-    """A session's row as the list has it: from the index when recorded, else the board's."""
-    entry = None
-    if recording:
-        with suppress(StoreError):  # down: the board's figures, or the recording's own
-            entry = await store.listed_one(session)
+    """A session's row as the list has it: from the index when there, else the board's."""
     if entry is not None:
         return _listed(entry, summary)
     return _describe(summary) if summary is not None else _unlisted(session, recording, last)
 
 
 def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
-    """A recorded session from the store's index: every replica's turns, and the context
-    tokens as replay measures them; its guard record from this process's board, if served
-    here."""
+    """A session from the store's index: every replica's turns; a recorded one's context
+    tokens as replay measures them, another's as the boards estimate them (`source`: index);
+    its guard record from this process's board, if served here."""
     return {
         "id": session_id(entry.session),
         "session": entry.name,
@@ -238,7 +258,7 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "key": entry.key,
         "model": entry.model,
         "policy": entry.policy,
-        "recorded": True,
+        "recorded": entry.recorded,
         "turns": entry.turns,
         "calls": entry.calls,
         "tokens_received": entry.tokens_received,
@@ -252,7 +272,7 @@ def _listed(entry: Listed, summary: SessionSummary | None) -> dict[str, Any]:
         "last_at": round(_last_at(entry, summary), 3),
         "guard": summary.guard if summary is not None else {},
         "not_recorded": entry.not_recorded,
-        "source": "recording",
+        "source": "recording" if entry.recorded else "index",
     }
 
 

@@ -58,6 +58,13 @@ class SessionSummary:
     timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=TURNS))
 
 
+def context_tokens(ex: Exchange) -> tuple[int, int]:
+    """A call's context tokens (received, sent upstream after the rewrites), estimated at four
+    bytes a token: O(1) on the request's path."""
+    received = ex.client.body_bytes // 4
+    return received, received if ex.dry_run else max(0, received - ex.rewrite.tokens_saved)
+
+
 class SessionBoard:
     def __init__(self, sessions: int | None = None) -> None:
         self.limit = sessions or SESSIONS
@@ -85,8 +92,7 @@ class SessionBoard:
             self._count += 1
         else:
             mine.move_to_end(identity.session)
-        received = ex.client.body_bytes // 4
-        sent = received if ex.dry_run else max(0, received - ex.rewrite.tokens_saved)
+        received, sent = context_tokens(ex)
         summary.model, summary.policy = ex.alias, ex.policy.name
         summary.recorded = ex.policy.record.enabled
         opens = opens or not summary.calls

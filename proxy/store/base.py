@@ -85,6 +85,13 @@ class Store(Protocol):
         recording does not hold."""
         ...
 
+    async def put_unrecorded(self, entries: list[Listed]) -> None:
+        """Added to the entries of sessions no policy records, held or not (`recorded`
+        false): what each replica's board saw, on a shared store (proxy/sessions/
+        shared_board.py). Such an entry has no blobs, counts toward no size and expires
+        store.session_ttl after its last write."""
+        ...
+
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
         """The owner's recorded sessions (None: every owner's), most recently active first."""
         ...

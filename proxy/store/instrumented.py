@@ -22,7 +22,16 @@ OWNER_FULL_LOG_EVERY_S = 60.0  # a full owner's refusals are logged at most this
 
 # Operations that write: each is a span of the request it serves (when tracing is on).
 _WRITES = frozenset(
-    {"put", "put_checkpoint", "put_listed", "state_set", "state_delete", "add", "publish"}
+    {
+        "put",
+        "put_checkpoint",
+        "put_listed",
+        "put_unrecorded",
+        "state_set",
+        "state_delete",
+        "add",
+        "publish",
+    }
 )
 
 
@@ -113,6 +122,10 @@ class InstrumentedStore(_Timed):
     async def put_listed(self, entries: list[Listed]) -> None:
         async with self._op("put_listed"):
             await self.inner.put_listed(entries)
+
+    async def put_unrecorded(self, entries: list[Listed]) -> None:
+        async with self._op("put_unrecorded"):
+            await self.inner.put_unrecorded(entries)
 
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
         async with self._op("listed"):

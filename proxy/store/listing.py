@@ -9,7 +9,12 @@ a turn is counted once whichever replica wrote it, and never when its write was 
 the recording does not hold (dropped, failed, stopped, skipped) are added on their own,
 `unguarded`, to a session the store holds already.
 
-Bounded by entries: one per recorded session, a few hundred bytes (a status code or an
+On a shared store (Redis) the sessions no policy records are in it too (`recorded` false): each
+replica's board sends what it saw of them (proxy/sessions/shared_board.py), so every replica
+lists every session; such an entry has no blobs and expires store.session_ttl after its last
+call.
+
+Bounded by entries: one per session, a few hundred bytes (a status code or an
 outcome is a counter, a name is what the session's identity allows); deleted with the
 session's blobs (expiry, the cap, an owner's share) and expiring with them in Redis.
 """
@@ -48,6 +53,10 @@ class Listed:
     not_recorded: dict[str, int] = field(default_factory=dict)  # outcome -> calls
     first_at: float = 0.0
     last_at: float = 0.0
+    # False: a session its policy does not record, listed from what each replica's board saw
+    # (a shared store only: proxy/sessions/shared_board.py); it has no blobs, and its entry
+    # expires store.session_ttl after its last call.
+    recorded: bool = True
 
     def add(self, other: Listed) -> None:
         """`other`'s turns added to these; its names when it is the more recent."""
@@ -65,6 +74,8 @@ class Listed:
         if other.first_at and (not self.first_at or other.first_at < self.first_at):
             self.first_at = other.first_at
         self.last_at = max(self.last_at, other.last_at)
+        if newer:
+            self.recorded = other.recorded
 
     @property
     def errors(self) -> int:
@@ -84,6 +95,7 @@ class Listed:
             value = getattr(self, name)
             if value:
                 names += [name, value]
+        names += ["recorded", "1" if self.recorded else "0"]  # set by the more recent call
         counts: list[Any] = []
         for name in _COUNTS:
             if getattr(self, name):
@@ -108,6 +120,7 @@ class Listed:
         listed.cost_usd = float(cost) if cost is not None else None
         listed.first_at = float(fields.get("first_at", 0.0))
         listed.last_at = float(fields.get("last_at", 0.0))
+        listed.recorded = fields.get("recorded") != "0"
         for name, value in fields.items():
             kind, _, which = name.partition(":")
             if kind == "status":

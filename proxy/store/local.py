@@ -351,6 +351,11 @@ class LocalStore:
         if entries:
             await self._run("put_listed", partial(_listed_in_transaction, entries=entries))
 
+    async def put_unrecorded(self, entries: list[Listed]) -> None:
+        """Never sent: one process owns this store, and its board lists its sessions no
+        policy records (proxy/sessions/shared_board.py is for a shared store)."""
+        raise NotImplementedError("the local store lists unrecorded sessions from the board")
+
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
         def select(db: sqlite3.Connection) -> list[Listed]:
             if not _has_table(db, "listed"):

@@ -35,6 +35,11 @@ class MemoryStore:
             if entry.session in held:
                 self._list(entry)
 
+    async def put_unrecorded(self, entries: list[Listed]) -> None:
+        for entry in entries:  # kept for the process's life: nothing expires here
+            self._list(entry)
+            self._listed[entry.session].turns = max(1, self._listed[entry.session].turns)
+
     def _list(self, turn: Listed) -> None:
         entry = self._listed.setdefault(turn.session, Listed(turn.session))
         entry.add(turn)

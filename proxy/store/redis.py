@@ -18,11 +18,12 @@ Every key starts with the configured prefix:
     <p>bytes                  string                  their total: what store.max_mb counts
     <p>owners                 hash {owner: bytes}     what each owner's sessions hold (shares)
     <p>owner:<owner>          sorted set              the owner's sessions -> last activity
-    <p>listing:<session>      hash                    a recorded session's entry in the index
-                                                      of recorded sessions (store/listing.py)
-    <p>listed:<owner>         sorted set              the owner's recorded sessions -> the
+    <p>listing:<session>      hash                    a session's entry in the index of sessions
+                                                      (store/listing.py): a recorded one's, or
+                                                      one no policy records (recorded: 0)
+    <p>listed:<owner>         sorted set              the owner's listed sessions -> the
                                                       last turn's time
-    <p>listed-owners          set                     the owners with recorded sessions
+    <p>listed-owners          set                     the owners with listed sessions
 
 An owner's bytes are the sizes of the sessions in its sorted set: a session joins it (and its
 size the count) on its first write or activity, and leaves it when dropped; one written before
@@ -155,6 +156,26 @@ list(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[1], tonumber(ARGV[2]), 4)
 return 1
 """
 )
+# Figures of a session no policy records (every replica's board sends them): its entry, with no
+# blobs and counted toward no size, expiring a TTL after its last write; the session's first
+# call opens a client turn whichever replica served it; the owner's listed sessions whose last
+# call is older than the TTL (their entries have expired) are let go.
+# KEYS: the entry, the owner's listed sessions, the owners with some.
+# ARGV: session, ttl, owner, figures.
+_LIST_UNRECORDED = (
+    _LIST_FUNCTION
+    + """
+local ttl = tonumber(ARGV[2])
+list(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[1], ttl, 4)
+if tonumber(redis.call('HGET', KEYS[1], 'turns') or '0') < 1 then
+  redis.call('HSET', KEYS[1], 'turns', 1)
+end
+if ttl > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[5]) - ttl / 1000))
+end
+return 1
+"""
+)
 # KEYS: checkpoints hash, sessions, sizes, bytes, owners, owner's sessions.
 # ARGV: key, data, ttl, session, now, owner.
 _PUT_CHECKPOINT = """
@@ -254,6 +275,7 @@ class RedisConnection:
         self.put_blob: Any = self.client.register_script(_PUT_BLOB)
         self.put_turn: Any = self.client.register_script(_PUT_TURN)
         self.list: Any = self.client.register_script(_LIST)
+        self.list_unrecorded: Any = self.client.register_script(_LIST_UNRECORDED)
         self.put_checkpoint: Any = self.client.register_script(_PUT_CHECKPOINT)
         self.touch: Any = self.client.register_script(_TOUCH)
         self.drop: Any = self.client.register_script(_DROP)
@@ -427,6 +449,22 @@ class RedisStore:
                 await pipe.execute()
 
         await r.run("put_listed", write)
+
+    async def put_unrecorded(self, entries: list[Listed]) -> None:
+        if not entries:
+            return
+        r = self.redis
+
+        async def write() -> None:
+            async with r.client.pipeline(transaction=False) as pipe:
+                for entry in entries:
+                    owner = session_owner(entry.session)
+                    keys = self._listing_keys(entry.session, owner)
+                    args = [entry.session, r.ttl_ms, owner, *_figures(entry)]
+                    await r.list_unrecorded(keys=keys, args=args, client=pipe)
+                await pipe.execute()
+
+        await r.run("put_unrecorded", write)
 
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
         r = self.redis
