@@ -1,7 +1,8 @@
-"""One replay: the trace's turns sent, one after the other, to the real proxy app on loopback,
-whose every deployment is a simulator answering each turn's first call with the trace's answer
-(a scripted stand-in when there is none, and for the summarizer) after checking the request
-as the provider would. What went upstream is measured per turn (proxy/replay/measure.py)."""
+"""One replay: the trace's calls sent, one after the other, to the real proxy app on loopback,
+whose every deployment is a simulator answering each call's first request upstream with the
+trace's answer (a scripted stand-in when there is none, and for the summarizer) after checking
+the request as the provider would. What went upstream is measured per call
+(proxy/replay/measure.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from proxy.app import SERVER_OPTIONS, build_app
 from proxy.exchange import Usage
 from proxy.model_catalog import ModelCatalog
 from proxy.replay import measure
+from proxy.replay.client_turns import numbered
 from proxy.replay.config import Served
 from proxy.replay.prepared import PreparedCount, PreparedWatch
 from proxy.replay.trace import ROUTES
@@ -35,7 +37,12 @@ MakeConfig = Callable[[str, str], Served]
 
 @dataclass
 class TurnRow:
+    """One model call replayed: `call` its number in the trace, `turn` the client turn (a
+    person's prompt) it belongs to, `opens` whether it opens that turn (client_turns.py)."""
+
+    call: int
     turn: int
+    opens: bool
     wire: str
     model: str
     policy: str
@@ -138,6 +145,7 @@ async def replay(
 ) -> list[TurnRow]:
     """`session`: the name the turns are sent under (a recorded session's own: what the
     proxy writes, e.g. an offload's pointer, may name it)."""
+    turns = numbered(turns)
     answers = _Answers()
     # The window is the proxy's to fit to; the simulator only checks validity.
     sim = Simulator(context_window=10**9, canned=answers)
@@ -238,7 +246,9 @@ def _row(
     if live is not None and live != status:
         problems.append(f"the client got {status}, {live} live")
     return TurnRow(
-        turn=number,
+        call=number,
+        turn=turn["turn"],
+        opens=turn["opens"],
         wire=turn["wire"],
         model=alias,
         policy=headers.get("x-agentproxy-policy", ""),
@@ -312,10 +322,10 @@ def _error_text(answer: bytes) -> str:
 
 
 def first_difference(left: Sequence[TurnRow], right: Sequence[TurnRow]) -> int | None:
-    """The first turn whose body upstream differs between two replays of one trace."""
+    """The first call whose body upstream differs between two replays of one trace."""
     for a, b in zip(left, right, strict=True):
         if _canonical(a.sent) != _canonical(b.sent):
-            return a.turn
+            return a.call
     return None
 
 

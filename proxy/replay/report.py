@@ -1,4 +1,6 @@
-"""What a replay prints: a table turn by turn and the totals (rich), or one JSON object."""
+"""What a replay prints: a table call by call and the totals (rich), or one JSON object. A
+row is a model call (`call`, and the client turn it belongs to, `turn`); the totals count
+both: `turns` (client turns: a person's prompts) and `calls`, as the sessions list does."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from proxy.replay.engine import TurnRow
 
 JSON = dict[str, Any]
 UNKNOWN = "\N{EN DASH}"  # a cost an unpriced model leaves unknown: never $0, as the inspector shows
-_NUMBERS = ("turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
+_NUMBERS = ("call", "turn", "received", "sent", "cache hit", "cost")  # right-aligned columns
 Against = tuple[str, Sequence[TurnRow], int | None]  # the policy, its rows, the first difference
 
 
@@ -64,12 +66,15 @@ def _policy_of(runs: Sequence[Sequence[TurnRow]]) -> str:
 
 
 def totals(rows: Sequence[TurnRow]) -> JSON:
+    """The sums; `turns` counts the calls that open a client turn (each trace's first does),
+    so several traces' rows add up as their own totals do."""
     sent = sum(r.tokens_sent for r in rows)
     read = sum(r.cache_read_tokens for r in rows)
     costs = [r.cost_usd for r in rows if r.cost_usd is not None]
     rewrites = Counter(f"{w['stage']}.{w['action']}" for r in rows for w in r.rewrites)
     return {
-        "turns": len(rows),
+        "turns": sum(r.opens for r in rows),
+        "calls": len(rows),
         "tokens_received": sum(r.tokens_received for r in rows),
         "tokens_sent": sent,
         "completion_tokens": sum(r.completion_tokens for r in rows),
@@ -83,7 +88,7 @@ def totals(rows: Sequence[TurnRow]) -> JSON:
         "rewrites": dict(sorted(rewrites.items())),
         "cost_usd": round(sum(costs), 8) if costs else None,
         "all_valid": all(r.valid for r in rows),
-        "invalid_turns": [r.turn for r in rows if not r.valid],
+        "invalid_calls": [r.call for r in rows if not r.valid],
     }
 
 
@@ -96,14 +101,14 @@ def as_json(
     out: JSON = {
         "source": source,
         "policy": rows[0].policy if rows else policy,
-        "turns": [r.as_json() for r in rows],
+        "calls": [r.as_json() for r in rows],
         "totals": totals(rows),
     }
     if against is not None:
         name, other, first = against
         out["against"] = {
             "policy": other[0].policy if other else name,
-            "turns": [r.as_json() for r in other],
+            "calls": [r.as_json() for r in other],
             "totals": totals(other),
             "first_difference": first,
         }
@@ -135,14 +140,16 @@ def print_text(
     if against is not None:
         title += f" against {against[1][0].policy if against[1] else against[0]}"
     table = Table(title=title, title_justify="left")
-    for column in ("turn", "wire", "received", "sent", "cache hit", "cost", "valid", "rewrites"):
+    columns = ("call", "turn", "wire", "received", "sent", "cache hit", "cost", "valid", "rewrites")
+    for column in columns:
         table.add_column(column, justify="right" if column in _NUMBERS else "left")
     others = against[1] if against is not None else [None] * len(rows)
     first = against[2] if against is not None else None
     for row, other in zip(rows, others, strict=True):
-        mark = " *" if row.turn == first else ""
+        mark = " *" if row.call == first else ""
         table.add_row(
-            f"{row.turn}{mark}",
+            f"{row.call}{mark}",
+            str(row.turn),
             row.wire,
             str(row.tokens_received),
             _pair(row.tokens_sent, other and other.tokens_sent),
@@ -157,12 +164,12 @@ def print_text(
         _print_totals(console, against[1][0].policy, against[1])
     if against is not None:
         console.print(
-            f"first turn sent differently: {first}" if first is not None
-            else "the two policies send the same bodies upstream on every turn"
+            f"first call sent differently: {first}" if first is not None
+            else "the two policies send the same bodies upstream on every call"
         )  # fmt: skip
     for row in rows:
         for problem in row.problems:
-            console.print(f"turn {row.turn}: {problem}", markup=False, highlight=False)
+            console.print(f"call {row.call}: {problem}", markup=False, highlight=False)
 
 
 def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> None:
@@ -170,7 +177,8 @@ def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> Non
     saved = t["tokens_received"] - t["tokens_sent"]
     rewrites = ", ".join(f"{name} x{count}" for name, count in t["rewrites"].items()) or "none"
     console.print(
-        f"[{policy}] {t['turns']} turns: tokens received {t['tokens_received']}, sent "
+        f"[{policy}] {_counted(t['turns'], 'turn')}, {_counted(t['calls'], 'call')}: "
+        f"tokens received {t['tokens_received']}, sent "
         f"{t['tokens_sent']} ({saved:+d} saved), cache hit {t['cache_hit_ratio']:.0%}, "
         f"cost {_cost(t['cost_usd'])}, summarizer calls {t['summarizer_calls']}, "
         f"summaries prepared ahead {t['summaries_prepared']} (used {t['summaries_used']}, "
@@ -181,8 +189,12 @@ def _print_totals(console: Console, policy: str, rows: Sequence[TurnRow]) -> Non
     )
 
 
+def _counted(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _validity(t: JSON) -> str:
-    return "every request valid" if t["all_valid"] else f"invalid turns {t['invalid_turns']}"
+    return "every request valid" if t["all_valid"] else f"invalid calls {t['invalid_calls']}"
 
 
 def _valid(row: TurnRow) -> str:

@@ -1,7 +1,8 @@
-"""The trace: one turn a line, in the shape recordings read back as (the `recorded_turns` of
-proxy/recording/): `wire`, `request` (the client's native body), optionally `answer` (the
-upstream's native non-streamed answer), `status` (what the client got live), `headers` (the
-client's protocol headers), `route`, `model`, `events`, `usage`... Checked here, so a bad line
+"""The trace: one model call a line, in the shape recordings read back as (the
+`recorded_turns` of proxy/recording/): `wire`, `request` (the client's native body),
+optionally `answer` (the upstream's native non-streamed answer), `status` (what the client got
+live), `headers` (the client's protocol headers), `turn` and `opens` (its client turn, and
+whether it opens it), `route`, `model`, `events`, `usage`... Checked here, so a bad line
 is named by its number before anything runs."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not turns:
-        raise TraceError(f"{path}: no turns")
+        raise TraceError(f"{path}: no calls")
     return turns
 
 
@@ -91,15 +92,15 @@ def _lines(file: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
 
 def check_turns(turns: Iterable[Any], source: str) -> list[dict[str, Any]]:
     """Turns read back from a store, checked like a file's lines (numbered from 1)."""
-    checked = [check_turn(turn, f"{source}: turn {n}") for n, turn in enumerate(turns, 1)]
+    checked = [check_turn(turn, f"{source}: call {n}") for n, turn in enumerate(turns, 1)]
     if not checked:
-        raise TraceError(f"{source}: no turns")
+        raise TraceError(f"{source}: no calls")
     return checked
 
 
 def check_turn(turn: Any, where: str) -> dict[str, Any]:
     if not isinstance(turn, dict):
-        raise TraceError(f"{where}: a turn is a JSON object")
+        raise TraceError(f"{where}: a call is a JSON object")
     wire = turn.get("wire")
     if wire not in ROUTES:
         raise TraceError(
@@ -127,6 +128,11 @@ def check_turn(turn: Any, where: str) -> dict[str, Any]:
     status = turn.get("status")
     if status is not None and not (type(status) is int and 100 <= status <= 599):
         raise TraceError(f'{where}: "status" must be the HTTP status the client got (100-599)')
+    number = turn.get("turn")
+    if number is not None and not (type(number) is int and number >= 1):
+        raise TraceError(f'{where}: "turn" must be the client turn\'s number (1 or more)')
+    if "opens" in turn and type(turn["opens"]) is not bool:
+        raise TraceError(f'{where}: "opens" must be true or false')
     _check_headers(turn.get("headers"), where)
     return turn
 

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy import cli
 from proxy.recording.sessions import recorded_turns
+from proxy.replay.client_turns import numbered
 from proxy.sessions.identity import scoped
 from proxy.sim import Simulator, run_simulator
 from proxy.state import RECORDINGS, STORE
@@ -82,9 +83,9 @@ async def replayed(*args: str) -> dict[str, Any]:
 def assert_replays_as_live(report: dict[str, Any], live: list[int]) -> None:
     """Under the recording's own policy and against the defaults alike."""
     for run in (report, report["against"]):
-        rows = run["turns"]
+        rows = run["calls"]
         assert [r["status"] for r in rows] == live, [r["problems"] for r in rows]
-        assert run["totals"]["all_valid"], [(r["turn"], r["problems"]) for r in rows]
+        assert run["totals"]["all_valid"], [(r["call"], r["problems"]) for r in rows]
         assert all(r["problems"] == [] for r in rows), [r["problems"] for r in rows]
 
 
@@ -114,9 +115,14 @@ async def assert_session_replays_as_live(
         "--session", session, "--config", str(config), "--against", "default"
     )
     assert_replays_as_live(from_store, live)
-    rows = from_store["turns"]
+    rows = from_store["calls"]
     assert [applied(r["rewrites"]) for r in rows] == [applied(t["events"]) for t in turns]
     assert [r["upstream_calls"] for r in rows] == [1] * len(rows)
+    # Each call's client turn as recorded; and as replay works it out for a trace without it.
+    counted = [(t["turn"], t["opens"]) for t in turns]
+    assert [(r["turn"], r["opens"]) for r in rows] == counted
+    bare = [{k: v for k, v in t.items() if k not in ("turn", "opens")} for t in turns]
+    assert [(c["turn"], c["opens"]) for c in numbered(bare)] == counted
     from_file = await replayed(str(trace), "--against", "default")
     assert_replays_as_live(from_file, live)
     assert from_file["totals"]["rewrites"].get("offload.offloaded"), from_file["totals"]

@@ -159,7 +159,10 @@ def replayed_after(run: RunResult, env: dict[str, str], cwd: Path) -> dict[str, 
     )  # fmt: skip
     assert replay.returncode == 0, replay.stderr
     replayed: dict[str, object] = json.loads(replay.stdout)
-    assert isinstance(replayed["turns"], list) and len(replayed["turns"]) == int(calls)
+    rows, totals = replayed["calls"], replayed["totals"]
+    assert isinstance(rows, list) and len(rows) == int(calls)
+    assert isinstance(totals, dict)
+    assert (totals["turns"], totals["calls"]) == (int(turns), int(calls))  # as `run` counted
     return replayed
 
 

@@ -210,12 +210,79 @@ async def test_the_list_and_replay_count_a_recorded_session_alike(
     args = ["replay", "--session", row["session"], "--config", str(path), "--json"]
     assert await asyncio.to_thread(cli.main, args) == 0
     totals = json.loads(capsys.readouterr().out)["totals"]
-    assert row["calls"] == totals["turns"] == len(turns)
+    assert row["calls"] == totals["calls"] == len(turns)
+    assert row["turns"] == totals["turns"]
     assert row["tokens_sent"] < row["tokens_received"]
     assert (row["tokens_received"], row["tokens_sent"]) == (
         totals["tokens_received"],
         totals["tokens_sent"],
     )
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}}}}]  # fmt: skip
+
+
+def _answer(n: int, message: dict[str, Any]) -> dict[str, Any]:
+    stop = "tool_calls" if message.get("tool_calls") else "stop"
+    return {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": stop}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}  # fmt: skip
+
+
+def tool_rounds() -> list[dict[str, Any]]:
+    """Two prompts, each answered after a tool round: four calls, two client turns."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}]
+    calls = []
+    for n, (prompt, path) in enumerate((("What is in a.txt?", "a.txt"), ("And b?", "b.txt"))):
+        history.append({"role": "user", "content": prompt})
+        reads = {"name": "read_file", "arguments": json.dumps({"path": path})}
+        call = {"id": f"call_{n}", "type": "function", "function": reads}
+        asks = {"role": "assistant", "content": None, "tool_calls": [call]}
+        calls.append({"wire": "chat", "request": {"model": "m", "messages": list(history),
+                      "tools": TOOLS}, "answer": _answer(2 * n, asks)})  # fmt: skip
+        history += [asks, {"role": "tool", "tool_call_id": f"call_{n}", "content": f"{path}!"}]
+        says = {"role": "assistant", "content": f"{path} says hello."}
+        calls.append({"wire": "chat", "request": {"model": "m", "messages": list(history),
+                      "tools": TOOLS}, "answer": _answer(2 * n + 1, says)})  # fmt: skip
+        history.append(says)
+    return calls
+
+
+async def test_the_list_and_replay_count_client_turns_alike(
+    aiohttp_server: Any,
+    start_proxy: ProxyFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A session of two prompts, each answered after a tool round (four calls), recorded:
+    the list says 2 turns in 4 calls, and so does replay, of the recorded session (its
+    calls' own `turn`) and of the same calls as a trace file without them (worked out)."""
+    calls = tool_rounds()
+    trace = tmp_path / "rounds.jsonl"
+    trace.write_text("".join(json.dumps(call) + "\n" for call in calls))
+    server: TestServer = await aiohttp_server(TraceUpstream(calls).app())
+    document = built_in(calls, str(server.make_url("")).rstrip("/"), str(tmp_path / "state"))
+    document["policies"][0]["record"] = {"enabled": True}
+    path = tmp_path / "live.yaml"
+    path.write_text(yaml.safe_dump(document))
+    proxy = await start_proxy(path)
+    url = str(proxy.make_url("")).rstrip("/")
+    for call in calls:
+        assert (await _send(url, call))[0] == 200
+    await proxy.app[RECORDINGS].flush()
+    async with aiohttp.ClientSession() as http, http.get(url + "/admin/sessions") as response:
+        (row,) = (await response.json())["data"]
+    assert (row["turns"], row["calls"]) == (2, 4)
+
+    for source in (["--session", row["session"]], [str(trace)]):
+        assert await asyncio.to_thread(cli.main, ["replay", *source, "--config", str(path),
+                                                  "--json"]) == 0  # fmt: skip
+        out = json.loads(capsys.readouterr().out)
+        assert (out["totals"]["turns"], out["totals"]["calls"]) == (row["turns"], row["calls"])
+        assert [(r["call"], r["turn"]) for r in out["calls"]] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    text = await asyncio.to_thread(cli.main, ["replay", str(trace), "--config", str(path)])
+    assert text == 0 and "2 turns, 4 calls: tokens received" in capsys.readouterr().out
 
 
 async def test_a_turn_measures_its_new_messages_only(

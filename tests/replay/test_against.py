@@ -42,7 +42,7 @@ def test_against_finds_the_first_turn_two_policies_send_differently(
     args = ["replay", str(CHAT_TRACE), "--config", str(config), "--json"]
     assert cli.main([*args, "--policy", "offload-500", "--against", "offload-250"]) == 0
     out = json.loads(capsys.readouterr().out)
-    left, right = out["turns"], out["against"]["turns"]
+    left, right = out["calls"], out["against"]["calls"]
     assert out["policy"] == "offload-500" and out["against"]["policy"] == "offload-250"
     assert out["against"]["first_difference"] == 4
     for a, b in zip(left[:3], right[:3], strict=True):
@@ -65,8 +65,8 @@ def test_the_text_report_marks_the_first_difference(
                      "--policy", "offload-500", "--against", "offload-250"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    assert "first turn sent differently: 4" in out
-    assert "[offload-500] 9 turns" in out and "[offload-250] 9 turns" in out
+    assert "first call sent differently: 4" in out
+    assert "[offload-500] 3 turns, 9 calls" in out and "[offload-250] 3 turns, 9 calls" in out
 
 
 def test_against_default_with_a_config_is_what_no_policy_selects(
@@ -98,7 +98,7 @@ def test_against_default_with_a_config_is_what_no_policy_selects(
     assert out["against"]["first_difference"] == 4
     # The defaults offload only above their own threshold: the 300-token files stay.
     offloaded = [
-        sum(w["count"] for t in o["turns"] for w in t["rewrites"] if w["action"] == "offloaded")
+        sum(w["count"] for t in o["calls"] for w in t["rewrites"] if w["action"] == "offloaded")
         for o in (out, out["against"])
     ]
     assert offloaded[0] > offloaded[1] > 0, offloaded

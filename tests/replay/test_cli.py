@@ -22,15 +22,19 @@ def test_replay_prints_json_with_turns_and_totals() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no progress bar, no log lines: stderr is not a terminal
     out = json.loads(done.stdout)
-    assert out["policy"] == "demo" and len(out["turns"]) == 9
-    row = out["turns"][1]
+    assert out["policy"] == "demo" and len(out["calls"]) == 9
+    row = out["calls"][1]
     assert set(row) >= {
-        "turn", "tokens_received", "tokens_sent", "rewrites", "cache_hit_ratio",
+        "call", "turn", "tokens_received", "tokens_sent", "rewrites", "cache_hit_ratio",
         "cache_read_tokens", "cache_write_tokens", "cost_usd", "valid",
     }  # fmt: skip
     assert row["tokens_sent"] < row["tokens_received"]
     totals = out["totals"]
-    assert totals["turns"] == 9 and totals["all_valid"]
+    # Three prompts, the first and last answered through tool rounds: 3 turns in 9 calls.
+    assert [(r["call"], r["turn"]) for r in out["calls"]] == [
+        (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 2), (8, 3), (9, 3)
+    ]  # fmt: skip
+    assert (totals["turns"], totals["calls"]) == (3, 9) and totals["all_valid"]
     assert totals["summarizer_calls"] >= 1 and totals["rewrites"]["offload.offloaded"] >= 1
     # Anthropic prices cache writes: the cost counts them, and reads at a tenth of the input.
     assert totals["cache_write_tokens"] > 0 and totals["cost_usd"] > 0
@@ -44,7 +48,7 @@ def test_replay_prints_a_table_and_totals() -> None:
     assert "replay of examples/traces/coding-agent-responses.jsonl with policy default" in (
         done.stdout
     )
-    assert "[default] 9 turns: tokens received" in done.stdout
+    assert "[default] 3 turns, 9 calls: tokens received" in done.stdout
     assert "every request valid" in done.stdout
 
 
@@ -78,7 +82,7 @@ def test_a_long_replay_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -
                 break
             shown += chunk
         assert process.wait(timeout=120) == 0
-        assert process.stdout is not None and "25 turns" in process.stdout.read()
+        assert process.stdout is not None and "1 turn, 25 calls" in process.stdout.read()
     os.close(leader)
     assert b"replaying" in shown
     # The same replay with --json, or with stderr not a terminal, draws nothing.
@@ -106,14 +110,14 @@ def test_several_traces_each_get_a_report_then_their_total() -> None:
     alone = [json.loads(agentproxy("replay", path, "--json").stdout) for path in (chat, responses)]
     for each, single in zip(out["replays"], alone, strict=True):
         assert each["totals"] == single["totals"]  # as if replayed on its own
-    for name in ("turns", "tokens_received", "tokens_sent", "summarizer_calls"):
+    for name in ("turns", "calls", "tokens_received", "tokens_sent", "summarizer_calls"):
         assert out["totals"][name] == sum(s["totals"][name] for s in alone), name
     assert out["totals"]["all_valid"]
 
     text = agentproxy("replay", chat, responses).stdout
     assert f"replay of {chat} with policy demo" in text
     assert f"replay of {responses} with policy demo" in text
-    assert "total of 2 traces:\n[demo] 18 turns: tokens received" in text
+    assert "total of 2 traces:\n[demo] 6 turns, 18 calls: tokens received" in text
 
     # A bad file among them: refused by its line before anything is replayed.
     bad = agentproxy("replay", chat, "pyproject.toml")

@@ -35,7 +35,7 @@ def replay_file(tmp_path: Path, lines: list[str], *flags: str) -> tuple[int, str
     ("bad", "said"),
     [
         ("{not json", "not JSON"),
-        ("[1, 2]", "a turn is a JSON object"),
+        ("[1, 2]", "a call is a JSON object"),
         (
             json.dumps({**GOOD, "wire": "grpc"}),
             "unknown wire 'grpc'; one of chat, anthropic, responses",
@@ -47,6 +47,9 @@ def replay_file(tmp_path: Path, lines: list[str], *flags: str) -> tuple[int, str
         (json.dumps({**GOOD, "answer": "ok"}), '"answer" must be'),
         (json.dumps({**GOOD, "status": "ok"}), '"status" must be the HTTP status'),
         (json.dumps({**GOOD, "status": 42}), '"status" must be the HTTP status'),
+        (json.dumps({**GOOD, "turn": 0}), '"turn" must be the client turn\'s number'),
+        (json.dumps({**GOOD, "turn": "1"}), '"turn" must be the client turn\'s number'),
+        (json.dumps({**GOOD, "opens": 1}), '"opens" must be true or false'),
         (json.dumps({**GOOD, "headers": ["a"]}), '"headers" must map header names to strings'),
         (json.dumps({**GOOD, "headers": {"a": 1}}), '"headers" must map header names'),
         (json.dumps({**GOOD, "headers": {"Authorization": "Bearer x"}}), "replay's own"),
@@ -79,7 +82,7 @@ def test_missing_empty_and_ambiguous_sources(
     assert cli.main(["replay", str(tmp_path / "absent.jsonl")]) == 2
     assert "absent.jsonl: cannot read" in capsys.readouterr().err
     code, trace = replay_file(tmp_path, [""])
-    assert code == 2 and f"{trace}: no turns" in capsys.readouterr().err
+    assert code == 2 and f"{trace}: no calls" in capsys.readouterr().err
     assert cli.main(["replay"]) == 2
     assert "give a trace FILE.jsonl (or several) or --session ID" in capsys.readouterr().err
     assert cli.main(["replay", trace, "--session", "s1"]) == 2
@@ -113,13 +116,13 @@ def test_a_request_the_provider_would_refuse_is_reported_invalid(
     code, _ = replay_file(tmp_path, [json.dumps(orphan), json.dumps(forged)], "--json")
     out = json.loads(capsys.readouterr().out)
     assert code == 0
-    first, second = out["turns"]
+    first, second = out["calls"]
     assert first["valid"] and any(r["stage"] == "repair" for r in first["rewrites"])
     assert not second["valid"] and second["status"] == 400
     # What the provider said, not only that it refused.
     refused = "/v1/messages answered 400: messages.1.content.0: Invalid `signature`"
     assert any(p.startswith(refused) for p in second["problems"]), second["problems"]
-    assert out["totals"]["all_valid"] is False and out["totals"]["invalid_turns"] == [2]
+    assert out["totals"]["all_valid"] is False and out["totals"]["invalid_calls"] == [2]
 
 
 def replay_as_a_user(trace: str) -> tuple[int, list[str], int]:
@@ -186,12 +189,12 @@ def test_a_turn_whose_status_differs_from_the_live_one_says_so(
     code, _ = replay_file(tmp_path, lines, "--json")
     out = json.loads(capsys.readouterr().out)
     assert code == 0
-    first, second = out["turns"]
+    first, second = out["calls"]
     assert (first["live_status"], first["problems"]) == (200, [])
     assert second["live_status"] == 502
     assert second["problems"] == ["the client got 200, 502 live"]
     code, _ = replay_file(tmp_path, lines)
-    assert "turn 2: the client got 200, 502 live" in capsys.readouterr().out
+    assert "call 2: the client got 200, 502 live" in capsys.readouterr().out
 
 
 def test_a_turn_recorded_without_its_headers_gets_those_its_request_implies(
@@ -205,9 +208,9 @@ def test_a_turn_recorded_without_its_headers_gets_those_its_request_implies(
                      {"role": "system", "content": "the tools changed"},
                      {"role": "user", "content": "again"}]}}  # fmt: skip
     code, _ = replay_file(tmp_path, [json.dumps(turn)], "--json")
-    [row] = json.loads(capsys.readouterr().out)["turns"]
+    [row] = json.loads(capsys.readouterr().out)["calls"]
     assert code == 0 and row["valid"] and row["status"] == 200, row["problems"]
     code, _ = replay_file(tmp_path, [json.dumps({**turn, "headers": {}})], "--json")
-    [row] = json.loads(capsys.readouterr().out)["turns"]
+    [row] = json.loads(capsys.readouterr().out)["calls"]
     assert not row["valid"] and row["status"] == 400
     assert "messages.1.role: Input should be 'user' or 'assistant'" in row["problems"][0]

@@ -96,7 +96,7 @@ async def test_replay_gives_the_figures_of_the_live_run(
     replayed = json.loads(capsys.readouterr().out)
     rows = [
         {name: row[name] for name in ("status", "tokens_sent", "rewrites", "summarizer_calls")}
-        for row in replayed["turns"]
+        for row in replayed["calls"]
     ]
     assert rows == live
     # The traces are written to show each thing replay measures.

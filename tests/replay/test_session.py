@@ -68,8 +68,8 @@ def test_the_owner_is_found_and_the_replay_sends_as_that_key(
     assert cli.main(["replay", "--session", "s1", "--config", str(config), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["source"] == "session s1"
-    assert [row["policy"] for row in out["turns"]] == ["bobs"] * 3  # bob's key, bob's policy
-    assert any(r["action"] == "offloaded" for r in out["turns"][1]["rewrites"])
+    assert [row["policy"] for row in out["calls"]] == ["bobs"] * 3  # bob's key, bob's policy
+    assert any(r["action"] == "offloaded" for r in out["calls"][1]["rewrites"])
 
 
 def test_a_session_id_two_owners_use_needs_key(
@@ -85,7 +85,7 @@ def test_a_session_id_two_owners_use_needs_key(
     )
     assert cli.main([*args, "--key", "alice"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [row["policy"] for row in out["turns"]] == ["alices"]
+    assert [row["policy"] for row in out["calls"]] == ["alices"]
 
     assert cli.main([*args[:-1], "--key", "carol"]) == 2
     assert "--key carol: no such key; one of alice, bob" in capsys.readouterr().err
@@ -126,4 +126,4 @@ async def test_a_session_recorded_by_a_running_proxy_replays_to_the_same_figures
     args = ["replay", "--session", "s1", "--config", str(config), "--json"]
     assert await asyncio.to_thread(cli.main, args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [row["rewrites"] for row in out["turns"]] == live
+    assert [row["rewrites"] for row in out["calls"]] == live

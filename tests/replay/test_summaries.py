@@ -39,7 +39,7 @@ def test_prepared_used_and_wasted_summaries_are_counted(
     # The same session, stopped after a summary was prepared and before a turn crossed.
     out = json.loads(_replay(capsys, crossed, "--json"))
     crossing = next(
-        t["turn"] for t in out["turns"] if any(r["action"] == "summarized" for r in t["rewrites"])
+        t["call"] for t in out["calls"] if any(r["action"] == "summarized" for r in t["rewrites"])
     )
     stopped = write(tmp_path / "stopped.jsonl", session[: crossing - 1])
 
@@ -49,7 +49,7 @@ def test_prepared_used_and_wasted_summaries_are_counted(
     # left when the session ended.
     assert (used["summaries_prepared"], used["summaries_used"], used["summaries_wasted"]) == (
         2, 1, 1)  # fmt: skip
-    [took] = [t["turn"] for t in out["replays"][0]["turns"] if t["summaries_used"]]
+    [took] = [t["call"] for t in out["replays"][0]["calls"] if t["summaries_used"]]
     assert took == crossing
     assert (wasted["summaries_prepared"], wasted["summaries_used"]) == (1, 0)
     assert wasted["summaries_wasted"] == 1  # the session ended before its crossing

@@ -31,7 +31,7 @@ def test_a_translated_turn_is_one_call_not_a_retried_one(
         )
     )
     assert cli.main(["replay", str(TRACE), "--config", str(config), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["turns"]
+    rows = json.loads(capsys.readouterr().out)["calls"]
     assert [r["upstream_calls"] for r in rows] == [1] * len(rows)
     assert not [w for r in rows for w in r["rewrites"] if w["stage"] == "retry"]
     assert all(r["valid"] and r["status"] == 200 and r["completion_tokens"] > 0 for r in rows)

@@ -199,7 +199,7 @@ async def test_after_the_agent_its_figures_and_a_replay_line_that_works_once_it_
     assert argv[1:] == ["replay", "--session", run.session, "--config",
                         str(state / "simulate.yaml")]  # fmt: skip
     assert run.started_url is not None and refused(run.started_url)  # the proxy stopped
-    [turn] = replayed(argv, env)["turns"]
+    [turn] = replayed(argv, env)["calls"]
     assert turn["valid"] is True and turn["status"] == 200, turn
 
 
@@ -252,7 +252,7 @@ async def test_a_recorded_session_of_a_started_configuration_replays_as_printed(
     assert line is not None, run.stderr
     argv = shlex.split(line.group(1))
     assert argv[1:] == ["replay", "--session", run.session, "--config", str(config)]
-    [turn] = replayed(argv, env)["turns"]
+    [turn] = replayed(argv, env)["calls"]
     assert turn["valid"] is True and turn["status"] == 200, turn
 
 
