@@ -84,6 +84,26 @@ def reasoning(summary: str | None = None) -> dict[str, Any]:
     return {"type": "reasoning", "text": summary} if summary else {"type": "reasoning"}
 
 
+def error_message(reply: Mapping[str, Any]) -> str | None:
+    """The message of an error envelope `{"error": {"message": ...}}` (OpenAI's, Anthropic's
+    and Google's alike), or `{"error": "..."}`."""
+    error = reply.get("error")
+    if isinstance(error, dict) and error.get("message") is not None:
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return None
+
+
+def joined_text(content: Any) -> Any:
+    """A list of text blocks as one text; anything else as it is."""
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict)]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)  # type: ignore[arg-type]
+    return content
+
+
 def message(role: Any, parts: list[dict[str, Any]]) -> Message:
     return {"role": role if isinstance(role, str) else "user", "parts": parts}
 

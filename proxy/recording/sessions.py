@@ -55,6 +55,7 @@ from proxy.recording.reader import recorded_turns as recorded_turns  # read back
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
 from proxy.store.listing import Listed
+from proxy.store.listing_batch import ListingBatch
 from proxy.store.shares import session_owner
 
 log = logging.getLogger("agentproxy.recording")
@@ -154,8 +155,9 @@ class TurnWriter:
         self.conversations = conversations  # by wire name: how its bodies read (the timeline)
         self.measure = measure  # context tokens, as replay counts them
         # Sessions' turns not recorded, waiting for their one call to the index.
-        self._unlisted: dict[str, Listed] = {}
-        self._listing: asyncio.Task[None] | None = None
+        self._unlisted = ListingBatch(
+            store.put_listed, log, "recording", UNLISTED_SESSIONS, LINGER_S
+        )
         self.assemblies = assemblies  # by wire name: how its streamed answers are put together
         self.metrics = metrics
         self.on_stopped = on_stopped  # the recorder says it: headers, metrics, event log
@@ -225,8 +227,7 @@ class TurnWriter:
         await asyncio.sleep(0)  # the turns split at once: queued first
         if self._queue is not None and self._task is not None and not self._task.done():
             await self._queue.join()
-        if self._listing is not None and not self._listing.done():
-            await asyncio.shield(self._listing)
+        await self._unlisted.flush()
 
     async def close(self, wait_s: float = 5.0) -> None:
         if self._task is None:
@@ -237,8 +238,7 @@ class TurnWriter:
             warn_limited(log, "recording.close", "recording: turns still queued were lost")
         self._task.cancel()
         self._task = None
-        if self._listing is not None:
-            self._listing.cancel()
+        await self._unlisted.close(0.0)  # what flush did not see written in time
 
     def forget(self, sessions: set[str]) -> None:
         """Idle sessions: what the store may evict next is no longer taken as stored."""
@@ -486,27 +486,7 @@ class TurnWriter:
         name = session.partition("/")[2] or session
         entry = Listed(session, name, owner, calls=turns, not_recorded={outcome: turns},
                        first_at=now, last_at=now)  # fmt: skip
-        waiting = self._unlisted.get(session)
-        if waiting is not None:
-            waiting.add(entry)
-        elif len(self._unlisted) < UNLISTED_SESSIONS:
-            self._unlisted[session] = entry
-        if self._listing is None or self._listing.done():
-            self._listing = asyncio.get_running_loop().create_task(self._list_unrecorded())
-
-    async def _list_unrecorded(self) -> None:
-        """The turns not recorded, to the index in one call (after a moment for more); kept
-        for the next try when the store fails."""
-        await asyncio.sleep(LINGER_S)
-        entries, self._unlisted = list(self._unlisted.values()), {}
-        try:
-            await self.store.put_listed(entries)
-        except Exception as exc:
-            for entry in entries:
-                if len(self._unlisted) < UNLISTED_SESSIONS:
-                    self._unlisted.setdefault(entry.session, Listed(entry.session)).add(entry)
-            warn_limited(log, "recording.listed", "recording: the index of sessions was not "
-                         "written: %s: %s", type(exc).__name__, exc)  # fmt: skip
+        self._unlisted.add(entry)
 
 
 _secrets: LRUCache[str, tuple[str, ...]] = LRUCache(8)

@@ -14,14 +14,13 @@ board lists what it served.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from proxy.exchange import Exchange
-from proxy.logs.limit import warn_limited
 from proxy.sessions.board import context_tokens
 from proxy.store.base import Store
 from proxy.store.listing import Listed
+from proxy.store.listing_batch import ListingBatch
 
 log = logging.getLogger("agentproxy.sessions")
 
@@ -32,8 +31,9 @@ PENDING_SESSIONS = 10_000  # sessions whose calls wait to reach the index, at mo
 class SharedBoard:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._pending: dict[str, Listed] = {}  # by scoped session: its calls not written yet
-        self._writing: asyncio.Task[None] | None = None
+        self._batch = ListingBatch(
+            store.put_unrecorded, log, "sessions board", PENDING_SESSIONS, LINGER_S
+        )
 
     def saw(self, ex: Exchange, status: int, at: float, opens: bool) -> None:
         """A call of a session not recorded finished at `at` (the board's time for it);
@@ -61,43 +61,11 @@ class SharedBoard:
             last_at=at,
             recorded=False,
         )
-        waiting = self._pending.get(identity.session)
-        if waiting is not None:
-            waiting.add(call)
-        elif len(self._pending) < PENDING_SESSIONS:
-            self._pending[identity.session] = call
-        else:
-            warn_limited(log, "board.shared.full", "sessions board: %d sessions wait for the "
-                         "store; a call of another is not listed", PENDING_SESSIONS)  # fmt: skip
-            return
-        if self._writing is None or self._writing.done():
-            self._writing = asyncio.get_running_loop().create_task(self._write())
-
-    async def _write(self) -> None:
-        """What waits, to the index in one call (after a moment for more); kept for the next
-        call's try when the store fails."""
-        await asyncio.sleep(LINGER_S)
-        entries, self._pending = list(self._pending.values()), {}
-        try:
-            await self.store.put_unrecorded(entries)
-        except Exception as exc:
-            for entry in entries:
-                waiting = self._pending.get(entry.session)
-                if waiting is not None:
-                    waiting.add(entry)
-                elif len(self._pending) < PENDING_SESSIONS:
-                    self._pending[entry.session] = entry
-            warn_limited(log, "board.shared", "sessions board: the store's index was not "
-                         "written: %s: %s", type(exc).__name__, exc)  # fmt: skip
+        self._batch.add(call)
 
     async def flush(self) -> None:
         """Wait until the calls seen so far are written (a list reads its own writes)."""
-        if self._writing is not None and not self._writing.done():
-            await asyncio.shield(self._writing)
+        await self._batch.flush()
 
     async def close(self, wait_s: float = 5.0) -> None:
-        if self._writing is not None and not self._writing.done():
-            try:
-                await asyncio.wait_for(self.flush(), wait_s)
-            except TimeoutError:
-                self._writing.cancel()
+        await self._batch.close(wait_s)

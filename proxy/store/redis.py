@@ -435,22 +435,18 @@ class RedisStore:
             raise OwnerFull(owner_full_message(f"redis {r.where}", owner, limit))
 
     async def put_listed(self, entries: list[Listed]) -> None:
-        if not entries:
-            return
+        # To a session the store holds (its key in `sessions`), as its recording's figures.
         r = self.redis
-
-        async def write() -> None:
-            async with r.client.pipeline(transaction=False) as pipe:
-                for entry in entries:
-                    owner = session_owner(entry.session)
-                    keys = [r.key("sessions"), *self._listing_keys(entry.session, owner)]
-                    args = [entry.session, r.ttl_ms, owner, *_figures(entry)]
-                    await r.list(keys=keys, args=args, client=pipe)
-                await pipe.execute()
-
-        await r.run("put_listed", write)
+        await self._list(entries, "put_listed", r.list, (r.key("sessions"),))
 
     async def put_unrecorded(self, entries: list[Listed]) -> None:
+        # Whether the store holds the session or not: a session no policy records.
+        await self._list(entries, "put_unrecorded", self.redis.list_unrecorded, ())
+
+    async def _list(
+        self, entries: list[Listed], name: str, script: Any, first_keys: tuple[str, ...]
+    ) -> None:
+        """Each entry's figures added to its session's entry by `script`, in one pipeline."""
         if not entries:
             return
         r = self.redis
@@ -459,12 +455,12 @@ class RedisStore:
             async with r.client.pipeline(transaction=False) as pipe:
                 for entry in entries:
                     owner = session_owner(entry.session)
-                    keys = self._listing_keys(entry.session, owner)
+                    keys = [*first_keys, *self._listing_keys(entry.session, owner)]
                     args = [entry.session, r.ttl_ms, owner, *_figures(entry)]
-                    await r.list_unrecorded(keys=keys, args=args, client=pipe)
+                    await script(keys=keys, args=args, client=pipe)
                 await pipe.execute()
 
-        await r.run("put_unrecorded", write)
+        await r.run(name, write)
 
     async def listed(self, owner: str | None, limit: int) -> list[Listed]:
         r = self.redis

@@ -27,10 +27,7 @@ class AnthropicConversation:
         return answer
 
     def error(self, reply: Mapping[str, Any]) -> str | None:
-        error = reply.get("error")
-        if isinstance(error, dict) and error.get("message") is not None:
-            return str(error["message"])
-        return None
+        return shape.error_message(reply)
 
 
 def _message(item: dict[str, Any]) -> Message:

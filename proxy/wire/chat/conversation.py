@@ -28,17 +28,7 @@ class ChatConversation:
         return answer
 
     def error(self, reply: Mapping[str, Any]) -> str | None:
-        return error_message(reply)
-
-
-def error_message(reply: Mapping[str, Any]) -> str | None:
-    """OpenAI's envelope, {"error": {"message", "type", "code"}} (Responses' too)."""
-    error = reply.get("error")
-    if isinstance(error, dict) and error.get("message") is not None:
-        return str(error["message"])
-    if isinstance(error, str):
-        return error
-    return None
+        return shape.error_message(reply)
 
 
 def _message(item: dict[str, Any]) -> Message:
@@ -46,7 +36,7 @@ def _message(item: dict[str, Any]) -> Message:
     parts: list[dict[str, Any]] = []
     if role in ("tool", "function"):
         ident = item.get("tool_call_id") or item.get("name")
-        parts.append(shape.tool_result(ident, _content_text(item.get("content"))))
+        parts.append(shape.tool_result(ident, shape.joined_text(item.get("content"))))
         return shape.message("tool", parts)
     for piece in ("reasoning_content", "reasoning"):
         if isinstance(item.get(piece), str) and item[piece]:
@@ -75,11 +65,3 @@ def _content(content: Any) -> list[dict[str, Any]]:
         elif isinstance(block, dict):
             parts.append(shape.other(block.get("type", "part")))
     return parts
-
-
-def _content_text(content: Any) -> Any:
-    if isinstance(content, list):
-        texts = [b.get("text") for b in content if isinstance(b, dict)]
-        if texts and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)  # type: ignore[arg-type]
-    return content

@@ -33,10 +33,7 @@ class GeminiConversation:
         return answer
 
     def error(self, reply: Mapping[str, Any]) -> str | None:
-        error = reply.get("error")
-        if isinstance(error, dict) and error.get("message") is not None:
-            return str(error["message"])
-        return None
+        return shape.error_message(reply)
 
 
 def _field(value: Mapping[str, Any], camel: str, snake: str) -> Any:

@@ -8,7 +8,6 @@ from typing import Any
 
 from proxy.recording import conversation as shape
 from proxy.recording.conversation import Message
-from proxy.wire.chat.conversation import error_message
 
 CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
@@ -38,7 +37,7 @@ class ResponsesConversation:
         return answer
 
     def error(self, reply: Mapping[str, Any]) -> str | None:
-        return error_message(reply)
+        return shape.error_message(reply)
 
 
 def _item(item: dict[str, Any]) -> Message:
@@ -52,7 +51,9 @@ def _item(item: dict[str, Any]) -> Message:
         return shape.message("assistant", [call])
     if kind in OUTPUTS or (isinstance(kind, str) and kind.endswith("_call_output")):
         output = item.get("output")
-        return shape.message("tool", [shape.tool_result(item.get("call_id"), _text_of(output))])
+        return shape.message(
+            "tool", [shape.tool_result(item.get("call_id"), shape.joined_text(output))]
+        )
     if kind == "reasoning":
         summary = [s.get("text") for s in item.get("summary") or () if isinstance(s, dict)]
         text = "\n".join(t for t in summary if isinstance(t, str))
@@ -76,11 +77,3 @@ def _content(item: dict[str, Any]) -> list[dict[str, Any]]:
         elif isinstance(block, dict):
             parts.append(shape.other(block.get("type", "part")))
     return parts
-
-
-def _text_of(output: Any) -> Any:
-    if isinstance(output, list):
-        texts = [b.get("text") for b in output if isinstance(b, dict)]
-        if texts and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)  # type: ignore[arg-type]
-    return output
