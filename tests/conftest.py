@@ -23,6 +23,8 @@ from proxy.app import build_app
 from proxy.runtime.head_deadline import ProxyRunner
 from proxy.sim.simulator import Simulator
 
+pytest_plugins = ["tests.support.stuck_tasks"]
+
 ProxyFactory = Callable[..., Awaitable[TestServer]]
 
 
