@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -40,6 +39,7 @@ from proxy.recording.sessions import TurnWriter
 from proxy.routes import admin, archive, audit, health, keys, sessions, ui
 from proxy.runtime import heap
 from proxy.runtime.handover import HANDOVER, Handover
+from proxy.runtime.shutdown import close_in_order, stop_task
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.lineage import Lineage
 from proxy.sessions.shared_board import SharedBoard
@@ -279,45 +279,43 @@ def build_app(
         yield
         if handle_sighup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        if circuits is not None:
-            circuits.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await circuits
-        if facts_following is not None:
-            facts_following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await facts_following
-        collecting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await collecting
-        keys_following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keys_following
-        await auditing.settled()
-        await admin_records.close()
-        await turns.close()  # the last turns recorded, before the store closes
-        if recorder.shared_board is not None:
-            await recorder.shared_board.close()  # and the last calls of the others
-        await activity.flush()  # the last requests' activity, before the store closes
-        await rewriter.close()  # summaries written ahead: cancelled before their upstreams
-        await upstreams.close()
-        await catalog.close()
-        await ctx.meter.close()
-        await store.close()
-        await facts.close()  # the facts still being published, before the state closes
-        if tending is not None:
-            tending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tending
-            leaving.close()  # a leaving worker's last change is in its journal already
-        await state.close()
+
+        async def stop_tending() -> None:
+            if tending is not None:
+                await stop_task(tending)
+                leaving.close()  # a leaving worker's last change is in its journal already
+
+        async def export_spans() -> None:
+            if tracing is not None:  # the last spans out, off the loop (a bounded HTTP export)
+                await asyncio.to_thread(tracing.shutdown)
+
+        board = recorder.shared_board
+        await close_in_order(
+            [
+                ("the policy watcher", lambda: stop_task(watcher)),
+                ("the circuits' follower", lambda: stop_task(circuits)),
+                ("the facts' follower", lambda: stop_task(facts_following)),
+                ("the store's collector", lambda: stop_task(collecting)),
+                ("the keys' follower", lambda: stop_task(keys_following)),
+                ("the audit's last entries", auditing.settled),
+                ("the admin records", admin_records.close),
+                ("the last turns recorded", turns.close),  # before the store closes
+                # and the last calls of the sessions no recording holds
+                *([("the shared board", board.close)] if board is not None else []),
+                ("the last requests' activity", activity.flush),
+                # summaries written ahead: cancelled before their upstreams
+                ("the summaries written ahead", rewriter.close),
+                ("the upstream connections", upstreams.close),
+                ("the model catalog", catalog.close),
+                ("the prompt meter", ctx.meter.close),
+                ("the store", store.close),
+                ("the facts being published", facts.close),  # before the state closes
+                ("the guard state's journal", stop_tending),
+                ("the state", state.close),
+                ("the spans", export_spans),
+            ]
+        )
         events.close()
-        if tracing is not None:  # the last spans out, off the loop (a bounded HTTP export)
-            await asyncio.to_thread(tracing.shutdown)
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import shutil
 import socket
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -120,9 +122,25 @@ async def start_proxy(aiohttp_server: Any) -> AsyncIterator[ProxyFactory]:
         servers.append(server)
         return server
 
-    yield start
-    for server in reversed(servers):
-        await server.close()
+    overran = _ShutdownWarnings()
+    logging.getLogger("agentproxy.shutdown").addHandler(overran)
+    try:
+        yield start
+        for server in reversed(servers):
+            await server.close()
+    finally:
+        logging.getLogger("agentproxy.shutdown").removeHandler(overran)
+    for message in overran.messages:  # bounded, not hung: said where a CI log keeps it
+        warnings.warn(message, stacklevel=1)
+
+
+class _ShutdownWarnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @pytest.fixture
