@@ -33,6 +33,7 @@ from proxy.policies.loader import load_config
 from proxy.policies.spec import Config
 from proxy.policies.watch import ConfigHolder
 from proxy.recording.audit import Audit
+from proxy.recording.auth_failures import AuthFailures
 from proxy.recording.events import EventLog
 from proxy.recording.recorder import Recorder
 from proxy.recording.sessions import TurnWriter
@@ -47,6 +48,7 @@ from proxy.sessions.turn_memory import TurnMemory
 from proxy.sim import measure as context_measure
 from proxy.state import (
     AUDIT,
+    AUTH_FAILURES,
     BOARD,
     CATALOG,
     CONFIG,
@@ -148,6 +150,7 @@ def build_app(
     runtime_keys = app[RUNTIME_KEYS] = RuntimeKeys(admin_records, holder)
     auditing = app[AUDIT] = Audit(admin_records, lambda: settings.session_ttl_s)
     holder.on_reload(auditing.reloads)
+    refusals = app[AUTH_FAILURES] = AuthFailures(auditing, metrics)
     store_health = app[STORE_HEALTH] = StoreHealth(store, settings.backend)
     events = app[EVENTS] = EventLog(
         settings.event_log_path, settings.event_log_max_mb, settings.event_log_keep
@@ -290,6 +293,7 @@ def build_app(
                 await asyncio.to_thread(tracing.shutdown)
 
         board = recorder.shared_board
+        refusals.close()  # the summary of refusals counted, not written, on its way
         await close_in_order(
             [
                 ("the policy watcher", lambda: stop_task(watcher)),

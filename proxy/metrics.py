@@ -322,6 +322,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.admin_auth_failures = Counter(
+            "agentproxy_admin_auth_failures",
+            "Admin requests refused (401), by how the audit has them: recorded (an entry of "
+            "their own) or coalesced (counted in a summary entry, past the audit's limits).",
+            ["audit"],
+            registry=r,
+        )
         self.config_info = Gauge(
             "agentproxy_config_info",
             "The active configuration version (value is always 1).",
@@ -362,6 +369,8 @@ class Metrics:
     def _zero_up_front(self) -> None:
         for result in ("success", "failure"):
             self.config_reloads.labels(result)
+        for audit in ("recorded", "coalesced"):
+            self.admin_auth_failures.labels(audit)
         for stage in ("repair", "offload", "compaction", "loops", "budget"):
             for action in ("rejected_invalid", "stage_failed"):
                 self.rewrites.labels(stage, action)

@@ -13,6 +13,7 @@ from proxy.metrics import Metrics
 from proxy.model_catalog import ModelCatalog
 from proxy.policies.watch import ConfigHolder
 from proxy.recording.audit import Audit
+from proxy.recording.auth_failures import AuthFailures
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import TurnWriter
 from proxy.sessions.board import SessionBoard
@@ -45,3 +46,5 @@ IDENTITY = web.AppKey("identity", str)
 # Keys made at run time (proxy/http/runtime_keys.py) and the audit of admin actions.
 RUNTIME_KEYS = web.AppKey("runtime_keys", RuntimeKeys)
 AUDIT = web.AppKey("audit", Audit)
+# Refused admin callers, audited coalesced (proxy/recording/auth_failures.py).
+AUTH_FAILURES = web.AppKey("auth_failures", AuthFailures)

@@ -1,6 +1,7 @@
 """Who is calling an admin route: the admin key's holder, or the local user when no admin key
 is configured. A refused caller is audited (`admin.auth_failed`): the route and the address,
-never what it presented."""
+never what it presented; past a few a minute, counted and summed up instead
+(proxy/recording/auth_failures.py), so refusals cannot crowd out the audit or the log."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from aiohttp import web
 
 from proxy.errors import Unauthorized
 from proxy.http.auth import authenticate_admin, presented_key
-from proxy.state import AUDIT, CONFIG
+from proxy.state import AUTH_FAILURES, CONFIG
 
 ADMIN = "admin_key"  # who an entry names for the configured admin key's holder
 LOOPBACK = "loopback"  # the local user, when no admin key is configured
@@ -19,10 +20,8 @@ async def admin_caller(request: web.Request) -> str:
     try:
         authenticate_admin(request, keys)
     except Unauthorized:
-        await request.app[AUDIT].record(
-            "admin.auth_failed",
-            "unknown",
-            request.remote,
+        await request.app[AUTH_FAILURES].refused(
+            request.remote,  # the peer's address: forwarded headers are not trusted
             method=request.method,
             path=request.path,  # without its query: a key may be sent there
             presented_key=presented_key(request) is not None,
