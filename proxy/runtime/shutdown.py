@@ -41,12 +41,15 @@ async def close_in_order(steps: Sequence[Step], within_s: float | None = None) -
     unfinished = []
     for name, step in steps:
         allowed = max(deadline - loop.time(), STEP_FLOOR_S)
-        try:
-            await asyncio.wait_for(step(), allowed)
-        except TimeoutError:
+        running = asyncio.ensure_future(step())
+        await asyncio.wait({running}, timeout=allowed)
+        if not running.done():
+            # Not awaited: a step that swallows its cancel (as wait_for would wait on) must
+            # not hold the ones after it.
+            running.cancel()
             log.warning("shutdown: %s did not finish within %.1f s; going on", name, allowed)
             unfinished.append(name)
-        except Exception:
-            log.warning("shutdown: %s failed; going on", name, exc_info=True)
+        elif not running.cancelled() and (error := running.exception()) is not None:
+            log.warning("shutdown: %s failed; going on", name, exc_info=error)
             unfinished.append(name)
     return unfinished

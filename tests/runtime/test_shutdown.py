@@ -4,6 +4,7 @@ the steps after it (the store's close among them) still run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -72,3 +73,32 @@ async def test_a_proxy_whose_summaries_will_not_stop_still_closes_its_store(
     assert closed, "the store was not closed after the hung step"
     [warning] = [r.getMessage() for r in caplog.records if r.name == "agentproxy.shutdown"]
     assert "the summaries written ahead did not finish within" in warning
+
+
+async def test_a_step_that_swallows_its_cancel_does_not_hold_the_rest() -> None:
+    """asyncio.wait_for would wait on it for ever after its timeout."""
+    ran: list[str] = []
+    released = asyncio.Event()
+    stubborn_tasks: list[asyncio.Task[object]] = []
+
+    async def stubborn() -> None:
+        stubborn_tasks.append(asyncio.current_task())  # type: ignore[arg-type]
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if released.is_set():
+                    raise
+
+    async def closes() -> None:
+        ran.append("closes")
+
+    started = time.perf_counter()
+    unfinished = await close_in_order([("stubborn", stubborn), ("last", closes)], within_s=0.3)
+    assert unfinished == ["stubborn"] and ran == ["closes"]
+    assert time.perf_counter() - started < 0.3 + shutdown.STEP_FLOOR_S
+    released.set()  # this test's loop may close
+    [task] = stubborn_tasks
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
