@@ -108,7 +108,9 @@ class ServedLikeServe(TestServer):
     handler when its client hangs up, which `serve` does not) and its head deadline."""
 
     async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
-        return ProxyRunner(self.app, **kwargs)
+        # A handler still running at close is given 5 s (aiohttp's default 60 s, twice, let
+        # one stuck handler hold a test's teardown for minutes; serve drains, then 0.25 s).
+        return ProxyRunner(self.app, **{"shutdown_timeout": 5.0, **kwargs})
 
 
 @pytest.fixture
