@@ -96,15 +96,22 @@ def run(
     def worker(replacing: bool) -> None:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)  # the worker's own loop handles them
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # one sent meanwhile: its default
         news.close()
         code = serve_one(listener, lambda event: tell.send((event, os.getpid())), replacing)
         sys.stdout.flush()
         os._exit(code)
 
     def fork(replacing: bool = False) -> BaseProcess:
-        child = context.Process(target=worker, args=(replacing,))
-        child.start()
-        children.append(child)
+        # Signals wait while a child is forked: until `worker` resets them the child has the
+        # parent's handler, which would take a stop as the parent's and go on serving.
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            child = context.Process(target=worker, args=(replacing,))
+            child.start()
+            children.append(child)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # the parent's: `forward`
         if stopping and child.pid is not None:  # the stop came while it was being forked
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
 
 from proxy.runtime.workers import RESPAWN_LIMIT, _may_respawn
 from tests.conftest import REDIS_URL, free_port, sim_config
@@ -429,11 +430,19 @@ sys.exit(workers.run(2, "127.0.0.1", int(sys.argv[1]), starting, "up"))
 """
 
 
-def test_stopping_workers_still_starting_is_a_clean_stop() -> None:
+# Each child lingers just after the fork, before the worker's own code runs: where it still
+# has the parent's signal handlers.
+SLOW_AFTER_FORK = "import os, time; os.register_at_fork(after_in_child=lambda: time.sleep(1))\n"
+
+
+@pytest.mark.parametrize("script", [STARTING_WORKERS, SLOW_AFTER_FORK + STARTING_WORKERS])
+def test_stopping_workers_still_starting_is_a_clean_stop(script: str) -> None:
     """SIGTERM reaching a worker before its loop handles it kills it (the default action):
-    that is the stop the parent asked for, not a failure, so the parent exits 0."""
+    that is the stop the parent asked for, not a failure, so the parent exits 0. A worker
+    the stop reaches right after its fork too: the parent's handler, which it inherited, must
+    not take the signal there (it would set the child's copy of `stopping` and go on)."""
     process = subprocess.Popen(
-        [sys.executable, "-c", STARTING_WORKERS, str(free_port())], cwd=ROOT,
+        [sys.executable, "-c", script, str(free_port())], cwd=ROOT,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
