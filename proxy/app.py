@@ -15,6 +15,7 @@ from aiohttp import web
 from proxy.control.control import Control
 from proxy.flow import Flow
 from proxy.guards.rate_limits import RateLimiter
+from proxy.guards.secrets.shared_key import SharedKey
 from proxy.http.auth import HOST_NAMES, KEY_PLACES, HostNames
 from proxy.http.body_budget import BODY_BUDGET, BodyBudget
 from proxy.http.keys import ERROR_BODY, ErrorBody
@@ -186,6 +187,8 @@ def build_app(
         memo_bytes=memo_bytes,
         prepared_summaries=holder.current.server.max_prepared_summaries,  # read at start
     )
+    # The guard's placeholders from the deployment's key, kept beside the admin records.
+    placeholder_key = SharedKey(admin_records, rewriter.minter)
     turns_memory = app[TURN_MEMORY] = TurnMemory(int(MEMO_SHARES["turn_memory"] * memo_bytes))
     relayed = app[RELAYED_THINKING] = RelayedThinking(
         int(MEMO_SHARES["relayed_thinking"] * memo_bytes)
@@ -265,6 +268,12 @@ def build_app(
         except StoreError as exc:
             log.warning("keys made at run time not read yet (tried again each second): %s", exc)
         keys_following = asyncio.create_task(runtime_keys.follow())
+        # Before the first request: a secret then has one placeholder on every replica. A
+        # shared store is asked again each minute (the key put back if it went).
+        await placeholder_key.load()
+        key_following = None
+        if store.shared or not placeholder_key.answered:
+            key_following = asyncio.create_task(placeholder_key.follow(keep=store.shared))
         holder.on_change(upstreams.prepare)
         upstreams.prepare(holder.current)
         catalog.load_in_background()
@@ -301,6 +310,7 @@ def build_app(
                 ("the facts' follower", lambda: stop_task(facts_following)),
                 ("the store's collector", lambda: stop_task(collecting)),
                 ("the keys' follower", lambda: stop_task(keys_following)),
+                ("the placeholder key's follower", lambda: stop_task(key_following)),
                 ("the audit's last entries", auditing.settled),
                 ("the admin records", admin_records.close),
                 ("the last turns recorded", turns.close),  # before the store closes

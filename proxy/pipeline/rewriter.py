@@ -7,6 +7,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from proxy.exchange import Exchange, Usage
+from proxy.guards.secrets.placeholders import Minter
 from proxy.pipeline import capabilities, recall
 from proxy.pipeline.aside import AsideCharges
 from proxy.pipeline.base import StageContext, record
@@ -74,11 +75,13 @@ class Rewriter:
         self.offload = OffloadStage(size["offload_pointers"], size["offload_turns"])
         self.repair = RepairStage()
         self.loops = LoopStage(size["loop_calls"])
+        self.minter = Minter()  # the guard's placeholders: the app gives it the store's key
         self.quirks = Quirks(self.facts)
         # The stages, one registration line each, in the order the chain calls their hooks.
         self.chain = Chain(
             [
-                ScrubStage(size["guard_secrets"]),  # first: no stage sees (or stores) a secret
+                # First: no stage sees (or stores) a secret.
+                ScrubStage(size["guard_secrets"], self.minter),
                 self.repair,
                 CompatStage(self.quirks),
                 CapabilityStage(),

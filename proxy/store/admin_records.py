@@ -1,4 +1,5 @@
-"""What the admin surface keeps: the keys made at run time and the audit of admin actions.
+"""What the admin surface keeps: the keys made at run time and the audit of admin actions;
+and the deployment's placeholder key (the guard's, proxy/guards/secrets/shared_key.py).
 
 Beside the blobs, in the same place: a SQLite file of its own under store.path (`local`:
 every worker of one `serve` reads it), or Redis (`redis`: every replica). Keys carry a version
@@ -55,6 +56,11 @@ class AdminRecords(Protocol):
         """Up to `limit` entries past id `after` in that order (newest: ids below it)."""
         ...
 
+    async def placeholder_key(self, drawn: bytes) -> bytes:
+        """The key the guard's placeholders derive from: `drawn` kept if none is yet, else
+        the one kept (every replica, every restart gets the first one drawn)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -66,6 +72,7 @@ CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, entry BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit (at);
+CREATE TABLE IF NOT EXISTS placeholder_key (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB);
 """
 
 
@@ -173,6 +180,13 @@ class LocalAdminRecords:
             return [{"id": row[0], **orjson.loads(row[1])} for row in rows]
 
         return await self._run("audit", read)
+
+    async def placeholder_key(self, drawn: bytes) -> bytes:
+        def kept(db: sqlite3.Connection) -> bytes:
+            db.execute("INSERT OR IGNORE INTO placeholder_key VALUES (1, ?)", (drawn,))
+            return bytes(db.execute("SELECT key FROM placeholder_key WHERE id = 1").fetchone()[0])
+
+        return await self._run("placeholder_key", kept)
 
     async def close(self) -> None:
         def close() -> None:

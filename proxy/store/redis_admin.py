@@ -2,7 +2,8 @@
 
 Keys under the store's prefix: `admin:keys` (a hash: name -> record), `admin:keys:version`
 (bumped by each change, in the same script), `admin:audit` (a sorted set: id -> entry, the
-entry's JSON holding its id), `admin:audit:at` (id -> time, for retention), `admin:audit:seq`.
+entry's JSON holding its id), `admin:audit:at` (id -> time, for retention), `admin:audit:seq`;
+`guard:placeholder_key` (32 random bytes, no expiry: the guard's placeholders derive from it).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class RedisAdminRecords:
         self._audit = redis.key("admin", "audit")
         self._audit_at = redis.key("admin", "audit", "at")
         self._seq = redis.key("admin", "audit", "seq")
+        self._placeholder_key = redis.key("guard", "placeholder_key")
         client = redis.client
         self._add: Any = client.register_script(_ADD)
         self._replace: Any = client.register_script(_REPLACE)
@@ -121,6 +123,15 @@ class RedisAdminRecords:
             )
         entries = [orjson.loads(member) for member in members]
         return [{"id": e.pop("id"), **e} for e in entries]
+
+    async def placeholder_key(self, drawn: bytes) -> bytes:
+        async def kept() -> bytes:
+            async with self._redis.client.pipeline(transaction=True) as pipe:
+                pipe.set(self._placeholder_key, drawn, nx=True)  # the first replica's stays
+                pipe.get(self._placeholder_key)
+                return bytes((await pipe.execute())[1] or b"")
+
+        return await self._redis.run("placeholder_key", kept)
 
     async def close(self) -> None:
         pass  # the connection is the store's, closed with it

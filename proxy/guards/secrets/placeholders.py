@@ -1,10 +1,10 @@
 """The placeholders secrets are replaced by, and each session's map back to the secrets.
 
 A placeholder is `«secret:<12 hex>»`, the hex an HMAC of the secret under its owner's key
-(itself an HMAC of the owner under a key the process drew at start, shared by the workers it
-forks): the same secret gets the
-same placeholder on every turn of every session of one owner (the provider's cached prefix
-holds), and no one without the map can read the secret back from it. The map of each session
+(itself an HMAC of the owner under the deployment's key, kept in the store: shared_key.py):
+the same secret gets the same placeholder on every turn of every session of one owner, on
+every replica and after a restart (the provider's cached prefix holds), and no one without
+the map can read the secret back from it. The map of each session
 (scoped by its owner: a tenant is a wall) lives in memory, bounded by bytes, never in a
 recording or a log.
 """
@@ -22,17 +22,27 @@ DIGITS = 12
 IN_JSON = re.compile(rb"(?:\xc2\xab|\\u00[aA][bB])secret:([0-9a-f]{12})(?:\xc2\xbb|\\u00[bB][bB])")
 IN_TEXT = re.compile(r"«secret:[0-9a-f]{12}»")
 MAX_LENGTH = len(OPEN) + DIGITS + len(CLOSE)
-# Drawn once per process at import: `serve --workers` forks its workers after importing the
-# app, so they share it, and a session's turns mint the same placeholders on any of them.
+# Drawn once per process at import, used until the store's key is read (and for good when
+# the store cannot give one): `serve --workers` forks its workers after importing the app, so
+# they share it.
 PROCESS_KEY = os.urandom(32)
 
 
 class Minter:
-    """Placeholders for one process: the owners' keys derived from one drawn at start."""
+    """Placeholders for one process: the owners' keys derived from one key."""
 
     def __init__(self, key: bytes | None = None) -> None:
         self._key = key if key is not None else PROCESS_KEY
         self._owners: dict[str, bytes] = {}
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def use(self, key: bytes) -> None:
+        """Mint from `key` from now on (the deployment's, read from the store)."""
+        if key != self._key:
+            self._key, self._owners = key, {}
 
     def placeholder(self, owner: str, secret: str) -> str:
         key = self._owners.get(owner)
