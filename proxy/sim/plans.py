@@ -51,14 +51,14 @@ INTENTS = (
             re.I,
         ),
         lambda path: f"cat {path}",
-        ("Read", "read_file", "view_file"),
+        ("Read", "read_file", "view_file", "read"),
         shell_first=False,
     ),
     Intent(
         "search",
         re.compile(r"\b(?:search|grep|look)(?:\s+(?:for|up))?\s+" + _TARGET, re.I),
         lambda pattern: f"grep -rn {pattern} .",
-        ("Grep", "grep_search", "search_file_content"),
+        ("Grep", "grep_search", "search_file_content", "grep"),
         shell_first=False,
     ),
     Intent(
@@ -82,7 +82,8 @@ def _code_mode(command: str) -> JSON:
 
 # The shell tools of the agents, in the order a model picks among them, each with how it
 # takes a command: Claude Code's Bash, Codex's exec_command / shell_command / shell (an
-# argv) / code mode's exec, the Gemini CLI's run_shell_command.
+# argv) / code mode's exec, the Gemini CLI's (and Qwen Code's) run_shell_command, opencode's
+# bash.
 SHELLS: dict[str, Callable[[str], JSON]] = {
     "Bash": lambda command: {"command": command, "description": f"Run {command}"},
     "exec_command": lambda command: {"cmd": command},
@@ -90,9 +91,10 @@ SHELLS: dict[str, Callable[[str], JSON]] = {
     "shell": lambda command: {"command": ["bash", "-lc", command]},
     "run_shell_command": lambda command: {"command": command},
     "exec": _code_mode,
+    "bash": lambda command: {"command": command},
 }
 # What a dedicated tool's parameters are called, by what they carry.
-_PATH_KEYS = ("file_path", "path", "absolute_path", "dir_path", "filename")
+_PATH_KEYS = ("file_path", "path", "absolute_path", "dir_path", "filename", "filePath")
 _PATTERN_KEYS = ("pattern", "query", "regex")
 
 

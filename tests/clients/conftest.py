@@ -2,7 +2,10 @@
 
 The CLIs come from clients/ (pinned in clients/package-lock.json; `make test` runs
 `npm ci --prefix clients`). Where it is not installed the tests skip and say how to get it,
-except under CI, which must run them.
+except under CI, which must run them. AGENTPROXY_CLIENTS names another folder whose
+node_modules to take them from instead (what npm resolves today, say): the versions expected
+are then the ones installed there, and the only Claude Code release is its
+`@anthropic-ai/claude-code`.
 
 Each run is sealed off from the machine: a clean environment (no inherited ANTHROPIC_*,
 CLAUDE_*, OPENAI_*, CODEX_* or proxy variables), HOME (and CLAUDE_CONFIG_DIR / CODEX_HOME) in a
@@ -34,7 +37,9 @@ from urllib.parse import urlsplit
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CLIENTS = REPO / "clients"
+CLIENTS_VAR = "AGENTPROXY_CLIENTS"  # another folder holding node_modules, e.g. the latest CLIs
+OTHER_CLIENTS = bool(os.environ.get(CLIENTS_VAR))
+CLIENTS = Path(os.environ[CLIENTS_VAR]).resolve() if OTHER_CLIENTS else REPO / "clients"
 CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
 CLAUDE_BIN = CLIENTS / "node_modules" / ".bin" / "claude"
 CODEX_PACKAGE = "@openai/codex"
@@ -55,6 +60,14 @@ _CONNECT = re.compile(
 
 
 def pinned_version(package: str = CLAUDE_PACKAGE) -> str:
+    """The version clients/package.json pins; under AGENTPROXY_CLIENTS the one installed there
+    (its package.json holds ranges, not pins)."""
+    if OTHER_CLIENTS:
+        installed = CLIENTS / "node_modules" / package / "package.json"
+        if not installed.exists():
+            return "(not installed)"
+        found: str = json.loads(installed.read_text())["version"]
+        return found
     manifest = json.loads((CLIENTS / "package.json").read_text())
     version: str = manifest["dependencies"][package]
     return version
@@ -272,7 +285,7 @@ def _installed_codex() -> tuple[Path | None, str]:
     pinned = pinned_version(CODEX_PACKAGE)
     if not CODEX_BIN.exists():
         how = "run `make clients`" if shutil.which("npm") else "npm is not installed"
-        return None, f"Codex CLI not installed in clients/ ({how})"
+        return None, f"Codex CLI not installed in {CLIENTS} ({how})"
     shown = subprocess.run(
         [str(CODEX_BIN), "--version"], capture_output=True, text=True, timeout=60, check=False
     ).stdout.strip()
@@ -284,7 +297,10 @@ def _installed_codex() -> tuple[Path | None, str]:
 def claude_pins() -> dict[str, Path]:
     """Every pinned Claude Code release, version -> its binary: the newest under its own name,
     older ones under npm aliases (`"claude-code-2.1.197": "npm:@anthropic-ai/claude-code@..."`),
-    whose binary .bin/ does not link (the name `claude` is taken)."""
+    whose binary .bin/ does not link (the name `claude` is taken). Under AGENTPROXY_CLIENTS, the
+    one release installed there."""
+    if OTHER_CLIENTS:
+        return {pinned_version(): CLAUDE_BIN}
     manifest = json.loads((CLIENTS / "package.json").read_text())
     pins = {}
     for name, spec in manifest["dependencies"].items():
@@ -303,7 +319,7 @@ def _installed_claude(version: str | None = None) -> tuple[Path | None, str]:
     binary = claude_pins()[pinned]
     if not binary.exists():
         how = "run `make clients`" if shutil.which("npm") else "npm is not installed"
-        return None, f"Claude Code {pinned} not installed in clients/ ({how})"
+        return None, f"Claude Code {pinned} not installed in {CLIENTS} ({how})"
     shown = subprocess.run(
         [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
     ).stdout

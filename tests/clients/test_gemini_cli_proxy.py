@@ -95,7 +95,7 @@ def _installed() -> tuple[Path | None, str]:
     pinned = pinned_version(GEMINI_PACKAGE)
     if not GEMINI_BIN.exists():
         how = "run `make clients`" if shutil.which("npm") else "npm is not installed"
-        return None, f"Gemini CLI not installed in clients/ ({how})"
+        return None, f"Gemini CLI not installed in {CLIENTS} ({how})"
     shown = subprocess.run(
         [str(GEMINI_BIN), "--version"], capture_output=True, text=True, timeout=60, check=False
     ).stdout.strip()

@@ -45,7 +45,9 @@ async def chat(url: str) -> AsyncIterator[openai.AsyncOpenAI]:
         yield sdk
 
 
-@pytest.mark.parametrize("shell", ["Bash", "exec_command", "run_shell_command", "shell_command"])
+@pytest.mark.parametrize(
+    "shell", ["Bash", "exec_command", "run_shell_command", "shell_command", "bash"]
+)
 async def test_list_the_files_calls_the_offered_shell_with_ls_then_sums_up(
     chat: openai.AsyncOpenAI, shell: str
 ) -> None:
@@ -123,6 +125,24 @@ async def test_claude_code_show_me_reads_the_file_past_its_reminders(url: str) -
         )  # fmt: skip
     assert final.stop_reason == "end_turn"
     assert [b.text for b in final.content if b.type == "text"] == ["Read returned: # scratch"]
+
+
+async def test_opencode_reads_with_read_file_path_and_searches_with_grep(
+    chat: openai.AsyncOpenAI,
+) -> None:
+    """opencode's tools (1.18): `bash`, `read` taking `filePath`, `grep` taking `pattern`."""
+    path = {"type": "object", "properties": {"filePath": {"type": "string"}}}
+    pattern = {"type": "object", "properties": {"pattern": {"type": "string"}}}
+    tools: Any = [
+        chat_tool("bash", COMMAND), chat_tool("read", path), chat_tool("grep", pattern)
+    ]  # fmt: skip
+    calls = {}
+    for words in ("show me README.md", "search for TODO"):
+        asked: Any = [{"role": "user", "content": words}]
+        said = await chat.chat.completions.create(model="sim", messages=asked, tools=tools)
+        [call] = said.choices[0].message.tool_calls or []
+        calls[call.function.name] = json.loads(call.function.arguments)
+    assert calls == {"read": {"filePath": "README.md"}, "grep": {"pattern": "TODO"}}
 
 
 async def test_codex_code_mode_exec_in_its_additional_tools_runs_ls(
