@@ -163,9 +163,9 @@ class Client:
                 return response.status, got, raw.decode()
             return response.status, got, json.loads(raw)
 
-    async def reload(self) -> int:
+    async def reload(self, headers: dict[str, str] = ADMIN) -> int:
         async with self.http.post(
-            str(self.proxy.make_url("/admin/reload")), headers=ADMIN, json={}
+            str(self.proxy.make_url("/admin/reload")), headers=headers, json={}
         ) as r:
             await r.read()
             return r.status
@@ -200,6 +200,9 @@ async def reloads(client: Client, path: Path, good: str, n: int) -> None:
         path.write_text, good.replace("description: round 0", f"description: round {n}")
     )
     assert await client.reload() == 200
+    # A caller with a wrong admin key, refused (and audited) a few times.
+    for _ in range(3):
+        assert await client.reload({"Authorization": "Bearer not-the-admin-key"}) == 401
 
 
 async def rewriting(client: Client, n: int) -> None:
