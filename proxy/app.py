@@ -77,7 +77,6 @@ from proxy.store.state import MemoryState
 from proxy.tracing import open_tracing
 from proxy.upstream.facts import DeploymentFacts
 from proxy.upstream.pool import Upstreams
-from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
 from proxy.wire.base import ErrorFrames, key_places
 from proxy.wire.models import model_list_routes
 from proxy.wire.registry import WIRES as REGISTRY
@@ -190,14 +189,11 @@ def build_app(
     # The guard's placeholders from the deployment's key, kept beside the admin records.
     placeholder_key = SharedKey(admin_records, rewriter.minter)
     turns_memory = app[TURN_MEMORY] = TurnMemory(int(MEMO_SHARES["turn_memory"] * memo_bytes))
-    relayed = app[RELAYED_THINKING] = RelayedThinking(
-        int(MEMO_SHARES["relayed_thinking"] * memo_bytes)
-    )
 
     def forget(sessions: set[str]) -> None:  # idle sessions: every memo lets them go
         rewriter.forget(sessions)
         turns.forget(sessions)
-        forget_sessions(sessions, named=[turns_memory.cache, relayed.cache], led=meter.by_session())
+        forget_sessions(sessions, named=[turns_memory.cache], led=meter.by_session())
 
     activity = Activity(
         retention,
@@ -229,7 +225,6 @@ def build_app(
         {
             **rewriter.memos(),
             "turn_memory": turns_memory.cache,
-            "relayed_thinking": relayed.cache,
             **meter.memos(),
             **(backend_state.memos() if isinstance(backend_state, MemoryState) else {}),
         }

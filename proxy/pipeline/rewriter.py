@@ -28,15 +28,14 @@ from proxy.upstream.facts import DeploymentFacts, as_chat_note
 
 MB = 1024 * 1024
 # How server.memo_mb is shared between the warm-turn memos ("turn_memory": the routes'
-# TurnMemory).
+# TurnMemory, each session's last turn and what was relayed to it).
 # The four that keep whole histories mostly hold the same message objects, so their sum
 # overstates what they keep alive.
 MEMO_SHARES = {
     "histories": 0.25,
     "guard_secrets": 0.03125,  # each session's secrets, by placeholder, and its last scan
     "loop_calls": 0.015625,  # the calls of each session's recent tool-call turns
-    "turn_memory": 0.05,
-    "relayed_thinking": 0.0125,  # thinking blocks relayed, to put back what clients drop
+    "turn_memory": 0.0625,  # and the thinking relayed, to put back what clients drop
     "offload_turns": 0.1875,
     "compaction_histories": 0.1875,
     "compaction_outputs": 0.0859375,

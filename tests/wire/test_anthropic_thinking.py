@@ -13,9 +13,10 @@ import anthropic
 import pytest
 from aiohttp.test_utils import TestServer
 
+from proxy.sessions.turn_memory import TurnMemory
 from proxy.sim.simulator import Simulator
 from proxy.sim.thinking import REDACTED_TRIGGER
-from proxy.wire.anthropic.thinking import ANSWERS_PER_SESSION, RelayedThinking, loop_start
+from proxy.wire.anthropic.thinking import ANSWERS_PER_SESSION, loop_start, remember, remembered
 from tests.conftest import ProxyFactory
 
 KEY, OTHER_KEY = "sk-proxy-thinking-1", "sk-proxy-thinking-2"
@@ -160,17 +161,34 @@ async def test_a_client_that_keeps_its_thinking_is_left_alone(
 
 
 def test_the_memory_keeps_the_last_answers_within_its_bytes() -> None:
-    memo = RelayedThinking(max_bytes=100_000)
+    memory = TurnMemory(max_bytes=100_000)
     for n in range(ANSWERS_PER_SESSION + 4):
         thinking = {"type": "thinking", "thinking": "plan", "signature": f"sig{n}"}
-        memo.remember("one/s", [thinking, {"type": "tool_use", "id": f"toolu_{n}"}])
-    assert len(memo.of("one/s")) == ANSWERS_PER_SESSION and "toolu_0" not in memo.of("one/s")
-    assert memo.of("two/s") == {}  # another owner's session of the same name
-    memo.remember("one/s", [{"type": "text", "text": "no tool called"}])
-    assert "toolu_19" in memo.of("one/s")
+        remember(memory, "key:one", "s", [thinking, {"type": "tool_use", "id": f"toolu_{n}"}])
+    kept = remembered(memory, "key:one", "s")
+    assert len(kept) == ANSWERS_PER_SESSION and "toolu_0" not in kept
+    assert remembered(memory, "key:two", "s") == {}  # another owner's session of the same name
+    remember(memory, "key:one", "s", [{"type": "text", "text": "no tool called"}])
+    assert "toolu_19" in remembered(memory, "key:one", "s")
     huge = {"type": "thinking", "thinking": "x" * 200_000, "signature": "s"}
-    memo.remember("one/big", [huge, {"type": "tool_use", "id": "toolu_big"}])
-    assert memo.of("one/big") == {}  # larger than the whole memory: not kept
+    remember(memory, "key:one", "big", [huge, {"type": "tool_use", "id": "toolu_big"}])
+    assert remembered(memory, "key:one", "big") == {}  # larger than the whole memory: not kept
+
+
+def test_a_turn_and_the_thinking_relayed_to_it_are_kept_apart() -> None:
+    """A session's next turn leaves the thinking relayed to it, and the reverse; the bytes of
+    both count against the one bound."""
+    memory = TurnMemory(max_bytes=100_000)
+    thinking = {"type": "thinking", "thinking": "plan", "signature": "sig"}
+    remember(memory, "key:one", "s", [thinking, {"type": "tool_use", "id": "toolu_1"}])
+    turn = {"the": "turn"}
+    memory.keep("key:one", "s", turn, 1_000)
+    assert "toolu_1" in remembered(memory, "key:one", "s")
+    remember(memory, "key:one", "s", [thinking, {"type": "tool_use", "id": "toolu_2"}])
+    assert memory.recall("key:one", "s", dict) is turn
+    assert memory.recall("key:two", "s", dict) is None
+    memory.keep("key:one", "s", {"a": "turn"}, 100_000)  # too large beside the thinking
+    assert memory.recall("key:one", "s", dict) is turn and remembered(memory, "key:one", "s")
 
 
 def test_the_loop_start_seen_incrementally_is_the_loop_start() -> None:

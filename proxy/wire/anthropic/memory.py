@@ -1,13 +1,18 @@
-"""What an Anthropic turn leaves the session's next: its memory across turns.
+"""What an Anthropic turn leaves the session's next: its memory across turns, two records the
+session's TurnMemory (proxy/sessions/turn_memory.py) keeps under the owner's key.
 
-A turn re-sends the last one's history plus new messages, so the next turn's view lends the
-view messages this one built for every leading client message the two share (one `==` each),
-and maps only the rest (proxy/wire/anthropic/view.py: AnthropicView.of). The record holds no
-more than that lending reads; it lives in the session's TurnMemory (proxy/sessions/
-turn_memory.py), under the owner's key."""
+AnthropicMemory, the turn's: a turn re-sends the last one's history plus new messages, so the
+next turn's view lends the view messages this one built for every leading client message the
+two share (one `==` each), and maps only the rest (proxy/wire/anthropic/view.py:
+AnthropicView.of). The record holds no more than that lending reads.
+
+RelayedThinking, its answers': the signed thinking of the last answers relayed to the session
+that called tools, which a later turn puts back where the client dropped it
+(proxy/wire/anthropic/thinking.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,3 +42,31 @@ class AnthropicMemory:
     cut: int | None  # the client message holding the history's last compaction block
     restored: dict[int, tuple[Block, ...]]  # thinking put back, by client message
     loop: tuple[int, int | None] | None  # (len(messages), where its tool loop starts), if seen
+
+
+_ENTRY_BYTES = 200  # what a relayed answer costs besides its strings (ids, dicts, the tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """One relayed answer's tool_use ids and its thinking blocks, in order, as sent."""
+
+    calls: frozenset[str]
+    blocks: tuple[Block, ...]
+
+    @property
+    def size(self) -> int:
+        strings = sum(len(str(v)) for b in self.blocks for v in b.values())
+        return strings + sum(len(c) for c in self.calls) + _ENTRY_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RelayedThinking:
+    """The thinking of the last answers relayed to the session that called tools, by their
+    first tool_use id, oldest first."""
+
+    answers: Mapping[str, Relayed]
+
+    @property
+    def size(self) -> int:
+        return sum(answer.size for answer in self.answers.values())

@@ -18,7 +18,8 @@ from proxy.flow import Flow
 from proxy.http.headers import proxy_headers
 from proxy.pipeline.compaction.budget import schema_tokens, tokens_of
 from proxy.pipeline.context_edits import STAGE as CONTEXT_STAGE
-from proxy.sessions.identity import owner_of, scoped, session_id
+from proxy.sessions.identity import owner_of, session_id
+from proxy.sessions.turn_memory import TurnMemory
 from proxy.state import FLOW, TURN_MEMORY
 from proxy.upstream.base import UpstreamHTTPError, UpstreamReply
 from proxy.wire.anthropic import replies as anthropic
@@ -32,7 +33,7 @@ from proxy.wire.anthropic.context import (
 from proxy.wire.anthropic.memory import AnthropicMemory
 from proxy.wire.anthropic.request import parse_messages_request
 from proxy.wire.anthropic.stream import Relay, message_stream
-from proxy.wire.anthropic.thinking import RELAYED_THINKING, RelayedThinking
+from proxy.wire.anthropic.thinking import remember, remembered
 from proxy.wire.anthropic.upstream import DEFAULT_VERSION
 from proxy.wire.anthropic.view import AnthropicView, ThinkingRepair
 from proxy.wire.chat.degraded import degraded_text
@@ -56,7 +57,7 @@ PASSED_HEADERS = ("anthropic-version", "anthropic-beta")
 @routes.post(MESSAGES_ROUTE)
 async def messages(request: web.Request) -> web.StreamResponse:
     ex = await _exchange(request)
-    return await serve(request, ex, AnthropicWire(ex, request.app[RELAYED_THINKING]))
+    return await serve(request, ex, AnthropicWire(ex, request.app[TURN_MEMORY]))
 
 
 @routes.post("/v1/messages/count_tokens")
@@ -79,8 +80,7 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     view = AnthropicView.of(body, memory.recall(owner, session.name, AnthropicMemory))
     if key is not None:  # tenants share the provider's account: its stored objects too
         refuse_messages_objects(body, view.fresh)
-    relayed = request.app[RELAYED_THINKING].of(scoped(owner, session.name))
-    repair = None if counting else view.thinking_repair(relayed)
+    repair = None if counting else view.thinking_repair(remembered(memory, owner, session.name))
     chat = view.chat_body()
     context = client_context(body, view.cut is not None)
     headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
@@ -139,11 +139,11 @@ def _repair_thinking(
 class AnthropicWire:
     """Anthropic answers: a message, its event stream, errors in Anthropic's envelope."""
 
-    def __init__(self, ex: Exchange, relayed: RelayedThinking) -> None:
+    def __init__(self, ex: Exchange, memory: TurnMemory) -> None:
         view = ex.client.native
         assert isinstance(view, AnthropicView)
         self.view = view
-        self.relayed = relayed
+        self.memory = memory
         self.replies = anthropic.Replies(view)
 
     async def complete(self, ex: Exchange, flow: Flow) -> web.Response:
@@ -151,7 +151,7 @@ class AnthropicWire:
         if "choices" not in reply.data:  # the provider's own message, as it came
             self._provider_edits(ex, flow, reply.data.get("context_management"))
             if isinstance(content := reply.data.get("content"), list):
-                self.relayed.remember(ex.identity.session, content)  # if it called
+                remember(self.memory, ex.identity.owner, ex.identity.session_name, content)
             return json_answer(ex, reply.body, reply.headers)
         message = self._translated(ex, flow, reply)
         return json_answer(ex, orjson.dumps(message), reply.headers)

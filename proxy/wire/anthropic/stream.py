@@ -22,6 +22,7 @@ from proxy.exchange import Exchange, Usage
 from proxy.guards.tool_rules import Verdict
 from proxy.messages import Message
 from proxy.pipeline import recall
+from proxy.state import TURN_MEMORY
 from proxy.upstream.base import UpstreamHTTPError, UpstreamStream
 from proxy.upstream.priming import data_of, is_json_object
 from proxy.wire.anthropic.replies import (
@@ -30,7 +31,7 @@ from proxy.wire.anthropic.replies import (
     passthrough_body,
     text_block,
 )
-from proxy.wire.anthropic.thinking import RELAYED_THINKING, THINKING, thinking_on
+from proxy.wire.anthropic.thinking import THINKING, remember, thinking_on
 from proxy.wire.anthropic.upstream import anthropic_usage
 from proxy.wire.anthropic.view import AnthropicView, assistant_message
 from proxy.wire.relay import StreamRelay, nonempty
@@ -239,9 +240,8 @@ class Relay(StreamRelay):
         if held is not None:  # continued by a recall round: the turn goes back whole
             self.view.remember_turn(held.blocks.content())
         if capture is not None:
-            self.request.app[RELAYED_THINKING].remember(
-                ex.identity.session, capture.blocks.content()
-            )
+            memory = self.request.app[TURN_MEMORY]
+            remember(memory, ex.identity.owner, ex.identity.session_name, capture.blocks.content())
         return held
 
     def _read(self, event: bytes) -> tuple[str, dict[str, Any] | None]:

@@ -5,41 +5,26 @@ thinking block the model answered with ("Expected `thinking` or `redacted_thinki
 `tool_use`"), and the block's signature must come back byte for byte. Some clients drop it:
 Claude Code 2.1.197 strips the thinking of every answer whose `model` is not the one it asked
 for, and a proxy answers for its alias with the provider's model id. The proxy relayed those
-blocks, so it remembers them (per owner-scoped session, the last answers that called tools,
-bounded by bytes) and puts them back in front of the assistant message that came back with the
-same tool_use ids: the request is then what the provider sent. When nothing can be put back and
-the loop would be refused, thinking is turned off for that request only (with the
-context-management edits that need it).
+blocks, so it remembers them (those of the last answers that called tools, in the session's
+TurnMemory under the owner's key) and puts them back in front of the assistant message that
+came back with the same tool_use ids: the request is then what the provider sent. When nothing
+can be put back and the loop would be refused, thinking is turned off for that request only
+(with the context-management edits that need it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-from cachetools import LRUCache
+from proxy.sessions.turn_memory import TurnMemory
+from proxy.wire.anthropic.memory import Relayed, RelayedThinking
 
 Block = dict[str, Any]
 Message = dict[str, Any]
 THINKING = ("thinking", "redacted_thinking")
 ANSWERS_PER_SESSION = 16  # a client sends an answer back on the next turn: a few suffice
 CLEAR_THINKING = "clear_thinking_20251015"  # a context-management edit that needs thinking on
-_ENTRY_BYTES = 200  # what an entry costs besides its strings (ids, dicts, the tuple)
-
-
-@dataclass(frozen=True, slots=True)
-class Relayed:
-    """One relayed answer's tool_use ids and its thinking blocks, in order, as sent."""
-
-    calls: frozenset[str]
-    blocks: tuple[Block, ...]
-
-    @property
-    def size(self) -> int:
-        strings = sum(len(str(v)) for b in self.blocks for v in b.values())
-        return strings + sum(len(c) for c in self.calls) + _ENTRY_BYTES
 
 
 def relayed(content: Iterable[Any]) -> tuple[str, Relayed] | None:
@@ -60,30 +45,24 @@ def relayed(content: Iterable[Any]) -> tuple[str, Relayed] | None:
     return calls[0], Relayed(frozenset(calls), tuple(blocks))
 
 
-class RelayedThinking:
-    """Per owner-scoped session (`owner/name`: a tenant never reads another's), the thinking of
-    the last answers the proxy relayed that called tools, by their first tool_use id."""
+def remembered(memory: TurnMemory, owner: str, session: str) -> Mapping[str, Relayed]:
+    """The thinking of the last answers relayed to the owner's session that called tools, by
+    their first tool_use id."""
+    kept = memory.relayed(owner, session, RelayedThinking)
+    return kept.answers if kept is not None else {}
 
-    def __init__(self, max_bytes: int) -> None:
-        self.cache: LRUCache[str, tuple[int, dict[str, Relayed]]] = LRUCache(
-            max(1, max_bytes), getsizeof=lambda entry: max(1, entry[0])
-        )
 
-    def remember(self, session: str, content: Iterable[Any]) -> None:
-        found = relayed(content)
-        if found is None:
-            return
-        first, answer = found
-        _, answers = self.cache.get(session, (0, {}))
-        kept = dict(list(answers.items())[-(ANSWERS_PER_SESSION - 1) :])  # a new dict: sized
-        kept[first] = answer
-        size = sum(a.size for a in kept.values())
-        if size <= self.cache.maxsize:
-            self.cache[session] = (size, kept)
-
-    def of(self, session: str) -> Mapping[str, Relayed]:
-        entry = self.cache.get(session)
-        return entry[1] if entry is not None else {}
+def remember(memory: TurnMemory, owner: str, session: str, content: Iterable[Any]) -> None:
+    """An answer relayed to the owner's session, remembered if it called tools with thinking
+    (beside the last ANSWERS_PER_SESSION - 1)."""
+    found = relayed(content)
+    if found is None:
+        return
+    first, answer = found
+    answers = dict(list(remembered(memory, owner, session).items())[-(ANSWERS_PER_SESSION - 1) :])
+    answers[first] = answer
+    thinking = RelayedThinking(answers)
+    memory.keep_relayed(owner, session, thinking, thinking.size)
 
 
 def thinking_on(body: Mapping[str, Any]) -> bool:
@@ -187,7 +166,3 @@ def without_thinking(body: dict[str, Any]) -> dict[str, Any]:
             else:
                 del out["context_management"]
     return out
-
-
-# The app's RelayedThinking (made in its setup, under memo_mb's share).
-RELAYED_THINKING = web.AppKey("relayed_thinking", RelayedThinking)

@@ -33,10 +33,9 @@ from proxy.messages import Message
 from proxy.pipeline.context_edits import compaction_text
 from proxy.pipeline.repair import is_synthetic
 from proxy.policies.spec import Deployment
-from proxy.wire.anthropic.memory import AnthropicMemory
+from proxy.wire.anthropic.memory import AnthropicMemory, Relayed
 from proxy.wire.anthropic.memory import Origin as _Origin
 from proxy.wire.anthropic.thinking import (
-    Relayed,
     dropped,
     loop_start,
     starts_with_thinking,
