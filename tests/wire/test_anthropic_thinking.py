@@ -229,3 +229,19 @@ async def test_a_dropped_redacted_thinking_block_is_put_back_too(
     final, applied = await ask(sdks[KEY], history, stream)
     assert final.content[-1].type == "text" and "repair.restored_thinking" in applied
     assert sim.requests[-1].body["messages"][1]["content"] == relayed
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize(
+    "session", [{}, {"x-agentproxy-session": KEY}], ids=["fingerprinted", "named-as-its-key"]
+)
+async def test_thinking_is_put_back_whatever_name_the_session_is_kept_under(
+    sdks: dict[str, anthropic.AsyncAnthropic], stream: bool, session: dict[str, str]
+) -> None:
+    """A session the client names by no id, or by its API key (kept under another name, so
+    the key is never a session's name): its relayed thinking is read where it was written."""
+    sdk = sdks[KEY]
+    first, _ = await ask(sdk, [ASK], stream, extra_headers=session)
+    history, _ = dropped_history(first)
+    _, applied = await ask(sdk, history, stream, extra_headers=session)
+    assert "repair.restored_thinking;count=1" in applied, applied

@@ -78,6 +78,7 @@ async def _exchange(request: web.Request, *, counting: bool = False) -> Exchange
     owner = owner_of(key, config.keys)
     memory = request.app[TURN_MEMORY]
     view = AnthropicView.of(body, memory.recall(owner, session.name, AnthropicMemory))
+    view.memory_session = session.name  # the relayed thinking is written where it is read
     if key is not None:  # tenants share the provider's account: its stored objects too
         refuse_messages_objects(body, view.fresh)
     repair = None if counting else view.thinking_repair(remembered(memory, owner, session.name))
@@ -151,7 +152,7 @@ class AnthropicWire:
         if "choices" not in reply.data:  # the provider's own message, as it came
             self._provider_edits(ex, flow, reply.data.get("context_management"))
             if isinstance(content := reply.data.get("content"), list):
-                remember(self.memory, ex.identity.owner, ex.identity.session_name, content)
+                remember(self.memory, ex.identity.owner, self.view.memory_session, content)
             return json_answer(ex, reply.body, reply.headers)
         message = self._translated(ex, flow, reply)
         return json_answer(ex, orjson.dumps(message), reply.headers)

@@ -241,7 +241,8 @@ class Relay(StreamRelay):
             self.view.remember_turn(held.blocks.content())
         if capture is not None:
             memory = self.request.app[TURN_MEMORY]
-            remember(memory, ex.identity.owner, ex.identity.session_name, capture.blocks.content())
+            relayed = capture.blocks.content()
+            remember(memory, ex.identity.owner, self.view.memory_session, relayed)
         return held
 
     def _read(self, event: bytes) -> tuple[str, dict[str, Any] | None]:

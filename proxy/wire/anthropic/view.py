@@ -100,6 +100,9 @@ class AnthropicView:
     _restored: dict[int, tuple[Block, ...]] = field(default_factory=dict)
     _lent_restored: dict[int, tuple[Block, ...]] = field(default_factory=dict)
     _thinking_off: bool = False  # nothing to put back, and the loop needs it: thinking off
+    # The session's name in TurnMemory: the one the client gave, which this turn's memory was
+    # read under (the exchange's may differ: a lineage branch, a name that was an API key).
+    memory_session: str = ""
     # Where the tool loop the request continues starts (thinking.loop_start), once looked at;
     # the last turn's, when this one continues its whole history.
     _loop: int | None = None
