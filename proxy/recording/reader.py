@@ -192,7 +192,7 @@ def _strings(value: Any) -> list[str]:
 
 async def recorded_turns(store: Store, session_key: str) -> list[dict[str, Any]]:
     """The session's recorded calls, oldest first, as trace lines (docs/cli.md), each with its
-    client turn (`turn`, `opens`) when the recording counted them:
+    client turn (`turn`, `opens`, `side`) when the recording counted them:
     `session_key` is the scoped session (ex.identity.session), so only its owner's. Every
     part is parsed once and shared between the turns that hold it."""
     recording = await Recording.open(store, session_key, shared=True)
@@ -208,7 +208,7 @@ async def recorded_turns(store: Store, session_key: str) -> list[dict[str, Any]]
         if sent is not None:
             line["sent"] = sent
         line["events"] = record.get("events") or []
-        for name in ("usage", "model", "at", "turn", "opens"):
+        for name in ("usage", "model", "at", "turn", "opens", "side"):
             if record.get(name) is not None:
                 line[name] = record[name]
         lines.append(line)

@@ -13,9 +13,9 @@ from typing import Any
 from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
 from proxy.metrics import GUARDS, Metrics
-from proxy.recording.conversation import Conversation
+from proxy.recording.conversation import CallReading, Conversation
 from proxy.recording.events import EventLog
-from proxy.recording.sessions import Finished, TurnWriter, opens_client_turn
+from proxy.recording.sessions import Finished, TurnWriter, read_call
 from proxy.sessions.board import SessionBoard
 from proxy.sessions.shared_board import SharedBoard
 
@@ -27,6 +27,9 @@ log = logging.getLogger("agentproxy.recording")
 COUNTED_ELSEWHERE = frozenset(
     {"retry", "fallback", "routing", "circuit", "stream", "usage", "guard"}
 )
+
+
+_UNREAD = CallReading(True, True, lambda: (None, None))  # a main call, a prompt
 
 
 class Recorder:
@@ -58,25 +61,25 @@ class Recorder:
         session's recording when `record` (queued: written off the request's path)."""
         if self.board is not None:  # at the recording's time: one row whichever lists it
             at = record.at if record is not None else time.time()
-            opens = self._opens(ex)
-            self.board.saw(ex, status, at, opens)
+            opens = self.board.saw(ex, status, at, self._read(ex))
             if record is None and self.shared_board is not None and not ex.policy.record.enabled:
                 self.shared_board.saw(ex, status, at, opens)
         if record is not None and self.turns is not None:
             self.turns.submit(record)
 
-    def _opens(self, ex: Exchange) -> bool:
-        """Whether the call opens a client turn; a reading that fails (a body its wire's
-        Conversation cannot read) counts it as one, said, never the request's failure."""
+    def _read(self, ex: Exchange) -> CallReading:
+        """The call as a client turn reads (whether it opens one, is a side call); a reading
+        that fails (a body its wire's Conversation cannot read) counts it as a main call that
+        opens one, said, never the request's failure."""
         conversation = self.conversations.get(ex.client.wire)
         if conversation is None:
-            return True
+            return _UNREAD
         try:
-            return opens_client_turn(ex, conversation)
+            return read_call(ex, conversation)
         except Exception as exc:
             warn_limited(log, "board.opens", "sessions board: a call's client turn was not "
                          "read: %s: %s", type(exc).__name__, exc)  # fmt: skip
-            return True
+            return _UNREAD
 
     def turns_unrecorded(self, session: str, outcome: str, turns: int) -> None:
         """Turns of a session that its recording lost (dropped, failed) or left out (stopped,

@@ -50,7 +50,16 @@ from proxy.messages import CHAT
 from proxy.metrics import Metrics
 from proxy.policies.spec import Config
 from proxy.recording.answers import Assemble, answer_in_slices, answer_of, assembled_size
-from proxy.recording.conversation import ERROR_CHARS, Conversation, cut, opens_in
+from proxy.recording.conversation import (
+    ERROR_CHARS,
+    CallReading,
+    Conversation,
+    MainLine,
+    Opening,
+    cut,
+    opening,
+    opens_in,
+)
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
@@ -131,6 +140,7 @@ class _Known:
     last_lists: dict[str, list[int]] = field(default_factory=dict)
     # Context tokens by (wire, a part's hash or a body rest's ref): each part measured once.
     tokens: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    line: MainLine = field(default_factory=MainLine)  # which calls are side calls
 
     def size(self) -> int:
         lists = [*self.last_lists.values(), *(hashes for _, hashes in self.recent.values())]
@@ -354,7 +364,12 @@ class TurnWriter:
             received = _guarded(received, ex.secrets, 0)
             request = split.body(received, "request", 0)
         conversation = self.conversations[ex.client.wire]
-        opens = not known.turns or _opens(conversation, received, request)
+        call = CallReading(
+            _opens(conversation, received, request),
+            shared > 0,
+            lambda: _opening(conversation, received),
+        )
+        opens, side = call.counted(known.line, not known.turns)
         sent = split.body(ex.sent, "sent", 0)
         tokens_received = self._tokens(known, split, ex.client.wire, received)
         tokens_sent = self._tokens(known, split, _sent_wire(ex), ex.sent)
@@ -387,6 +402,7 @@ class TurnWriter:
             "at": round(turn.at, 3),
             "turn": known.turns + opens,
             "opens": opens,
+            "side": side,
         }
         data = orjson.dumps(record, default=str)
         self.hashed += split.hashed
@@ -620,23 +636,33 @@ def _opens(conversation: Conversation, body: Any, request: dict[str, Any] | None
     return opens_in(conversation, body[request["key"]], request["keep"])
 
 
-def opens_client_turn(ex: Exchange, conversation: Conversation) -> bool:
-    """Whether a call opens a client turn, as its recording would count it, without the
-    recording: its native entries past the prefix its view (or, for chat, the chain) found
-    equal to the session's last call's (`_lineage`), read by the wire's Conversation from the
-    last back; a body without a list is a prompt of its own. What the sessions board counts
-    (every session, recorded or not), on the request's path: the new entries only."""
+def _opening(conversation: Conversation, body: Any) -> Opening:
+    if not isinstance(body, dict):
+        return None, None
+    key = _list_key(body)
+    return opening(conversation, body, body[key] if key is not None else None)
+
+
+def read_call(ex: Exchange, conversation: Conversation) -> CallReading:
+    """A call read as its recording would count it, without the recording: its native
+    entries past the prefix its view (or, for chat, the chain) found equal to the session's
+    last call's (`_lineage`), read by the wire's Conversation from the last back; a body
+    without a list is a prompt of its own. What the sessions board counts (every session,
+    recorded or not), on the request's path: the new entries only (and the opening, for a
+    call that does not continue the one before it)."""
     _, _, shared, key = _lineage(ex)
     native = ex.client.native
     if native is None:  # the client's chat messages, as received (the stages replace them)
         original = ex.client.original_messages
         items = original if original is not None else ex.body.get(key)
+        body: Any = ex.body  # for its fields outside the list (chat has none it reads)
     else:
         body = getattr(native, "body", None)
         items = body.get(key) if isinstance(body, dict) else None
     if not isinstance(items, list):
-        return True
-    return opens_in(conversation, items, shared)
+        return CallReading(True, shared > 0, lambda: (None, None))
+    prompt = opens_in(conversation, items, shared)
+    return CallReading(prompt, shared > 0, lambda: opening(conversation, body, items))
 
 
 def _error(turn: Finished, conversation: Conversation, redaction: Redaction) -> Any:

@@ -38,7 +38,8 @@ MakeConfig = Callable[[str, str], Served]
 @dataclass
 class TurnRow:
     """One model call replayed: `call` its number in the trace, `turn` the client turn (a
-    person's prompt) it belongs to, `opens` whether it opens that turn (client_turns.py)."""
+    person's prompt) it belongs to, `opens` whether it opens that turn, `side` whether it is a
+    side call (a title request beside the conversation: client_turns.py)."""
 
     call: int
     turn: int
@@ -66,6 +67,7 @@ class TurnRow:
     summaries_prepared: int = 0
     summaries_used: int = 0
     summaries_wasted: int = 0
+    side: bool = False
 
     def count_prepared(self, count: PreparedCount) -> None:
         self.summaries_prepared += count.prepared
@@ -249,6 +251,7 @@ def _row(
         call=number,
         turn=turn["turn"],
         opens=turn["opens"],
+        side=turn.get("side") is True,
         wire=turn["wire"],
         model=alias,
         policy=headers.get("x-agentproxy-policy", ""),

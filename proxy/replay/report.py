@@ -149,7 +149,7 @@ def print_text(
         mark = " *" if row.call == first else ""
         table.add_row(
             f"{row.call}{mark}",
-            str(row.turn),
+            f"{row.turn} side" if row.side else str(row.turn),
             row.wire,
             str(row.tokens_received),
             _pair(row.tokens_sent, other and other.tokens_sent),

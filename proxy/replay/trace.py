@@ -1,9 +1,9 @@
 """The trace: one model call a line, in the shape recordings read back as (the
 `recorded_turns` of proxy/recording/): `wire`, `request` (the client's native body),
 optionally `answer` (the upstream's native non-streamed answer), `status` (what the client got
-live), `headers` (the client's protocol headers), `turn` and `opens` (its client turn, and
-whether it opens it), `route`, `model`, `events`, `usage`... Checked here, so a bad line
-is named by its number before anything runs."""
+live), `headers` (the client's protocol headers), `turn`, `opens` and `side` (its client
+turn, whether it opens it, whether it is a side call), `route`, `model`, `events`,
+`usage`... Checked here, so a bad line is named by its number before anything runs."""
 
 from __future__ import annotations
 
@@ -131,8 +131,9 @@ def check_turn(turn: Any, where: str) -> dict[str, Any]:
     number = turn.get("turn")
     if number is not None and not (type(number) is int and number >= 1):
         raise TraceError(f'{where}: "turn" must be the client turn\'s number (1 or more)')
-    if "opens" in turn and type(turn["opens"]) is not bool:
-        raise TraceError(f'{where}: "opens" must be true or false')
+    for flag in ("opens", "side"):
+        if flag in turn and type(turn[flag]) is not bool:
+            raise TraceError(f'{where}: "{flag}" must be true or false')
     _check_headers(turn.get("headers"), where)
     return turn
 

@@ -376,6 +376,7 @@ async def _recorded(
         "call": turn.number,
         "turn": record.get("turn"),
         "opens": record.get("opens"),
+        "side": bool(record.get("side")),
         "at": record.get("at"),
         "status": record.get("status"),
         "model": record.get("model"),

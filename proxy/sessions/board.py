@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import Exchange
+from proxy.recording.conversation import CallReading, MainLine
 from proxy.store.shares import session_owner
 
 SESSIONS = 2000  # sessions remembered, at most
@@ -56,6 +57,7 @@ class SessionSummary:
     # dropped, failed, stopped, skipped).
     not_recorded: dict[str, int] = field(default_factory=dict)
     timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=TURNS))
+    line: MainLine = field(default_factory=MainLine)  # which calls are side calls
 
 
 def context_tokens(ex: Exchange) -> tuple[int, int]:
@@ -72,12 +74,13 @@ class SessionBoard:
         self._owners: dict[str, OrderedDict[str, SessionSummary]] = {}
         self._count = 0
 
-    def saw(self, ex: Exchange, status: int, at: float, opens: bool) -> None:
+    def saw(self, ex: Exchange, status: int, at: float, call: CallReading) -> bool:
         """A request of the session finished (answered, refused or failed) at `at`: the time
         its recording has too (the index's `first_at` and `last_at`), so a recorded session's
         row is the same, and sorts the same, whether the board or the index lists it.
-        `opens`: whether it opens a client turn (the recorder reads it as the recording
-        does; a session's first call opens one whatever it holds)."""
+        `call`: how it reads as a client turn (the recorder reads it as the recording does:
+        a session's first call opens one whatever it holds, a side call never). Whether it
+        opened one."""
         identity = ex.identity
         mine = self._owners.setdefault(identity.owner, OrderedDict())
         summary = mine.get(identity.session)
@@ -95,7 +98,7 @@ class SessionBoard:
         received, sent = context_tokens(ex)
         summary.model, summary.policy = ex.alias, ex.policy.name
         summary.recorded = ex.policy.record.enabled
-        opens = opens or not summary.calls
+        opens, side = call.counted(summary.line, not summary.calls)
         summary.turns += opens
         summary.calls += 1
         summary.tokens_received += received
@@ -114,6 +117,7 @@ class SessionBoard:
             {
                 "turn": summary.turns,
                 "opens": opens,
+                "side": side,
                 "at": round(at, 3),
                 "status": status,
                 "model": ex.alias,
@@ -126,6 +130,7 @@ class SessionBoard:
                 ],
             }
         )
+        return opens
 
     def _evict(self, newcomer: str) -> None:
         """Room for one more of `newcomer`'s: the oldest session of the owner holding the

@@ -384,7 +384,7 @@ function renderTurn(turn) {
     "div",
     { class: "turn-head" },
     el("strong", {}, numbered ? "Turn " + turn.turn : "Call " + turn.call),
-    numbered ? el("span", { class: "call" }, "call " + turn.call + (turn.opens ? "" : " · continues")) : null,
+    numbered ? el("span", { class: "call" }, "call " + turn.call + (turn.side ? " · side call" : turn.opens ? "" : " · continues")) : null,
     el("span", { title: stamp(turn.at) }, when(turn.at)),
     el("span", {}, turn.model || ""),
     el("span", { class: failedTurn ? "bad" : "ok" }, "HTTP " + (turn.status ?? "–")),
@@ -403,7 +403,7 @@ function renderTurn(turn) {
   if (!events.children.length && !carried.children.length && !turn.error) {
     events.append(el("li", { class: "event quiet" }, "forwarded as received"));
   }
-  const item = el("li", { class: "turn" + (failedTurn ? " failed" : "") + (turn.opens === false ? " continues" : "") }, head);
+  const item = el("li", { class: "turn" + (failedTurn ? " failed" : "") + (turn.opens === false ? " continues" : "") + (turn.side ? " side" : "") }, head);
   const talk = conversation(turn);
   if (talk) item.append(talk);
   if (turn.error) item.append(renderError(turn.error));

@@ -123,3 +123,32 @@ def test_several_traces_each_get_a_report_then_their_total() -> None:
     bad = agentproxy("replay", chat, "pyproject.toml")
     assert bad.returncode == 2 and bad.stdout == ""
     assert "agentproxy replay: pyproject.toml:1: not JSON" in bad.stderr
+
+
+def test_a_title_request_in_a_hand_written_trace_is_a_side_call_not_a_turn(
+    tmp_path: Path,
+) -> None:
+    main = [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": "list the files here"},
+    ]
+    title = [
+        {"role": "system", "content": "You are a title generator."},
+        {"role": "user", "content": "Generate a title for this conversation"},
+    ]
+    then = [*main, {"role": "assistant", "content": "README.md"},
+            {"role": "user", "content": "and the tests?"}]  # fmt: skip
+    trace = tmp_path / "side.jsonl"
+    trace.write_text("".join(
+        json.dumps({"wire": "chat", "request": {"model": "gpt-4.1-mini", "messages": m}}) + "\n"
+        for m in (main, title, then)
+    ))  # fmt: skip
+    done = agentproxy("replay", str(trace), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert [(r["turn"], r["opens"], r["side"]) for r in out["calls"]] == [
+        (1, True, False), (1, False, True), (2, True, False)
+    ]  # fmt: skip
+    assert (out["totals"]["turns"], out["totals"]["calls"]) == (2, 3)
+    table = agentproxy("replay", str(trace)).stdout
+    assert "1 side" in table and "2 turns, 3 calls" in table, table
