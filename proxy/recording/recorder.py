@@ -13,10 +13,11 @@ from typing import Any
 from proxy.exchange import Exchange
 from proxy.logs.limit import warn_limited
 from proxy.metrics import GUARDS, Metrics
-from proxy.recording.conversation import CallReading, Conversation
+from proxy.recording.conversation import Conversation
 from proxy.recording.events import EventLog
 from proxy.recording.sessions import Finished, TurnWriter, read_call
 from proxy.sessions.board import SessionBoard
+from proxy.sessions.main_line import CallReading
 from proxy.sessions.shared_board import SharedBoard
 
 log = logging.getLogger("agentproxy.recording")
@@ -61,9 +62,12 @@ class Recorder:
         session's recording when `record` (queued: written off the request's path)."""
         if self.board is not None:  # at the recording's time: one row whichever lists it
             at = record.at if record is not None else time.time()
-            opens = self.board.saw(ex, status, at, self._read(ex))
+            reading = self._read(ex)
+            side = self.board.saw(ex, status, at, reading)
             if record is None and self.shared_board is not None and not ex.policy.record.enabled:
-                self.shared_board.saw(ex, status, at, opens)
+                # As read, not as this board counted it: its first call of the session may be
+                # another replica's later one (the index counts the session's first once).
+                self.shared_board.saw(ex, status, at, reading.prompt and not side)
         if record is not None and self.turns is not None:
             self.turns.submit(record)
 

@@ -52,16 +52,14 @@ from proxy.policies.spec import Config
 from proxy.recording.answers import Assemble, answer_in_slices, answer_of, assembled_size
 from proxy.recording.conversation import (
     ERROR_CHARS,
-    CallReading,
     Conversation,
-    MainLine,
-    Opening,
     cut,
     opening,
     opens_in,
 )
 from proxy.recording.reader import recorded_turns as recorded_turns  # read back: reader.py
 from proxy.recording.redact import Redaction, matcher
+from proxy.sessions.main_line import CallReading, MainLine, Opening
 from proxy.store.base import RECORD_PART, RECORD_TURN, BlobInfo, Store, content_ref
 from proxy.store.listing import Listed
 from proxy.store.listing_batch import ListingBatch

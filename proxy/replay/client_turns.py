@@ -2,14 +2,15 @@
 recording counts it: a recorded call's own `turn` and `opens` (and `side`) when it has them;
 else (a hand-written trace, an older recording) the wire's Conversation reads the entries new
 in the call, those past the prefix it shares with the call before it (`opens_in`), and a side
-call (recording/conversation.py: `MainLine`) opens none."""
+call (sessions/main_line.py: `MainLine`) opens none."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.recording.conversation import MainLine, opening, opens_in
+from proxy.recording.conversation import opening, opens_in
+from proxy.sessions.main_line import MainLine
 from proxy.wire.registry import WIRES
 
 JSON = dict[str, Any]

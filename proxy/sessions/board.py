@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange import Exchange
-from proxy.recording.conversation import CallReading, MainLine
+from proxy.sessions.main_line import CallReading, MainLine
 from proxy.store.shares import session_owner
 
 SESSIONS = 2000  # sessions remembered, at most
@@ -80,7 +80,7 @@ class SessionBoard:
         row is the same, and sorts the same, whether the board or the index lists it.
         `call`: how it reads as a client turn (the recorder reads it as the recording does:
         a session's first call opens one whatever it holds, a side call never). Whether it
-        opened one."""
+        is a side call."""
         identity = ex.identity
         mine = self._owners.setdefault(identity.owner, OrderedDict())
         summary = mine.get(identity.session)
@@ -130,7 +130,7 @@ class SessionBoard:
                 ],
             }
         )
-        return opens
+        return side
 
     def _evict(self, newcomer: str) -> None:
         """Room for one more of `newcomer`'s: the oldest session of the owner holding the
