@@ -407,8 +407,9 @@ def _run(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from proxy.sim.demo import run_against, run_demo
 
-    # The demo narrates what happens; per-request log lines would only interleave with it.
-    for name in ("agentproxy.access", "agentproxy.config", "httpx", "httpx2"):
+    # The demo narrates what happens (its hot reload included); per-request log lines and the
+    # audit's JSON would only interleave with it.
+    for name in ("agentproxy.access", "agentproxy.config", "agentproxy.audit", "httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
     if args.proxy:

@@ -76,3 +76,18 @@ async def test_on_a_terminal_the_demo_keeps_its_printed_addresses_alive_until_ct
             await process.wait()
         os.close(leader)
     assert "Traceback" not in shown
+
+
+def test_the_demo_command_prints_its_story_not_log_lines() -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "demo"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout + done.stderr
+    assert "reload ok=True" in out
+    # The audit's JSON (the reload is audited) and INFO lines stay out of the narration.
+    assert '"action":' not in out, out[-3000:]
+    assert not re.search(r"^\S+ \S+ INFO ", out, flags=re.MULTILINE), out[-3000:]
