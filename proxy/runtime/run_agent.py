@@ -1,4 +1,5 @@
-"""`agentproxy run -- claude|codex|CMD ...`: an agent started already pointed at the proxy.
+"""`agentproxy run -- claude|codex|gemini|qwen|opencode|CMD ...`: an agent started already
+pointed at the proxy.
 
 The proxy is the one this user's `serve` runs on 127.0.0.1 at --port (else the
 configuration's server.port, else 4000), proven by the challenge of its runtime file
@@ -35,10 +36,20 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from proxy.policies.spec import Config
-from proxy.runtime.agent_env import agent_environment, agent_kind, command_path, make_codex_home
+from proxy.runtime.agent_env import (
+    KEY_VARIABLE,
+    agent_environment,
+    agent_kind,
+    command_path,
+    make_codex_home,
+    make_qwen_settings,
+    opencode_environment,
+    qwen_model,
+)
 from proxy.runtime.run_report import replay_line, session_figures
 from proxy.runtime.run_simulated import (
     SIM_WINDOW,
@@ -51,6 +62,7 @@ DEFAULT_PORT = 4000
 HOST = "127.0.0.1"
 USAGE = 2
 NOT_FOUND = 127
+MODELS_TIMEOUT_S = 10.0
 FORWARDED_ALWAYS = (signal.SIGTERM, signal.SIGHUP)
 FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
 Say = Callable[[str], None]
@@ -119,6 +131,14 @@ async def _run(
             home = make_codex_home(environ, proxy_url, session, say)
             stack.callback(shutil.rmtree, home, ignore_errors=True)
             env["CODEX_HOME"] = str(home)
+        if kind == "qwen":
+            folder, settings = make_qwen_settings(environ, session, say)
+            stack.callback(shutil.rmtree, folder, ignore_errors=True)
+            env.update(settings, **qwen_model(environ, await proxy_models(proxy_url, key)))
+        if kind == "opencode":
+            models = await proxy_models(proxy_url, key)
+            proxy_key = env[KEY_VARIABLE]
+            env.update(opencode_environment(environ, proxy_url, session, proxy_key, models, say))
         inspector = f"{proxy_url}/ui#session={session}"
         if kind == "other":  # an SDK sends no header of ours by itself
             inspector += " (if it sends x-agentproxy-session: $AGENTPROXY_SESSION)"
@@ -142,6 +162,23 @@ async def _run(
         said += " (CONFIG: the configuration the proxy runs with)"
     say(f"replay it: {said}")
     return code
+
+
+async def proxy_models(proxy_url: str, key: str | None) -> list[str]:
+    """The aliases the proxy serves this key (GET /v1/models, in its configuration's order);
+    none when it cannot be asked."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    timeout = aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout, headers=headers) as http,
+            http.get(f"{proxy_url}/v1/models") as response,
+        ):
+            response.raise_for_status()
+            listed = await response.json()
+        return [str(model["id"]) for model in listed.get("data") or []]
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 async def _find_or_start(

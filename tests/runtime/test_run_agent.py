@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -92,14 +93,17 @@ until(b"SIGINT", time.monotonic() + 30)
 print(seen.decode(errors="replace"))
 print("exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
-# Stands in for `claude` / `codex` on PATH: shows what it was started with.
+# Stands in for an agent (`claude`, `codex`, `qwen`...) on PATH: shows what it was started with.
 SHOW = """#!{python}
 import json, os, pathlib
 home = pathlib.Path(os.environ.get("CODEX_HOME", "/nonexistent"))
 print(json.dumps({{
     "env": {{k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "OPENAI_",
                                                                    "AGENTPROXY_", "CODEX_",
-                                                                   "GEMINI_", "GOOGLE_"))}},
+                                                                   "GEMINI_", "GOOGLE_",
+                                                                   "QWEN_", "OPENCODE_"))}},
+    "qwen": json.loads(pathlib.Path(os.environ["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_text())
+            if "QWEN_CODE_SYSTEM_SETTINGS_PATH" in os.environ else None,
     "config": (home / "config.toml").read_text() if home.is_dir() else None,
     "links": {{p.name: os.readlink(p) for p in home.iterdir() if p.is_symlink()}}
              if home.is_dir() else {{}},
@@ -437,6 +441,112 @@ async def test_a_codex_config_that_is_not_toml_is_left_out_and_said(
     assert run.exit_code == 0, run.stderr
     assert "left out of Codex's configuration" in run.stderr
     assert tomllib.loads(json.loads(run.stdout)["config"])["model_provider"] == "agentproxy"
+
+
+async def test_qwen_code_gets_system_settings_selecting_the_proxy_and_the_runs_session(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "qwen")
+    system = tmp_path / "etc" / "settings.json"  # the user's own system settings stay
+    system.parent.mkdir()
+    user_settings = {
+        "model": {"generationConfig": {"customHeaders": {"x-team": "red"}}},
+        "general": {"disableAutoUpdate": True},
+    }
+    system.write_text(json.dumps(user_settings))
+    env["QWEN_CODE_SYSTEM_SETTINGS_PATH"] = str(system)
+    env["OPENAI_API_KEY"] = "sk-user-openai-secret"  # never handed to the agent
+    run = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "qwen", "-p", "hi", env=env)
+    assert run.exit_code == 0, run.stderr
+    shown = json.loads(run.stdout)
+    seen = shown["env"]
+    assert seen["OPENAI_BASE_URL"] == f"{run.started_url}/v1"
+    assert seen["OPENAI_API_KEY"] == "sk-mine"
+    assert seen["OPENAI_MODEL"] == "sim"  # the proxy's first model: no prompt for one
+    assert seen["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] == str(system.parent / "system-defaults.json")
+    assert shown["qwen"] == {
+        "model": {
+            "generationConfig": {
+                "customHeaders": {"x-team": "red", "x-agentproxy-session": run.session}
+            }
+        },
+        "general": {"disableAutoUpdate": True},
+        "security": {"auth": {"selectedType": "openai"}},  # no prompt for an auth type
+    }
+    ours = Path(seen["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).parent
+    assert not ours.exists()  # removed once Qwen Code exited
+    assert json.loads(system.read_text()) == user_settings
+
+    env["OPENAI_MODEL"] = "sim-mine"  # a model the user names wins
+    system.write_text("{not json")
+    mine = await agentproxy_run("--simulate", "--", "qwen", env=env)
+    assert mine.exit_code == 0, mine.stderr
+    assert "left out of Qwen Code's system settings" in mine.stderr
+    shown = json.loads(mine.stdout)
+    assert shown["env"]["OPENAI_MODEL"] == "sim-mine"
+    assert shown["qwen"]["model"]["generationConfig"]["customHeaders"] == {
+        "x-agentproxy-session": mine.session
+    }
+
+
+async def test_opencode_gets_a_provider_at_the_proxy_serving_its_models(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "opencode")
+    env["OPENCODE_CONFIG"] = str(tmp_path / "mine.json")  # the user's own stays theirs
+    env["OPENCODE_CONFIG_CONTENT"] = json.dumps(
+        {"theme": "dark", "provider": {"other": {"options": {"baseURL": "http://other"}}}}
+    )
+    run = await agentproxy_run("--simulate", "--key", "sk-mine", "--", "opencode", env=env)
+    assert run.exit_code == 0, run.stderr
+    seen = json.loads(run.stdout)["env"]
+    assert seen["OPENCODE_CONFIG"] == str(tmp_path / "mine.json")
+    config = json.loads(seen["OPENCODE_CONFIG_CONTENT"])
+    assert config["theme"] == "dark"
+    assert config["provider"]["other"] == {"options": {"baseURL": "http://other"}}
+    ours = config["provider"]["agentproxy"]
+    assert ours["npm"] == "@ai-sdk/openai-compatible"
+    assert ours["options"] == {
+        "baseURL": f"{run.started_url}/v1",
+        "apiKey": "sk-mine",
+        "headers": {"x-agentproxy-session": run.session},
+    }
+    assert list(ours["models"])[:3] == ["sim", "claude", "gemini"]  # GET /v1/models
+    assert ours["models"]["sim"] == {"name": "sim", "tool_call": True}
+    assert config["model"] == "agentproxy/sim"
+
+
+async def test_the_models_listed_to_qwen_and_opencode_are_the_keys_own(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env["PATH"] = fake_agent(tmp_path, "opencode")
+    config = tmp_path / "keyed.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            store: {{path: {tmp_path / "state"}}}
+            keys:
+              api_keys:
+                - {{name: narrow, key: sk-narrow, models: [second]}}
+                - {{name: wide, key: sk-wide}}
+            model_list:
+              - model_name: first
+                litellm_params: {{model: openai/a, api_base: "http://127.0.0.1:9/v1", api_key: x}}
+              - model_name: second
+                litellm_params: {{model: openai/b, api_base: "http://127.0.0.1:9/v1", api_key: x}}
+            """
+        )
+    )
+    seen = {}
+    for key in ("sk-narrow", "sk-wide"):
+        run = await agentproxy_run("--config", str(config), "--key", key, "--", "opencode", env=env)
+        assert run.exit_code == 0, run.stderr
+        content = json.loads(json.loads(run.stdout)["env"]["OPENCODE_CONFIG_CONTENT"])
+        seen[key] = (list(content["provider"]["agentproxy"]["models"]), content["model"])
+    assert seen == {
+        "sk-narrow": (["second"], "agentproxy/second"),
+        "sk-wide": (["first", "second"], "agentproxy/first"),
+    }
 
 
 # -- which proxy `run` trusts, and what the agent is given ------------------------------------
