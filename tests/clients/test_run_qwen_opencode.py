@@ -2,8 +2,10 @@
 what `run` gives them (no settings or config of their own): each asked to list the files runs
 its shell tool, and the session the proxy recorded is the run's (they sent its id).
 
-Neither is pinned in clients/package.json yet: the tests take them from the folder
-AGENTPROXY_CLIENTS names (or clients/) and skip, even under CI, when it has none; run them with
+Neither is pinned in clients/package.json yet: this machine's npm registry lacks their other
+platforms' optional packages (opencode-darwin-*, @teddyzhu/clipboard-*), so `npm ci` refuses a
+lock that names them. The tests take them from the folder AGENTPROXY_CLIENTS names (or
+clients/) and skip, even under CI, when it has none; run them with
 e.g. `AGENTPROXY_CLIENTS=/tmp/npmtoday` after `npm install --prefix /tmp/npmtoday
 @qwen-code/qwen-code opencode-ai`."""
 
