@@ -217,3 +217,22 @@ async def test_the_gemini_cli_asked_to_list_the_files_runs_ls_and_run_sums_up(
     assert all(name in run.stdout for name in SCRATCH_FILES), run.stdout
     assert "Retry attempts exhausted" not in run.stderr  # its router got its JSON
     replayed_after(run, env, gemini_cli.workdir)
+
+
+async def test_a_gemini_cli_without_an_auth_type_is_told_what_to_choose(
+    gemini_cli: GeminiCLI,
+) -> None:
+    """The real CLI, with GOOGLE_GEMINI_BASE_URL set and no auth type chosen, refuses to start
+    (it takes the base URL for a "gateway" auth): `run` says what to choose."""
+    env = gemini_cli.environment("http://127.0.0.1:9", "unused")
+    del env["GOOGLE_GEMINI_BASE_URL"], env["GEMINI_API_KEY"]
+    settings = gemini_cli.home / ".gemini" / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "security": {}}))
+    (gemini_cli.home / "tmp").mkdir(parents=True, exist_ok=True)
+    run = await agentproxy_run(
+        "--simulate", "--", str(gemini_cli.binary), "-p", "list the files here",
+        env=env, cwd=gemini_cli.workdir,
+    )  # fmt: skip
+    assert run.exit_code != 0, run.stdout
+    assert "no request of it reached the proxy" in run.stderr, run.stderr
+    assert '"selectedType": "gemini-api-key"' in run.stderr, run.stderr

@@ -282,6 +282,23 @@ async def test_an_agent_that_sent_nothing_is_said_so(env: dict[str, str]) -> Non
     assert run.exit_code == 0, run.stderr
     assert f"session {run.session}: no request of it reached the proxy" in run.stderr
     assert "replay it" not in run.stderr
+    assert "auth type" not in run.stderr
+
+
+async def test_a_gemini_cli_that_sent_nothing_is_told_the_auth_type_it_needs(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """As the Gemini CLI does with no auth type chosen: "Invalid auth method selected." and
+    exit 41, nothing sent."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "gemini").write_text("#!/bin/sh\necho 'Invalid auth method selected.' >&2\nexit 41\n")
+    (folder / "gemini").chmod(0o755)
+    env["PATH"] = f"{folder}:/usr/bin:/bin"
+    run = await agentproxy_run("--simulate", "--", "gemini", "-p", "hi", env=env)
+    assert run.exit_code == 41, run.stderr
+    assert "no request of it reached the proxy" in run.stderr
+    assert '"selectedType": "gemini-api-key"' in run.stderr  # what to do about it
 
 
 async def test_with_a_model_one_is_started_serving_it_under_any_name(
