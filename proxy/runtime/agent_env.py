@@ -40,6 +40,15 @@ QWEN_SETTINGS = "QWEN_CODE_SYSTEM_SETTINGS_PATH"
 QWEN_DEFAULTS = "QWEN_CODE_SYSTEM_DEFAULTS_PATH"
 QWEN_SYSTEM_SETTINGS = "/etc/qwen-code/settings.json"  # Qwen Code's default on Linux
 OPENCODE_CONTENT = "OPENCODE_CONFIG_CONTENT"
+# What to tell a user whose agent sent the proxy nothing, when its own reason is known. The
+# Gemini CLI (0.61) with no auth type chosen takes GOOGLE_GEMINI_BASE_URL for a "gateway"
+# sign-in that it refuses headless ("Invalid auth method selected."); a system settings file
+# cannot choose one for it (it skips those in folders others may write, as all of /tmp).
+NOTHING_SENT = {
+    "gemini": "the Gemini CLI needs an auth type chosen once: `gemini-api-key` (the proxy key "
+    'is its GEMINI_API_KEY), with /auth in the CLI or `"security": {"auth": {"selectedType": '
+    '"gemini-api-key"}}` in ~/.gemini/settings.json',
+}
 # The user's provider credentials an agent would send to the proxy: never in its environment.
 # (ANTHROPIC_API_KEY would also override the proxy key that ANTHROPIC_AUTH_TOKEN carries.)
 PROVIDER_CREDENTIALS = frozenset(

@@ -42,6 +42,7 @@ from aiohttp import web
 from proxy.policies.spec import Config
 from proxy.runtime.agent_env import (
     KEY_VARIABLE,
+    NOTHING_SENT,
     agent_environment,
     agent_kind,
     command_path,
@@ -66,13 +67,6 @@ MODELS_TIMEOUT_S = 10.0
 FORWARDED_ALWAYS = (signal.SIGTERM, signal.SIGHUP)
 FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
 
-# The Gemini CLI (0.61) with no auth type chosen takes GOOGLE_GEMINI_BASE_URL for a "gateway"
-# auth it then refuses headless ("Invalid auth method selected."), and sends nothing.
-GEMINI_AUTH_HINT = (
-    "the Gemini CLI needs an auth type chosen once: `gemini-api-key` (the proxy key is its "
-    'GEMINI_API_KEY), with /auth in the CLI or `"security": {"auth": {"selectedType": '
-    '"gemini-api-key"}}` in ~/.gemini/settings.json'
-)
 Say = Callable[[str], None]
 
 
@@ -156,8 +150,8 @@ async def _run(
     # The embedded proxy has stopped: its recording is written.
     if figures is None:
         say(f"session {session}: no request of it reached the proxy")
-        if kind == "gemini":
-            say(GEMINI_AUTH_HINT)
+        if hint := NOTHING_SENT.get(kind):
+            say(hint)
         return code
     say(figures.line(session))
     if not figures.recorded:
